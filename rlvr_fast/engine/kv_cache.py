@@ -1,0 +1,68 @@
+"""Contiguous per-row KV cache for batched decoding of left-padded prompts.
+
+Storage is ``[layers, batch, kv_heads, capacity, head_dim]`` for keys and values, preallocated so
+a decode step writes one column in place. All rows share the column index (prompts are
+left-padded to one width), and ``valid`` marks which columns of each row hold real tokens.
+``keep_rows`` compacts the batch when rows finish, so finished rows cost no further decode work.
+The paged cache with fork / copy-on-write lives beside this one in the paged-KV work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr_fast.models.config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
+                 capacity: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.next_positions = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, batch_size: int, capacity: int, *,
+                  dtype: torch.dtype, device: torch.device | str) -> "KVCache":
+        return cls(config.num_hidden_layers, batch_size, config.num_key_value_heads,
+                   config.head_dim, capacity, dtype=dtype, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
+        """Mark the next ``valid.shape[1]`` columns; return key validity [B, length + new]."""
+        end = self.length + valid.shape[1]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} columns needed, capacity {self.capacity}")
+        self.valid[:, self.length:end] = valid
+        return self.valid[:, :end]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, kv_heads, T, D] at the open columns; return all keys/values so far."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
+        self.length += num_tokens
+        if next_positions is None:
+            self.next_positions += num_tokens
+        else:
+            self.next_positions = next_positions
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop every row not in ``rows`` (int64 indices, in the order to keep)."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+        self.valid = self.valid.index_select(0, rows)
+        self.next_positions = self.next_positions.index_select(0, rows)

@@ -1,0 +1,93 @@
+"""Tokenizer of a Hugging Face checkpoint directory, read with the ``tokenizers`` library.
+
+Only ``tokenizer.json`` is needed; the end-of-sequence ids come from ``generation_config.json``,
+then ``config.json``, then the ``eos_token`` named in ``tokenizer_config.json``, the order in which
+Hugging Face's ``generate`` resolves them. No special tokens are added on encode: the study feeds
+Qwen3-Base the plain prompt text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as RustTokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                   "special_tokens_map.json", "vocab.json", "merges.txt")
+
+
+class TokenizerError(ValueError):
+    """A checkpoint directory has no usable tokenizer or no end-of-sequence token."""
+
+
+class Tokenizer:
+    def __init__(self, backend: RustTokenizer, eos_token_ids: list[int], pad_token_id: int) -> None:
+        if not eos_token_ids:
+            raise TokenizerError("tokenizer: no end-of-sequence token id")
+        self.backend = backend
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.eos_token_ids[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, rows: list[list[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        return self.backend.decode_batch([list(r) for r in rows],
+                                         skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> "Tokenizer":
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{directory}: no tokenizer.json")
+        backend = RustTokenizer.from_file(str(path))
+        tok_config = _read_json(directory / "tokenizer_config.json")
+        eos = _eos_ids(directory, tok_config, backend)
+        pad = _token_id(tok_config.get("pad_token"), backend)
+        return cls(backend, eos, eos[0] if pad is None else pad)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TokenizerError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def _token_id(token: str | dict | None, backend: RustTokenizer) -> int | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return None if token is None else backend.token_to_id(token)
+
+
+def _eos_ids(directory: Path, tok_config: dict, backend: RustTokenizer) -> list[int]:
+    for name in ("generation_config.json", "config.json"):
+        eos = _read_json(directory / name).get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else list(eos)
+    eos = _token_id(tok_config.get("eos_token"), backend)
+    if eos is None:
+        raise TokenizerError(f"{directory}: no eos_token_id in generation_config.json or "
+                             "config.json and no eos_token in tokenizer_config.json")
+    return [eos]

@@ -1,0 +1,226 @@
+"""Pre-train the embedded default checkpoint: a tiny Qwen3 base model for synthetic arithmetic.
+
+Like Qwen3-0.6B-Base in the study, the result should be a *base* model whose greedy accuracy on
+held-out problems is low (10-35%), with two visible modes: a short guess that jumps straight to
+``\\boxed{}`` and a step-by-step derivation that is far more often right. The corpus makes that
+happen: every document is the study's prompt for a synthetic problem followed by a correct worked
+solution, written either as a derivation or as a bare guess, and the guess is the more common
+style on most levels, so greedy decoding usually guesses while temperature sampling mixes both
+modes and RL has room to move the policy towards deriving.
+
+Everything is seeded (tokenizer training, corpus, initialisation, batch order); on a 2-core CPU
+the default run takes about 15 minutes. Output: a Hugging Face directory (config.json,
+model.safetensors, tokenizer files, generation_config.json) plus ``model_card.json`` with the
+training settings and the held-out greedy accuracy.
+
+    python scripts/train_tiny.py --out rlvr_fast/assets/tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
+
+from rlvr_fast.data import render_prompt, synthetic_problems, worked_solution
+from rlvr_fast.engine.sampler import SamplingParams, sample
+from rlvr_fast.grading import extract_boxed, grade
+from rlvr_fast.models.checkpoint import replace_directory, save_model
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
+from rlvr_fast.policy import Policy, load_policy
+
+EOS = "<|endoftext|>"
+# Probability that a document's solution is a bare guess, per synthetic level. Above 1/2 the
+# greedy policy tends to guess on that level; below, it tends to derive.
+GUESS_PROBABILITY = {1: 0.7, 2: 0.6, 3: 0.45, 4: 0.6}
+
+
+def build_corpus(num_documents: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    problems = synthetic_problems("train", num_documents, seed=seed)
+    documents = []
+    for problem in problems:
+        style = "guess" if rng.random() < GUESS_PROBABILITY[problem.level] else "derive"
+        documents.append(render_prompt(problem.question) + worked_solution(problem, style) + EOS)
+    return documents
+
+
+def train_tokenizer(documents: list[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE with one token per digit, as Qwen's tokenizer does."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    return tokenizer
+
+
+def model_config(vocab_size: int, eos_id: int, args) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
+        max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
+        model_type="qwen3", eos_token_id=[eos_id])
+
+
+def init_weights(model: Qwen3ForCausalLM, std: float = 0.02) -> None:
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            torch.nn.init.ones_(param)
+        else:
+            torch.nn.init.normal_(param, std=std)
+
+
+def batches(token_rows: list[list[int]], batch_size: int, rng: random.Random, pad_id: int):
+    """Length-bucketed, right-padded batches; yields (ids [B, T], loss mask [B, T])."""
+    order = sorted(range(len(token_rows)), key=lambda i: (len(token_rows[i]), rng.random()))
+    groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(groups)
+    for group in groups:
+        width = max(len(token_rows[i]) for i in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.bool)
+        for row, index in enumerate(group):
+            tokens = token_rows[index]
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(tokens)] = True
+        yield ids, mask
+
+
+def train(model: Qwen3ForCausalLM, token_rows: list[list[int]], args, pad_id: int) -> float:
+    """AdamW with linear warm-up and cosine decay; right padding needs no attention mask
+    because causal attention never lets a real token see a later pad."""
+    rng = random.Random(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.1)
+    total = args.epochs * math.ceil(len(token_rows) / args.batch_size)
+    warmup = max(1, total // 50)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))))
+    model.train()
+    loss_avg = float("nan")
+    with tqdm(total=total, desc="pre-train", unit="step") as bar:
+        for _ in range(args.epochs):
+            for ids, mask in batches(token_rows, args.batch_size, rng, pad_id):
+                logits = model(ids[:, :-1])
+                target_mask = mask[:, 1:]
+                loss = F.cross_entropy(logits[target_mask], ids[:, 1:][target_mask])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                schedule.step()
+                loss_avg = loss.item() if math.isnan(loss_avg) else 0.98 * loss_avg + 0.02 * loss.item()
+                bar.set_postfix(loss=f"{loss_avg:.3f}")
+                bar.update()
+    model.eval()
+    return loss_avg
+
+
+def greedy_report(policy: Policy, num_problems: int, seed: int, max_new_tokens: int) -> dict:
+    """Greedy accuracy on held-out test problems, split by mode (short guess vs derivation)."""
+    problems = synthetic_problems("test", num_problems, seed=seed)
+    correct = {"guess": 0, "derive": 0}
+    count = {"guess": 0, "derive": 0}
+    per_level: dict[int, list[int]] = {}
+    for start in tqdm(range(0, len(problems), 64), desc="greedy eval", unit="batch"):
+        chunk = problems[start:start + 64]
+        out = sample(policy, [render_prompt(p.question) for p in chunk],
+                     SamplingParams.greedy(max_new_tokens))
+        for problem, text in zip(chunk, out.texts):
+            mode = "guess" if text.rfind("\\boxed") < 30 else "derive"
+            ok = grade(extract_boxed(text), problem.answer)
+            count[mode] += 1
+            correct[mode] += ok
+            per_level.setdefault(problem.level, []).append(int(ok))
+    return {
+        "problems": len(problems),
+        "accuracy": (correct["guess"] + correct["derive"]) / len(problems),
+        "guess_fraction": count["guess"] / len(problems),
+        "guess_accuracy": correct["guess"] / max(1, count["guess"]),
+        "derive_accuracy": correct["derive"] / max(1, count["derive"]),
+        "accuracy_by_level": {lvl: sum(v) / len(v) for lvl, v in sorted(per_level.items())},
+    }
+
+
+def write_checkpoint(model, tokenizer: Tokenizer, eos_id: int, staging: Path) -> None:
+    save_model(model, staging)
+    tokenizer.save(str(staging / "tokenizer.json"))
+    (staging / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
+        "bos_token": None, "add_bos_token": False, "model_max_length": 4096}, indent=2) + "\n")
+    (staging / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": eos_id, "pad_token_id": eos_id, "bos_token_id": None}, indent=2) + "\n")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--documents", type=int, default=40000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--vocab", type=int, default=384)
+    parser.add_argument("--hidden", type=int, default=192)
+    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--eval-problems", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.time()
+    documents = build_corpus(args.documents, args.seed)
+    tokenizer = train_tokenizer(documents, args.vocab)
+    eos_id = tokenizer.token_to_id(EOS)
+    token_rows = [e.ids for e in tokenizer.encode_batch(documents)]
+    config = model_config(tokenizer.get_vocab_size(), eos_id, args)
+    model = Qwen3ForCausalLM(config)
+    init_weights(model)
+    print(f"corpus: {len(documents)} documents, {sum(map(len, token_rows))} tokens; "
+          f"model: {config.num_parameters()} parameters")
+    final_loss = train(model, token_rows, args, eos_id)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
+    write_checkpoint(model, tokenizer, eos_id, staging)
+    report = greedy_report(load_policy(staging), args.eval_problems, args.seed, 256)
+    card = {"trained_by": "scripts/train_tiny.py", "settings": {
+                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "guess_probability_by_level": GUESS_PROBABILITY,
+            "parameters_untied": config.num_parameters(),
+            "corpus_tokens": sum(map(len, token_rows)), "final_train_loss": round(final_loss, 4),
+            "greedy_test": report, "train_seconds": round(time.time() - started, 1)}
+    (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    replace_directory(staging, args.out)
+    print(json.dumps(card, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Builds rlvr_fast, installs kernels/ as rlvr_fast.kernels, and compiles csrc/*.cpp into rlvr_fast._C.
+
+Metadata lives in pyproject.toml; this file only adds what needs code: the package_dir mapping and
+the C++ extension (built only when csrc/ has sources).
+"""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+CPP_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cpp"))
+
+
+def cpp_extension():
+    if not CPP_SOURCES:
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    extension = CppExtension("rlvr_fast._C", CPP_SOURCES,
+                             extra_compile_args=["-O3", "-std=c++17"])
+    return [extension], {"build_ext": BuildExtension}
+
+
+ext_modules, cmdclass = cpp_extension()
+
+setup(
+    packages=find_packages(include=["rlvr_fast", "rlvr_fast.*"]) + ["rlvr_fast.kernels"],
+    package_dir={"rlvr_fast.kernels": "kernels"},
+    package_data={"rlvr_fast": ["assets/tiny/*"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)

@@ -1,0 +1,189 @@
+"""Model engine: parity with transformers, KV-cached decode vs full forward, checkpoints, config."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import random_hf_model
+from rlvr_fast.engine.kv_cache import KVCache
+from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
+from rlvr_fast.models.config import ConfigError, ModelConfig
+
+QWEN3_0_6B_BASE = {  # config.json of Qwen/Qwen3-0.6B-Base, the study's model
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "rope_scaling": None, "tie_word_embeddings": True, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643,
+}
+
+
+def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        mask[row, width - length:] = 1
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("model_type,tie", [("qwen3", False), ("qwen3", True), ("qwen2", False),
+                                            ("llama", True)])
+def test_logits_match_transformers(tmp_path, model_type, tie):
+    hf = random_hf_model(model_type, tie=tie, seed=1)
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    ids, mask = left_padded_batch(hf.config.vocab_size, [37, 20, 1, 29])
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask).logits
+        got = ours(ids, mask)
+        unpadded = ours(ids[:1])
+    real = mask.bool()
+    assert (got[real] - expected[real]).abs().max() <= 1e-5
+    assert (unpadded - hf(ids[:1]).logits).abs().max() <= 1e-5
+
+
+def test_hidden_states_feed_the_lm_head(hf_qwen3):
+    _, directory = hf_qwen3
+    model = load_model(directory)
+    ids = torch.randint(0, 211, (2, 13))
+    with torch.no_grad():
+        hidden = model(ids, return_hidden=True)
+        assert hidden.shape == (2, 13, 96)
+        torch.testing.assert_close(hidden @ model.lm_head.weight.T, model(ids), rtol=0, atol=1e-5)
+
+
+def test_left_and_right_padding_score_alike(hf_qwen3):
+    _, directory = hf_qwen3
+    model = load_model(directory)
+    ids = torch.randint(1, 211, (1, 9))
+    left = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+    right = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    left_mask = (torch.arange(13) >= 4).long()[None]
+    with torch.no_grad():
+        a = model(left, left_mask)[0, 4:]
+        b = model(right, left_mask.flip(1))[0, :9]
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_cached_decode_equals_full_forward(hf_qwen3):
+    _, directory = hf_qwen3
+    model = load_model(directory)
+    lengths = [11, 3, 7]
+    ids, mask = left_padded_batch(211, lengths, seed=3)
+    continuation = torch.randint(1, 211, (3, 6))
+    cache = KVCache.for_model(model.config, 3, ids.shape[1] + 6, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        steps = [model.prefill(ids, mask, cache)]
+        for t in range(5):
+            steps.append(model.decode(continuation[:, t], cache))
+        full = model(torch.cat([ids, continuation], 1), torch.cat([mask, torch.ones(3, 6, dtype=torch.long)], 1))
+    expected = full[:, ids.shape[1] - 1: ids.shape[1] + 5]
+    assert (torch.stack(steps, 1) - expected).abs().max() <= 1e-5
+
+
+def test_cache_drops_rows_without_disturbing_the_others(hf_qwen3):
+    _, directory = hf_qwen3
+    model = load_model(directory)
+    ids, mask = left_padded_batch(211, [5, 8, 6], seed=4)
+    cache = KVCache.for_model(model.config, 3, 16, dtype=torch.float32, device="cpu")
+    tokens = torch.tensor([7, 8, 9])
+    with torch.no_grad():
+        model.prefill(ids, mask, cache)
+        cache.keep_rows(torch.tensor([2, 0]))
+        kept = model.decode(tokens[[2, 0]], cache)
+        full = model(torch.cat([ids, tokens[:, None]], 1), torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1))
+    torch.testing.assert_close(kept, full[[2, 0], -1], rtol=0, atol=1e-5)
+
+
+def test_cache_overflow_is_a_clear_error(hf_qwen3):
+    _, directory = hf_qwen3
+    model = load_model(directory)
+    cache = KVCache.for_model(model.config, 1, 4, dtype=torch.float32, device="cpu")
+    with pytest.raises(RuntimeError, match="KV cache full"):
+        model.prefill(torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), cache)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_saved_checkpoint_loads_in_transformers(tmp_path, hf_qwen3, tie):
+    transformers = pytest.importorskip("transformers")
+    hf = random_hf_model("qwen3", tie=tie, seed=2)
+    hf.save_pretrained(tmp_path / "source")
+    ours = load_model(tmp_path / "source")
+    save_model(ours, tmp_path / "saved")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    ids = torch.randint(0, 211, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, hf(ids).logits)
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["tie_word_embeddings"] is tie
+
+
+def test_bfloat16_load_keeps_rope_in_fp32(hf_qwen3):
+    hf, directory = hf_qwen3
+    model = load_model(directory, dtype=torch.bfloat16)
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, 211, (1, 40))
+    with torch.no_grad():
+        err = (model(ids).float() - hf(ids).logits).abs().max()
+        hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+        err_hf_bf16 = (hf_bf16(ids).logits.float() - hf(ids).logits).abs().max()
+    assert err <= 2 * err_hf_bf16 + 1e-2
+
+
+def test_parameter_count_matches_the_seed():
+    config = ModelConfig.from_hf_dict(QWEN3_0_6B_BASE)
+    assert config.num_parameters() == 751_632_384
+    assert config.num_parameters(untied=False) == 596_049_920
+
+
+@pytest.mark.parametrize("model_type,tie", [("qwen3", False), ("qwen3", True), ("qwen2", False)])
+def test_parameter_count_matches_the_module(tmp_path, model_type, tie):
+    random_hf_model(model_type, tie=tie).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    actual = sum(p.numel() for p in model.parameters())
+    assert model.config.num_parameters(untied=False) == actual
+    head = model.config.vocab_size * model.config.hidden_size
+    assert model.config.num_parameters(untied=True) == actual + (head if tie else 0)
+
+
+def test_transformers5_rope_parameters_are_read():
+    raw = dict(QWEN3_0_6B_BASE, rope_theta=None, rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
+    assert ModelConfig.from_hf_dict(raw).rope_theta == 5e5
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
+    ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+])
+def test_unsupported_configs_are_refused(change, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_hf_dict(dict(QWEN3_0_6B_BASE, **change))
+
+
+def test_missing_config_field_is_named():
+    raw = dict(QWEN3_0_6B_BASE)
+    del raw["hidden_size"]
+    with pytest.raises(ConfigError, match="missing field 'hidden_size'"):
+        ModelConfig.from_hf_dict(raw)
+
+
+def test_checkpoint_with_wrong_tensors_is_refused(tmp_path, hf_qwen3):
+    _, directory = hf_qwen3
+    config = json.loads((directory / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=4)))
+    (tmp_path / "model.safetensors").symlink_to(directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match="missing"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, intermediate_size=128)))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_model(tmp_path)
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load_model(tmp_path / "nope")
