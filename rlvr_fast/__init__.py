@@ -1,0 +1,25 @@
+"""rlvr_fast: fast GRPO for reinforcement learning with verifiable rewards on math reasoning.
+
+    import torch, rlvr_fast
+    policy = rlvr_fast.load_policy("tiny")                      # or a local HF checkpoint dir
+    problem = rlvr_fast.synthetic_problems("test", 1)[0]
+    out = rlvr_fast.sample(policy, [rlvr_fast.render_prompt(problem.question)] * 8,
+                           generator=torch.Generator().manual_seed(0))
+    rewards = [rlvr_fast.grade_response(text, problem.answer) for text in out.texts]
+"""
+
+from rlvr_fast.data import DataError, Problem, load_problems, render_prompt, save_problems, \
+    synthetic_problems, worked_solution
+from rlvr_fast.engine.sampler import SampleOutput, SamplingParams, generate, sample
+from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.policy import Policy, load_policy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataError", "ModelConfig", "Policy", "Problem", "SampleOutput", "SamplingParams",
+    "extract_boxed", "generate", "grade", "grade_response", "load_policy", "load_problems",
+    "passes_gate", "render_prompt", "sample", "save_problems", "synthetic_problems",
+    "worked_solution",
+]

@@ -57,8 +57,10 @@ outlives its budget.  Each ``grade`` call may spend at most ``timeout`` seconds
 (default 2.0) of worker time in total, second opinion included; a call that runs
 out answers False.  Worker start-up and waiting for the lock behind other threads
 do not count against the budget, so grades do not depend on machine load.  Inputs
-longer than 200 characters skip sympy.  Because the worker is spawned, scripts
-that call ``grade`` need the usual ``if __name__ == "__main__":`` guard.
+longer than 200 characters skip sympy; answers longer than 1000 characters count
+only on an exact string match.  Because the worker is spawned, scripts that call
+``grade`` need the usual ``if __name__ == "__main__":`` guard; ``grade`` raises
+(RuntimeError) only when the worker cannot start at all.
 """
 
 from __future__ import annotations
@@ -670,7 +672,7 @@ class _SympyWorker:
             started = time.monotonic()
             try:
                 conn.send(request)
-                if conn.poll(None):
+                if conn.poll(budget.remaining):
                     return bool(conn.recv())
             except (EOFError, OSError):  # the worker died (e.g. out of memory)
                 pass
@@ -707,7 +709,10 @@ class _SympyWorker:
             ready = False
         if not ready:
             self._stop()
-            raise RuntimeError("the sympy grading worker process failed to start")
+            raise RuntimeError(
+                "the sympy grading worker process failed to start; a script that calls "
+                "grade() needs an `if __name__ == '__main__':` guard (spawn re-imports it)"
+            )
         return parent_conn
 
     def _stop(self) -> None:

@@ -149,8 +149,10 @@ def test_grade_is_symmetric(pred: str, gold: str, expected: bool) -> None:
     assert grade(gold, pred) is expected
 
 
-def test_grade_none_prediction_is_false() -> None:
+def test_grade_none_or_empty_is_false() -> None:
     assert grade(None, "5") is False
+    assert grade("", "") is False
+    assert grade("$ $", "") is False
 
 
 def test_second_opinion_never_turns_a_wrong_answer_right() -> None:
@@ -169,7 +171,13 @@ def test_long_inputs_skip_sympy() -> None:
 
 def test_cheap_stages_do_not_start_the_worker() -> None:
     grading._WORKER.close()
-    for pred, gold in [("1,000", "1000"), ("12", "1.2"), ("\\frac{1}{2}", "0.5"), ("A", "B")]:
+    for pred, gold in [
+        ("1,000", "1000"),
+        ("12", "1.2"),
+        ("\\frac{1}{2}", "0.5"),
+        ("A", "B"),
+        ("Monday", "5"),
+    ]:
         grade(pred, gold)
     grade_response("so \\boxed{(1, 2)}", "(2,1)")
     assert grading._WORKER._process is None

@@ -1,0 +1,40 @@
+"""Shared benchmark harness: every fast path runs beside its eager reference in the same session.
+
+A benchmark marks itself with ``mark(benchmark, group, role, work=..., unit=...)``; role is
+"eager" (the reference) or "fast". At the end of a timed run (``make bench``) the summary prints,
+per group, each side's mean time, throughput (work / s) and the eager/fast speed ratio. Under
+``--benchmark-disable`` (CI's smoke check) each benchmark body simply runs once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def mark(benchmark, group: str, role: str, *, work: float = 0.0, unit: str = "") -> None:
+    benchmark.group = group
+    benchmark.extra_info.update(role=role, work=work, unit=unit)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or session.disabled or not session.benchmarks:
+        return
+    groups: dict[str, dict[str, object]] = {}
+    for bench in session.benchmarks:
+        if bench.stats is not None and "role" in bench.extra_info:
+            groups.setdefault(bench.group, {})[bench.extra_info["role"]] = bench
+    terminalreporter.section("fast path vs eager (same run)")
+    for group, sides in sorted(groups.items()):
+        line = [f"{group}:"]
+        for role in ("eager", "fast"):
+            bench = sides.get(role)
+            if bench is None:
+                continue
+            mean = bench.stats.mean
+            work, unit = bench.extra_info["work"], bench.extra_info["unit"]
+            rate = f", {work / mean:,.0f} {unit}/s" if work else ""
+            line.append(f"{role} {bench.name} {mean * 1e3:.1f} ms{rate};")
+        if "eager" in sides and "fast" in sides:
+            line.append(f"speed-up {sides['eager'].stats.mean / sides['fast'].stats.mean:.2f}x")
+        terminalreporter.write_line(" ".join(line))

@@ -1,0 +1,97 @@
+"""Evaluation (greedy by default): per-item grades with the extracted answer, accuracy and cap hits.
+
+Each item records what the study's per-item grade files record: item id, extracted answer,
+whether it is correct, the response length in tokens, whether it hit the token cap, and whether it
+passes the 30-character derivation gate (the short-guess / derivation split of the study's §3.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from rlvr_fast.data import Problem, render_prompt
+from rlvr_fast.engine.sampler import FINISH_CAP, SamplingParams, sample
+from rlvr_fast.grading import extract_boxed, grade, passes_gate
+
+
+@dataclass
+class ItemGrade:
+    id: str
+    answer: str
+    extracted: str | None
+    correct: bool
+    length: int
+    cap_hit: bool
+    derivation: bool
+    level: int | None
+    response: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalResult:
+    items: list[ItemGrade]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(i.correct for i in self.items) / len(self.items)
+
+    @property
+    def cap_hits(self) -> int:
+        return sum(i.cap_hit for i in self.items)
+
+    def summary(self) -> dict:
+        guesses = [i for i in self.items if not i.derivation]
+        derivations = [i for i in self.items if i.derivation]
+        levels = sorted({i.level for i in self.items if i.level is not None})
+        return {
+            "items": len(self.items),
+            "correct": sum(i.correct for i in self.items),
+            "accuracy": self.accuracy,
+            "cap_hits": self.cap_hits,
+            "short_guess_fraction": len(guesses) / len(self.items),
+            "short_guess_accuracy": _mean(i.correct for i in guesses),
+            "derivation_accuracy": _mean(i.correct for i in derivations),
+            "accuracy_by_level": {
+                level: _mean(i.correct for i in self.items if i.level == level) for level in levels},
+        }
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
+             batch_size: int = 64, progress: bool = True, desc: str = "eval",
+             params: SamplingParams | None = None,
+             generator: torch.Generator | None = None) -> EvalResult:
+    """Decode every problem's prompt once and grade the last boxed answer.
+
+    Greedy at ``max_new_tokens`` unless ``params`` (with ``generator``) asks for sampling.
+    """
+    if not problems:
+        raise ValueError("evaluate: no problems")
+    items: list[ItemGrade] = []
+    params = params or SamplingParams.greedy(max_new_tokens)
+    with tqdm(total=len(problems), desc=desc, unit="item", disable=not progress) as bar:
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start:start + batch_size]
+            out = sample(policy, [render_prompt(p.question) for p in chunk], params,
+                         generator=generator)
+            for problem, text, length, reason in zip(chunk, out.texts, out.lengths,
+                                                     out.finish_reasons):
+                extracted = extract_boxed(text)
+                items.append(ItemGrade(
+                    id=problem.id, answer=problem.answer, extracted=extracted,
+                    correct=grade(extracted, problem.answer), length=length,
+                    cap_hit=reason == FINISH_CAP, derivation=passes_gate(text),
+                    level=problem.level, response=text))
+            bar.update(len(chunk))
+    return EvalResult(items)
