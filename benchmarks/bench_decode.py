@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.conftest import mark
+from benchmarks.harness import mark
 from rlvr_fast.data import render_prompt, synthetic_problems
 from rlvr_fast.engine.sampler import SamplingParams, generate
 from rlvr_fast.policy import TINY_MODEL_DIR, load_policy

@@ -8,13 +8,6 @@ per group, each side's mean time, throughput (work / s) and the eager/fast speed
 
 from __future__ import annotations
 
-import pytest
-
-
-def mark(benchmark, group: str, role: str, *, work: float = 0.0, unit: str = "") -> None:
-    benchmark.group = group
-    benchmark.extra_info.update(role=role, work=work, unit=unit)
-
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     session = getattr(config, "_benchmarksession", None)

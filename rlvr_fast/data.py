@@ -32,7 +32,7 @@ Row formats accepted by ``load_problems``:
 
 Synthetic task levels (all operands are integers; questions use ASCII `` * ``):
 
-1. ``a + b`` or ``a - b`` with a, b in 10..99 and a >= b for subtraction.
+1. ``a + b`` or ``a - b`` with a, b in 100..999 and a >= b for subtraction.
 2. ``a + b + c`` or ``a + b - c`` with a, b, c in 10..99 and a result >= 0.
 3. ``a * b`` with a in 10..999 and b in 2..9.
 4. ``(a + b) * c`` with a, b in 10..99 and c in 2..9.
@@ -40,9 +40,8 @@ Synthetic task levels (all operands are integers; questions use ASCII `` * ``):
 Every expression belongs to exactly one split, fixed by a SHA-256 hash of its
 canonical key (e.g. ``"4|(23+45)*7"``): bucket 0 of 20 is ``test``, bucket 1 is
 ``val``, the rest is ``train``.  The seed only changes which problems of a split
-are drawn, so splits stay disjoint for every seed.  Small levels run out: level 1
-has 12,195 expressions (637 in val, 607 in test) and level 3 has 7,920 (384 in val,
-421 in test); once a level's pool in a split is used up, the round-robin over levels continues
+are drawn, so splits stay disjoint for every seed.  Small levels run out: level 3
+has 7,920 expressions (384 in val, 421 in test); once a level's pool in a split is used up, the round-robin over levels continues
 with the remaining ones, and ``ValueError`` is raised only when all are used up.
 
 A synthetic problem keeps its canonical expression in ``Problem.solution`` (e.g.
@@ -326,10 +325,11 @@ STYLES = ("derive", "guess")
 LEVELS = (1, 2, 3, 4)
 
 _TWO_DIGIT = range(10, 100)
+_THREE_DIGIT = range(100, 1000)
 _TWO_OR_THREE_DIGIT = range(10, 1000)
 _ONE_DIGIT = range(2, 10)
 _OPERAND_RANGES = {
-    1: (_TWO_DIGIT, _TWO_DIGIT),
+    1: (_THREE_DIGIT, _THREE_DIGIT),
     2: (_TWO_DIGIT, _TWO_DIGIT, _TWO_DIGIT),
     3: (_TWO_OR_THREE_DIGIT, _ONE_DIGIT),
     4: (_TWO_DIGIT, _TWO_DIGIT, _ONE_DIGIT),
@@ -367,6 +367,7 @@ _WORD_TEMPLATES = {
     ),
 }
 _NAMES = ("Sam", "Ana", "Leo", "Mia")
+DERIVATION_OPENER = "Let's solve it step by step."
 _ITEMS = ("apples", "marbles", "stickers", "coins")
 
 
@@ -437,15 +438,18 @@ def synthetic_problems(
 def worked_solution(problem: Problem, style: str) -> str:
     """Completion text that follows the prompt's ``Answer:`` (so it starts with a space).
 
-    ``guess`` is just the boxed answer.  ``derive`` writes one small operation
-    per line (``x op y = z``), then the boxed answer on its own final line.
+    ``guess`` is just the boxed answer.  ``derive`` opens with one fixed line (so
+    the choice between the two modes is a single first-token decision), writes one
+    small operation per line (``x op y = z``), then the boxed answer on its own
+    final line.
     """
     _check_choice("style", style, STYLES)
     expression = _expression_of(problem)
     box = f"\\boxed{{{expression.value}}}"
     if style == "guess":
         return f" {box}"
-    return " " + "\n".join([*_derivation(expression), "The final answer is:", box])
+    lines = [DERIVATION_OPENER, *_derivation(expression), "The final answer is:", box]
+    return " " + "\n".join(lines)
 
 
 def _check_choice(name: str, value: object, valid: Sequence[object]) -> None:
@@ -569,39 +573,56 @@ def _steps(x: int, operator: str, y: int) -> list[str]:
 
 
 def _addition_steps(x: int, y: int) -> list[str]:
-    x_tens, x_ones = _tens_and_ones(x)
-    y_tens, y_ones = _tens_and_ones(y)
-    tens, ones = x_tens + y_tens, x_ones + y_ones
-    return [
-        "We add the tens and the ones.",
-        f"{x_tens} + {y_tens} = {tens}",
-        f"{x_ones} + {y_ones} = {ones}",
-        f"{tens} + {ones} = {x + y}",
-    ]
+    # Adding place by place leaves one-digit facts with zeros appended (40 + 50 = 90);
+    # the partial sums are then combined from the largest place down.
+    lines = ["We add by place value."]
+    partials = []
+    for unit in _place_units(max(x, y)):
+        x_part, y_part = x // unit % 10 * unit, y // unit % 10 * unit
+        if x_part and y_part:
+            lines.append(f"{x_part} + {y_part} = {x_part + y_part}")
+        if x_part or y_part:
+            partials.append(x_part + y_part)
+    total = partials[0]
+    for partial in partials[1:]:
+        lines.append(f"{total} + {partial} = {total + partial}")
+        total += partial
+    return lines
 
 
 def _subtraction_steps(x: int, y: int) -> list[str]:
-    # Taking y's tens off x first never goes below zero when x >= y, so no borrowing.
-    y_tens, y_ones = _tens_and_ones(y)
-    return [
-        "We subtract the tens, then the ones.",
-        f"{x} - {y_tens} = {x - y_tens}",
-        f"{x - y_tens} - {y_ones} = {x - y}",
-    ]
+    # Taking y off x one place value at a time never goes below zero when x >= y.
+    lines = ["We subtract by place value."]
+    for part in _place_values(y):
+        lines.append(f"{x} - {part} = {x - part}")
+        x -= part
+    return lines
+
+
+def _place_units(number: int) -> list[int]:
+    """Place units of ``number``, largest first: 347 -> [100, 10, 1]."""
+    return [10 ** k for k in reversed(range(len(str(number))))]
 
 
 def _multiplication_steps(x: int, digit: int) -> list[str]:
-    x_tens, x_ones = _tens_and_ones(x)
-    return [
-        f"Split {x} into {x_tens} + {x_ones}.",
-        f"{x_tens} * {digit} = {x_tens * digit}",
-        f"{x_ones} * {digit} = {x_ones * digit}",
-        f"{x_tens * digit} + {x_ones * digit} = {x * digit}",
-    ]
+    # Splitting by place value leaves only one-digit facts with zeros appended
+    # (900 * 9 = 8100), which a tiny model can learn; partial sums then add up.
+    parts = _place_values(x)
+    products = [part * digit for part in parts]
+    lines = [f"Split {x} into {' + '.join(map(str, parts))}."] if len(parts) > 1 else []
+    lines += [f"{part} * {digit} = {product}" for part, product in zip(parts, products)]
+    total = products[0]
+    for product in products[1:]:
+        lines.append(f"{total} + {product} = {total + product}")
+        total += product
+    return lines
 
 
-def _tens_and_ones(number: int) -> tuple[int, int]:
-    return number - number % 10, number % 10
+def _place_values(number: int) -> list[int]:
+    """Non-zero place-value parts, largest first: 943 -> [900, 40, 3]."""
+    digits = str(number)
+    parts = [int(d) * 10 ** (len(digits) - 1 - i) for i, d in enumerate(digits) if d != "0"]
+    return parts or [0]
 
 
 def _apply(x: int, operator: str, y: int) -> int:

@@ -71,13 +71,17 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_policy(name_or_path: str | os.PathLike = "tiny", *, device: str | torch.device = "cpu",
-                dtype: torch.dtype | None = None) -> Policy:
+                dtype: torch.dtype | None = None, untie: bool = False) -> Policy:
     """Load ``"tiny"`` (the embedded default) or a local Hugging Face checkpoint directory.
 
-    ``dtype`` defaults to bfloat16 on CUDA and float32 elsewhere.
+    ``dtype`` defaults to bfloat16 on CUDA and float32 elsewhere. ``untie=True`` gives a tied
+    checkpoint's LM head its own trainable copy of the embedding, the way the study trains
+    Qwen3-0.6B-Base.
     """
     device = torch.device(device)
     path = resolve_model_path(name_or_path)
     model = load_model(path, device=device, dtype=dtype or default_dtype(device))
+    if untie:
+        model.untie_weights()
     return Policy(model=model, tokenizer=Tokenizer.from_directory(path), config=model.config,
                   path=path)

@@ -260,7 +260,7 @@ def test_small_levels_run_out_and_the_rest_fill_in(large_splits: dict[str, list[
 
 def test_level_shapes() -> None:
     shapes = {
-        1: r"\d\d [+-] \d\d",
+        1: r"\d\d\d [+-] \d\d\d",
         2: r"\d\d \+ \d\d [+-] \d\d",
         3: r"\d\d\d? \* [2-9]",
         4: r"\(\d\d \+ \d\d\) \* [2-9]",
@@ -310,15 +310,20 @@ def synthetic(level: int, expression: str) -> Problem:
 
 
 def test_worked_solution_examples() -> None:
-    assert worked_solution(synthetic(1, "23 + 45"), "derive") == (
-        " We add the tens and the ones.\n20 + 40 = 60\n3 + 5 = 8\n60 + 8 = 68\n"
-        "The final answer is:\n\\boxed{68}"
+    assert worked_solution(synthetic(1, "347 + 258"), "derive") == (
+        " Let's solve it step by step.\nWe add by place value.\n300 + 200 = 500\n40 + 50 = 90\n"
+        "7 + 8 = 15\n500 + 90 = 590\n590 + 15 = 605\nThe final answer is:\n\\boxed{605}"
     )
     assert worked_solution(synthetic(3, "23 * 7"), "derive") == (
-        " Split 23 into 20 + 3.\n20 * 7 = 140\n3 * 7 = 21\n140 + 21 = 161\n"
-        "The final answer is:\n\\boxed{161}"
+        " Let's solve it step by step.\nSplit 23 into 20 + 3.\n20 * 7 = 140\n3 * 7 = 21\n"
+        "140 + 21 = 161\nThe final answer is:\n\\boxed{161}"
     )
-    assert "\n73 - 40 = 33\n33 - 8 = 25\n" in worked_solution(synthetic(1, "73 - 48"), "derive")
+    assert "\nSplit 943 into 900 + 40 + 3.\n900 * 9 = 8100\n40 * 9 = 360\n3 * 9 = 27\n" \
+        "8100 + 360 = 8460\n8460 + 27 = 8487\n" in worked_solution(synthetic(3, "943 * 9"), "derive")
+    assert "\n100 * 8 = 800\nThe final" in worked_solution(synthetic(4, "(60 + 40) * 8"), "derive")
+    assert "\n473 - 100 = 373\n373 - 40 = 333\n333 - 8 = 325\n" in \
+        worked_solution(synthetic(1, "473 - 148"), "derive")
+    assert "\n58 - 30 = 28\n28 - 7 = 21\n" in worked_solution(synthetic(2, "19 + 39 - 37"), "derive")
     assert worked_solution(synthetic(4, "(23 + 45) * 7"), "guess") == " \\boxed{476}"
 
 
@@ -339,6 +344,6 @@ def test_invalid_arguments_are_rejected() -> None:
         worked_solution(problem, "explain")
     with pytest.raises(ValueError, match="not a synthetic problem"):
         worked_solution(Problem(id="x", question="Q?", answer="1", source="math.jsonl"), "derive")
-    tampered = Problem(id="t", question="Q?", answer="5", source="synthetic", level=1, solution="23 + 45")
+    tampered = Problem(id="t", question="Q?", answer="5", source="synthetic", level=1, solution="123 + 450")
     with pytest.raises(ValueError, match="answer"):
         worked_solution(tampered, "derive")

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import random_hf_model
+from hf_models import random_hf_model
 from rlvr_fast.engine.kv_cache import KVCache
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
 from rlvr_fast.models.config import ConfigError, ModelConfig
@@ -150,6 +150,18 @@ def test_parameter_count_matches_the_module(tmp_path, model_type, tie):
     assert model.config.num_parameters(untied=False) == actual
     head = model.config.vocab_size * model.config.hidden_size
     assert model.config.num_parameters(untied=True) == actual + (head if tie else 0)
+
+
+def test_untie_gives_the_head_its_own_copy(tmp_path):
+    random_hf_model("qwen3", tie=True).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    ids = torch.randint(0, 211, (1, 8))
+    with torch.no_grad():
+        before = model(ids)
+        model.untie_weights()
+        assert torch.equal(model(ids), before)
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == model.config.num_parameters()
 
 
 def test_transformers5_rope_parameters_are_read():

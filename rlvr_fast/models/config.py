@@ -141,5 +141,7 @@ def _refuse_unsupported(raw: dict) -> None:
         raise ConfigError(f"config: rope scaling {rope_type!r} is not supported (only default RoPE)")
     if raw.get("use_sliding_window"):
         raise ConfigError("config: sliding-window attention is not supported")
+    if raw.get("mlp_bias"):
+        raise ConfigError("config: mlp_bias is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"config: hidden_act {raw['hidden_act']!r} is not supported (only silu)")

@@ -163,6 +163,13 @@ class Qwen3ForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def untie_weights(self) -> None:
+        """Give the LM head its own copy of the embedding, as the study trains Qwen3-0.6B-Base
+        (its P = 751,632,384 counts the head separately)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = nn.Parameter(self.model.embed_tokens.weight.detach().clone())
+            self.config.tie_word_embeddings = False
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 return_hidden: bool = False) -> torch.Tensor:
         """input_ids [B, T] int64; attention_mask [B, T] (1 = token, 0 = padding, either side).
