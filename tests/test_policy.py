@@ -57,7 +57,8 @@ def test_base_accuracy_is_low_with_both_modes(tiny):
     settings = card["settings"]
     problems = synthetic_problems("test", settings["eval_problems"], seed=settings["seed"])
     summary = evaluate(tiny, problems, max_new_tokens=256, progress=False).summary()
-    assert summary["accuracy"] == pytest.approx(card["greedy_test"]["accuracy"], abs=1e-9)
+    # Exact on the machine that trained it; another SIMD level may flip a few greedy tokens.
+    assert summary["accuracy"] == pytest.approx(card["greedy_test"]["accuracy"], abs=0.01)
     assert 0.10 <= summary["accuracy"] <= 0.35
     assert 0.0 < summary["short_guess_fraction"] < 1.0
     assert summary["derivation_accuracy"] > summary["short_guess_accuracy"]
