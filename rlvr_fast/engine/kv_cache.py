@@ -23,6 +23,7 @@ class KVCache:
         self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
         self.next_positions = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length = 0
+        self.padded = False
 
     @classmethod
     def for_model(cls, config: ModelConfig, batch_size: int, capacity: int, *,
@@ -40,11 +41,25 @@ class KVCache:
 
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Mark the next ``valid.shape[1]`` columns; return key validity [B, length + new]."""
-        end = self.length + valid.shape[1]
+        end = self._check_room(valid.shape[1])
+        self.valid[:, self.length:end] = valid
+        # One sync per prefill; it lets unpadded batches (a GRPO group) decode without a mask.
+        self.padded = self.padded or not bool(valid.all())
+        return self.valid[:, :end]
+
+    def decode_mask(self) -> torch.Tensor | None:
+        """Attention mask [B, 1, 1, length + 1] for one decode step; None when no row is padded."""
+        end = self._check_room(1)
+        if not self.padded:
+            return None
+        self.valid[:, self.length] = True
+        return self.valid[:, None, None, :end]
+
+    def _check_room(self, num_tokens: int) -> int:
+        end = self.length + num_tokens
         if end > self.capacity:
             raise RuntimeError(f"KV cache full: {end} columns needed, capacity {self.capacity}")
-        self.valid[:, self.length:end] = valid
-        return self.valid[:, :end]
+        return end
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, kv_heads, T, D] at the open columns; return all keys/values so far."""

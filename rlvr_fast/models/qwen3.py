@@ -32,7 +32,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+        # Hugging Face's order: normalise in fp32, round to the input dtype, then scale. Written
+        # out because on CPU F.rms_norm dispatches to the same ops plus a slower wrapper.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -48,14 +52,18 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self._cos = self._sin = None
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] int64 -> cos, sin [B, 1, T, D] in ``dtype``."""
-        needed = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < needed or self._cos.device != positions.device:
+    def forward(self, positions: torch.Tensor, max_positions: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] int64, all < ``max_positions`` -> cos, sin [B, T, 1, D] in ``dtype``.
+
+        The bound comes from the caller (sequence or cache length) so that no device sync is
+        needed to read ``positions.max()``.
+        """
+        if self._cos is None or self._cos.shape[0] < max_positions or self._cos.device != positions.device:
             current = 0 if self._cos is None else self._cos.shape[0]
-            self._build(max(needed, 2 * current, 256), positions.device)
-        return (self._cos[positions].unsqueeze(1).to(dtype),
-                self._sin[positions].unsqueeze(1).to(dtype))
+            self._build(max(max_positions, 2 * current, 256), positions.device)
+        return (self._cos[positions].unsqueeze(2).to(dtype),
+                self._sin[positions].unsqueeze(2).to(dtype))
 
     def _build(self, size: int, device: torch.device) -> None:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
@@ -92,14 +100,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(batch, seq, self.num_heads, self.head_dim)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        heads = self.qkv_proj(x).view(batch, seq, -1, self.head_dim)  # [B, T, Hq + 2Hkv, D]
+        qk, v = heads[:, :, :self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads:]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            qk = torch.cat((self.q_norm(qk[:, :, :self.num_heads]),
+                            self.k_norm(qk[:, :, self.num_heads:])), dim=2)
+        # q and k share one RoPE pass: half the element-wise launches of rotating them apart.
+        qk = apply_rope(qk, cos, sin).transpose(1, 2)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.write(self.layer_idx, k, v)
         out = F.scaled_dot_product_attention(
@@ -143,7 +152,9 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, x.dtype)
+        # Positions never exceed the column index, which is bounded by the cache length.
+        max_positions = input_ids.shape[1] + (cache.length if cache is not None else 0)
+        cos, sin = self.rotary(positions, max_positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache)
         return self.norm(x)
@@ -200,8 +211,7 @@ class Qwen3ForCausalLM(nn.Module):
     def decode(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One token per row [B] appended to the cache; logits [B, V]."""
         positions = cache.next_positions.unsqueeze(1)
-        key_valid = cache.open_columns(torch.ones_like(token_ids, dtype=torch.bool).unsqueeze(1))
-        hidden = self.model(token_ids.unsqueeze(1), positions, key_valid[:, None, None, :], cache)
+        hidden = self.model(token_ids.unsqueeze(1), positions, cache.decode_mask(), cache)
         cache.advance(1)
         return self.lm_head(hidden[:, -1])
 
