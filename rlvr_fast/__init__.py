@@ -14,12 +14,13 @@ from rlvr_fast.engine.sampler import SampleOutput, SamplingParams, generate, sam
 from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.policy import Policy, load_policy
+from rlvr_fast.trainer import GRPOTrainer, TrainConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataError", "ModelConfig", "Policy", "Problem", "SampleOutput", "SamplingParams",
+    "DataError", "GRPOTrainer", "ModelConfig", "Policy", "Problem", "SampleOutput", "SamplingParams",
     "extract_boxed", "generate", "grade", "grade_response", "load_policy", "load_problems",
-    "passes_gate", "render_prompt", "sample", "save_problems", "synthetic_problems",
+    "passes_gate", "render_prompt", "sample", "save_problems", "synthetic_problems", "TrainConfig",
     "worked_solution",
 ]

@@ -89,17 +89,15 @@ def test_bad_model_paths_are_clear_errors(tmp_path):
         load_policy(tmp_path / "no_tokenizer")
 
 
-def test_demo_runs_and_writes_its_outputs(tmp_path, capsys):
-    code = demo.main(["--problems", "6", "--groups", "1", "--max-new-tokens", "48",
-                      "--out", str(tmp_path)])
-    assert code == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["items"] == 6 and len(summary["groups"]) == 1
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 6
-    assert "greedy accuracy" in capsys.readouterr().out
+def test_demo_trains_and_reports(tmp_path, capsys):
+    assert demo.main(["--steps", "2", "--eval-problems", "6", "--out", str(tmp_path / "d")]) == 0
+    printed = capsys.readouterr().out
+    assert "held_out: accuracy" in printed and "->" in printed
+    assert len((tmp_path / "d" / "ledger.jsonl").read_text().splitlines()) == 2
 
 
-def test_demo_bad_model_is_one_line_and_exit_2(tmp_path, capsys):
-    assert demo.main(["--model", str(tmp_path / "nope")]) == 2
+def test_demo_bad_arm_is_one_line_and_exit_2(tmp_path, capsys):
+    assert demo.main(["--arm", "nope", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "\n" not in err
+    assert err.startswith("demo: error:") and "\n" not in err
+    assert not (tmp_path / "d").exists()

@@ -1,0 +1,34 @@
+"""The study's training arms as presets: one table of settings, no per-arm code paths.
+
+Flags follow the seed's names (grpo_diagnostics_paper.md, Table 1):
+- ``loss_order``: "sum_then_scale" computes -A_i * (sum_t log p) per sequence, as the seed's
+  run_baseline does; "token_weighted" multiplies each token's NLL by A_i before summing, as its
+  run_experiment (compute_weighted_logprob) does. The two differ only by float rounding.
+- ``skip_zero_var``: homogeneous groups (sigma_R = 0, so every A_i = 0) skip the backward pass.
+- ``zero_var_step``: on such a skipped group, "zero_grad" still takes an AdamW step with zero
+  gradients (moments decay, bias corrections and weight decay advance; --zero-var-momentum-step),
+  "skip" takes no optimizer step at all.
+- ``gate_min_chars``: reward only responses whose last ``\\boxed`` starts at or after this many
+  characters (the 30-character pre-boxed derivation gate), None for the ungated reward.
+"""
+
+from __future__ import annotations
+
+ARMS: dict[str, dict] = {
+    "baseline": dict(loss_order="sum_then_scale", skip_zero_var=False, zero_var_step="skip",
+                     gate_min_chars=None),
+    "zg_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="zero_grad",
+                    gate_min_chars=None),
+    "gate_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip",
+                      gate_min_chars=30),
+    "ra_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="zero_grad",
+                    gate_min_chars=30),
+    "skip_zero_var": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip",
+                          gate_min_chars=None),
+}
+
+
+def arm_settings(name: str) -> dict:
+    if name not in ARMS:
+        raise ValueError(f"unknown arm {name!r} (valid: {', '.join(ARMS)})")
+    return dict(ARMS[name])

@@ -1,0 +1,174 @@
+"""``rlvr-fast``: train an arm or evaluate a model from the command line.
+
+    rlvr-fast train --arm ra_flat --model tiny --steps 50 --eval test=synthetic:test:200 --out runs/x
+    rlvr-fast train --arm baseline --model PATH --train-data math_train.json \\
+        --eval math500=math500_test.json --seed 42 --out runs/baseline_s42
+    rlvr-fast train ... --out runs/x --resume          # continue after a kill
+    rlvr-fast eval runs/x --eval test=synthetic:test:200
+
+Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
+Bad input exits with status 2 and one line on stderr; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rlvr_fast.arms import ARMS
+from rlvr_fast.data import DataError, load_problems, synthetic_problems
+from rlvr_fast.evaluation import evaluate
+from rlvr_fast.models.checkpoint import CheckpointError
+from rlvr_fast.models.config import ConfigError
+from rlvr_fast.policy import load_policy
+from rlvr_fast.tokenizer import TokenizerError
+from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_json_atomic, write_text_atomic
+
+USER_ERRORS = (ValueError, DataError, CheckpointError, ConfigError, TokenizerError,
+               FileExistsError, FileNotFoundError, IsADirectoryError)
+
+
+def load_data(spec: str, *, limit: int | None = None):
+    """A path, or synthetic:SPLIT[:N] (N defaults to ``limit`` or 200)."""
+    if spec.startswith("synthetic:"):
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdigit()):
+            raise ValueError(f"bad data spec {spec!r} (expected synthetic:SPLIT[:N])")
+        count = int(parts[2]) if len(parts) == 3 else (limit or 200)
+        return synthetic_problems(parts[1], count)
+    return load_problems(spec, limit=limit)
+
+
+def parse_eval_sets(specs: list[str]) -> dict[str, list]:
+    sets = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not source:
+            raise ValueError(f"--eval wants NAME=PATH or NAME=synthetic:SPLIT[:N], got {spec!r}")
+        if name in sets:
+            raise ValueError(f"--eval name {name!r} given twice")
+        sets[name] = load_data(source)
+    return sets
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """--set key=value; values are read as JSON where they parse (1e-4, true, null, [0.9, 0.95])."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set wants key=value, got {pair!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlvr-fast", description="Fast GRPO for RLVR on math.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train one arm")
+    train.add_argument("--arm", required=True, help=f"one of: {', '.join(ARMS)}")
+    train.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
+    train.add_argument("--train-data", default="synthetic:train",
+                       help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used")
+    train.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
+    train.add_argument("--seed", type=int, default=42)
+    train.add_argument("--steps", type=int, default=50)
+    train.add_argument("--out", type=Path, required=True, help="run directory")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override any TrainConfig field, e.g. --set lr=1e-4")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out")
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--untie", action="store_true",
+                       help="give a tied LM head its own weights (the study's P counts it)")
+    train.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                       help="write a Chrome trace of the first STEPS steps to OUT/trace.json")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    ev = commands.add_parser("eval", help="greedy evaluation of a model or a run directory")
+    ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
+    ev.add_argument("--eval", action="append", required=True, metavar="NAME=DATA")
+    ev.add_argument("--max-new-tokens", type=int, default=2048)
+    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
+    return parser
+
+
+def run_train(args) -> dict:
+    overrides = parse_overrides(args.set)
+    config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
+    train_data = load_data(args.train_data, limit=args.steps)
+    eval_sets = parse_eval_sets(args.eval)
+    policy = load_policy(args.model, device=args.device, untie=args.untie)
+    trainer = GRPOTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
+                          resume=args.resume, progress=not args.quiet,
+                          profile_steps=args.profile)
+    summary = trainer.train()
+    print_train_table(summary)
+    return summary
+
+
+def print_train_table(summary: dict) -> None:
+    totals = summary["totals_this_run"]
+    print(f"\narm {summary['arm']}, {summary['steps']} steps")
+    for name, after in summary.get("eval_after", {}).items():
+        before = summary.get("eval_before", {}).get(name)
+        if before:
+            print(f"  {name}: accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%}, "
+                  f"short answers {before['short_guess_fraction']:.1%} -> "
+                  f"{after['short_guess_fraction']:.1%}, cap hits {before['cap_hits']} -> "
+                  f"{after['cap_hits']}")
+        else:
+            print(f"  {name}: accuracy {after['accuracy']:.1%}, short answers "
+                  f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}")
+    print("  tokens: " + ", ".join(f"{k} {int(totals.get(k, 0)):,}" for k in
+                                   ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")))
+    print("  TFLOPs: " + ", ".join(f"{label} {totals.get(k, 0) / 1e12:.4f}" for label, k in
+                                   (("Out", "flops_out"), ("Full", "flops_full"),
+                                    ("PadFull", "flops_pad_full"))))
+    phases = {k.removeprefix("seconds_"): v for k, v in totals.items() if k.startswith("seconds_")}
+    print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+
+
+def run_eval(args) -> dict:
+    model_path = Path(args.model)
+    if (model_path / "final" / "config.json").is_file():
+        model_path = model_path / "final"
+    eval_sets = parse_eval_sets(args.eval)
+    policy = load_policy(args.model if args.model == "tiny" else model_path, device=args.device)
+    summaries = {}
+    for name, problems in eval_sets.items():
+        result = evaluate(policy, problems, max_new_tokens=args.max_new_tokens,
+                          batch_size=args.batch_size, desc=f"eval {name}")
+        summaries[name] = result.summary()
+        print(f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
+              f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}")
+        if args.out:
+            write_text_atomic(args.out / f"{name}.jsonl",
+                              "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
+    if args.out:
+        write_json_atomic(args.out / "summary.json", summaries)
+    return summaries
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            run_train(args)
+        else:
+            run_eval(args)
+    except USER_ERRORS as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"rlvr-fast: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

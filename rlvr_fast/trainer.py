@@ -1,0 +1,387 @@
+"""Single-question GRPO (the study's §1), one loop that reads top-down.
+
+Per step, for the next training question x:
+  1. rollouts: G samples at temperature T, top-p, capped at max_new_tokens (finished rows leave
+     the batch at once);
+  2. rewards: R_i = 1 when the last boxed answer grades correct (and, with the derivation gate,
+     ``\\boxed`` starts at or after gate_min_chars characters);
+  3. advantages: A_i = (R_i - mean R) / (std R + 1e-4), std with Bessel's correction as
+     ``torch.std`` computes it in the seed's code;
+  4. loss: -(1/G) sum_i A_i sum_t log pi(y_t), summed in the order the arm names;
+  5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
+     homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
+     step or none.
+Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
+
+    trainer = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
+    summary = trainer.train()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from rlvr_fast.arms import ARMS, arm_settings
+from rlvr_fast.data import Problem, render_prompt
+from rlvr_fast.engine.sampler import SamplingParams, generate
+from rlvr_fast.evaluation import EvalResult, evaluate
+from rlvr_fast.grading import grade_response
+from rlvr_fast.ledger import LedgerWriter, flat_step_record, truncate_jsonl
+
+LOSS_ORDERS = ("sum_then_scale", "token_weighted")
+ZERO_VAR_STEPS = ("zero_grad", "skip")
+ADVANTAGE_EPS = 1e-4
+
+
+@dataclass
+class TrainConfig:
+    arm: str = "baseline"
+    steps: int = 50
+    seed: int = 42
+    group_size: int = 8
+    temperature: float = 0.8
+    top_p: float = 0.9
+    max_new_tokens: int = 512
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    loss_order: str = "sum_then_scale"
+    skip_zero_var: bool = False
+    zero_var_step: str = "skip"
+    gate_min_chars: int | None = None
+    eval_max_new_tokens: int = 2048
+    eval_batch_size: int = 64
+    eval_before: bool = True
+    checkpoint_every: int = 10
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        checks = [
+            (self.arm in ARMS, f"unknown arm {self.arm!r} (valid: {', '.join(ARMS)})"),
+            (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.group_size >= 2 and self.group_size % 2 == 0,
+             f"group_size must be even and >= 2 (rollouts are ledgered in pairs), got {self.group_size}"),
+            (self.temperature > 0, f"temperature must be > 0 for rollouts, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             f"betas must be two numbers in [0, 1), got {self.betas}"),
+            (self.eps > 0, f"eps must be > 0, got {self.eps}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0,
+             f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}"),
+            (self.loss_order in LOSS_ORDERS,
+             f"loss_order must be one of {', '.join(LOSS_ORDERS)}, got {self.loss_order!r}"),
+            (self.zero_var_step in ZERO_VAR_STEPS,
+             f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
+            (self.gate_min_chars is None or self.gate_min_chars >= 0,
+             f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
+            (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
+            (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1"),
+            (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @classmethod
+    def from_arm(cls, name: str, **overrides) -> "TrainConfig":
+        """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown setting {unknown[0]!r} (valid: "
+                             f"{', '.join(f.name for f in dataclasses.fields(cls))})")
+        return cls(arm=name, **{**arm_settings(name), **overrides})
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class StepResult:
+    rewards: list[float]
+    texts: list[str]
+    record: dict = field(default_factory=dict)
+
+
+class Phases:
+    """Wall time per phase of a step, inside ``record_function`` (and NVTX on CUDA) ranges so
+    profiler timelines show the same names."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seconds: dict[str, float] = {}
+        self.nvtx = device.type == "cuda"
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        with torch.profiler.record_function(name):
+            if self.nvtx:
+                torch.cuda.nvtx.range_push(name)
+            try:
+                yield
+            finally:
+                if self.nvtx:
+                    torch.cuda.synchronize()
+                    torch.cuda.nvtx.range_pop()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def completion_token_nll(model, prompt_ids: list[int], completions: list[list[int]]) -> torch.Tensor:
+    """-log pi(y_t) for every completion token: [G, T_max] (0 past each completion's end)."""
+    device = model.lm_head.weight.device
+    width = len(prompt_ids) + max(len(c) for c in completions)
+    ids = torch.zeros((len(completions), width), dtype=torch.long)
+    for row, completion in enumerate(completions):
+        ids[row, :len(prompt_ids) + len(completion)] = torch.tensor(prompt_ids + completion)
+    ids = ids.to(device)
+    # Right padding needs no mask: causal attention never lets a real token see a later pad.
+    logits = model(ids[:, :-1])[:, len(prompt_ids) - 1:]
+    targets = ids[:, len(prompt_ids):]
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    lengths = torch.tensor([len(c) for c in completions], device=device)
+    mask = torch.arange(targets.shape[1], device=device)[None, :] < lengths[:, None]
+    return nll.view_as(targets) * mask
+
+
+def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
+    """-(1/G) sum_i A_i sum_t log pi(y_t): "sum_then_scale" sums each sequence's NLL first (the
+    seed's run_baseline), "token_weighted" scales every token's NLL by A_i first (run_experiment)."""
+    group = token_nll.shape[0]
+    if loss_order == "sum_then_scale":
+        return (advantages * token_nll.sum(dim=1)).sum() / group
+    return (advantages[:, None] * token_nll).sum() / group
+
+
+def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
+    r = torch.tensor(rewards, dtype=torch.float32)
+    sigma = r.std()
+    return (r - r.mean()) / (sigma + ADVANTAGE_EPS), float(sigma)
+
+
+class GRPOTrainer:
+    def __init__(self, policy, config: TrainConfig, train_data: Sequence[Problem],
+                 eval_data: dict[str, Sequence[Problem]] | None = None, *,
+                 out_dir: str | os.PathLike | None = None, resume: bool = False,
+                 progress: bool = True, profile_steps: int = 0) -> None:
+        if not train_data:
+            raise ValueError("train_data is empty")
+        self.policy, self.config = policy, config
+        self.train_data = list(train_data)
+        self.eval_data = dict(eval_data or {})
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress
+        self.profile_steps = profile_steps
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.num_params = sum(p.numel() for p in self.params)
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=config.betas,
+                                           eps=config.eps, weight_decay=config.weight_decay)
+        self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
+        self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+        self.start_step = 0
+        self.ledger = None
+        if self.out_dir is not None:
+            self._open_run_dir(resume)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        summary: dict = {"arm": self.config.arm, "steps": self.config.steps}
+        if self.config.eval_before and self.start_step == 0 and self.eval_data:
+            summary["eval_before"] = self.run_evals("before")
+        totals: dict[str, float] = {}
+        steps = range(self.start_step, self.config.steps)
+        profiler = self._start_profiler()
+        for step in tqdm(steps, desc=f"train {self.config.arm}", unit="step",
+                         disable=not self.progress, initial=self.start_step,
+                         total=self.config.steps):
+            problem = self.train_data[step % len(self.train_data)]
+            result = self.train_step(step, problem)
+            if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
+                profiler = self._stop_profiler(profiler)
+            for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full",
+                        "flops_out", "flops_full", "flops_pad_full"):
+                totals[key] = totals.get(key, 0) + result.record[key]
+            for phase, seconds in result.record["seconds"].items():
+                totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
+            if self.out_dir is not None and ((step + 1) % self.config.checkpoint_every == 0
+                                             or step + 1 == self.config.steps):
+                self.save_checkpoint(step + 1)
+        if profiler is not None:
+            self._stop_profiler(profiler)
+        summary["totals_this_run"] = totals
+        if self.eval_data:
+            summary["eval_after"] = self.run_evals("after")
+        if self.out_dir is not None:
+            self.policy.save(self.out_dir / "final")
+            write_json_atomic(self.out_dir / "summary.json", summary)
+            self.ledger.close()
+        return summary
+
+    def train_step(self, step: int, problem: Problem) -> StepResult:
+        config, model = self.config, self.policy.model
+        phase = Phases(self.policy.device)
+        prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
+
+        with phase("rollout"):
+            model.eval()
+            out = generate(model, [prompt_ids] * config.group_size, self.sampling,
+                           eos_token_ids=self.policy.tokenizer.eos_token_ids,
+                           pad_token_id=self.policy.tokenizer.pad_token_id,
+                           generator=self.generator)
+        with phase("reward"):
+            texts = self.policy.tokenizer.decode_batch(out.tokens)
+            rewards = [float(grade_response(t, problem.answer, min_chars=config.gate_min_chars))
+                       for t in texts]
+            advantages, sigma = standardised_advantages(rewards)
+
+        homogeneous = sigma == 0
+        active = not (homogeneous and config.skip_zero_var)
+        loss_value = grad_norm = None
+        if active:
+            model.train()
+            with phase("forward"):
+                token_nll = completion_token_nll(model, prompt_ids, out.tokens)
+                loss = grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
+            with phase("backward"):
+                loss.backward()
+            with phase("optimizer"):
+                grad_norm = self.clip_gradients()
+                self.optimizer.step()
+            loss_value = float(loss.detach())
+        elif config.zero_var_step == "zero_grad":
+            with phase("optimizer"):
+                for p in self.params:
+                    p.grad = torch.zeros_like(p)
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        record = flat_step_record(
+            step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma, active=active,
+            optimizer_step=active or config.zero_var_step == "zero_grad",
+            prompt_len=len(prompt_ids), lengths=out.lengths, decode_rows=out.decode_tokens,
+            max_new_tokens=config.max_new_tokens, params=self.num_params, loss=loss_value,
+            grad_norm=grad_norm, seconds=phase.seconds)
+        if self.ledger is not None:
+            self.ledger.write(record)
+            self._append_rollouts(step, problem, texts, out.lengths, rewards)
+        return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def _start_profiler(self):
+        if not self.profile_steps or self.out_dir is None:
+            return None
+        profiler = torch.profiler.profile()
+        profiler.start()
+        return profiler
+
+    def _stop_profiler(self, profiler) -> None:
+        profiler.stop()
+        profiler.export_chrome_trace(str(self.out_dir / "trace.json"))
+        return None
+
+    def clip_gradients(self) -> float:
+        """Total gradient norm before clipping (clipping only when max_grad_norm is set)."""
+        max_norm = self.config.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
+        return float(norm)
+
+    def run_evals(self, label: str) -> dict[str, dict]:
+        summaries = {}
+        for name, problems in self.eval_data.items():
+            result: EvalResult = evaluate(
+                self.policy, problems, max_new_tokens=self.config.eval_max_new_tokens,
+                batch_size=self.config.eval_batch_size, progress=self.progress,
+                desc=f"eval {name} ({label})")
+            summaries[name] = result.summary()
+            if self.out_dir is not None:
+                directory = self.out_dir / "evals" / label
+                write_text_atomic(directory / f"{name}.jsonl",
+                                  "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
+        return summaries
+
+    # ------------------------------------------------------------------ run directory
+    def _open_run_dir(self, resume: bool) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = self.out_dir / "checkpoint" / "state.pt"
+        if resume and checkpoint.exists():
+            self.start_step = self.load_checkpoint(checkpoint)
+        elif (self.out_dir / "ledger.jsonl").exists():
+            raise FileExistsError(f"{self.out_dir}: already holds a run (use --resume, or a new --out)")
+        truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
+        truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
+        write_json_atomic(self.out_dir / "config.json", {
+            "config": self.config.to_json(), "model": str(self.policy.path),
+            "trainable_parameters": self.num_params, "versions": package_versions(),
+            "git_commit": git_commit()})
+        self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
+
+    def _append_rollouts(self, step, problem, texts, lengths, rewards) -> None:
+        with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
+            file.write(json.dumps({"step": step, "question_id": problem.id, "texts": texts,
+                                   "lengths": lengths, "rewards": rewards}) + "\n")
+
+    def save_checkpoint(self, next_step: int) -> None:
+        """Weights, optimizer and RNG state after ``next_step`` steps, written atomically."""
+        state = {"next_step": next_step, "model": self.policy.model.state_dict(),
+                 "optimizer": self.optimizer.state_dict(),
+                 "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()}
+        directory = self.out_dir / "checkpoint"
+        directory.mkdir(exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=directory, prefix=".state.")
+        with os.fdopen(handle, "wb") as file:
+            torch.save(state, file)
+        os.replace(temp, directory / "state.pt")
+
+    def load_checkpoint(self, path: Path) -> int:
+        state = torch.load(path, map_location=self.policy.device, weights_only=False)
+        self.policy.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["next_step"])
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(temp, path)
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+    versions = {}
+    for name in ("rlvr_fast", "torch", "triton", "transformers", "tokenizers", "safetensors"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit() -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,173 @@
+"""GRPO trainer: loss, advantages, arm semantics, ledger conservation, resume, config errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr_fast.arms import ARMS
+from rlvr_fast.data import Problem, synthetic_problems
+from rlvr_fast.grading import passes_gate
+from rlvr_fast.ledger import StepRecord, check_conservation
+from rlvr_fast.models.checkpoint import load_model
+from rlvr_fast.policy import load_policy
+from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll, grpo_loss,
+                               standardised_advantages)
+
+FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
+IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
+
+
+def test_advantages_use_the_seeds_unbiased_std():
+    advantages, sigma = standardised_advantages([1.0, 1.0, 0.0, 0.0])
+    assert sigma == pytest.approx(0.57735, rel=1e-5)
+    assert advantages.tolist() == pytest.approx([0.8659, 0.8659, -0.8659, -0.8659], abs=1e-4)
+    zeros, sigma = standardised_advantages([1.0] * 8)
+    assert sigma == 0 and torch.equal(zeros, torch.zeros(8))
+
+
+def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
+    model = load_model(hf_qwen3[1])
+    prompt, completions = [5, 6, 7], [[8, 9, 10, 0], [11], [12, 13], [14, 15, 16, 17, 18]]
+    advantages = torch.tensor([0.5, -1.5, 2.0, -1.0])
+    token_nll = completion_token_nll(model, prompt, completions)
+    expected = torch.zeros(())
+    with torch.no_grad():
+        for a, completion in zip(advantages, completions):
+            seq = torch.tensor([prompt + completion])
+            logp = torch.log_softmax(model(seq)[0, len(prompt) - 1:-1].double(), -1)
+            expected += -a * logp[torch.arange(len(completion)), torch.tensor(completion)].sum()
+    expected /= len(completions)
+    for order in ("sum_then_scale", "token_weighted"):
+        loss = grpo_loss(token_nll, advantages, order)
+        assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
+    assert (token_nll[1, 1:] == 0).all(), "padding positions carry no loss"
+
+
+@pytest.fixture()
+def tiny():
+    return load_policy("tiny")
+
+
+def homogeneous_step(tiny, arm):
+    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
+    before = [p.detach().clone() for p in trainer.params]
+    record = trainer.train_step(0, IMPOSSIBLE).record
+    changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.params))
+    steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
+    return record, changed, steps
+
+
+@pytest.mark.parametrize("arm,advances", [("zg_flat", True), ("ra_flat", True),
+                                          ("gate_flat", False), ("skip_zero_var", False)])
+def test_homogeneous_groups_skip_backward(tiny, arm, advances):
+    record, changed, steps = homogeneous_step(tiny, arm)
+    assert record["homogeneous"] and not record["active"]
+    assert record["bwd_out"] == record["bwd_full"] == 0 and record["loss"] is None
+    assert record["optimizer_step"] is advances
+    # A zero-gradient AdamW step still counts a step and applies weight decay.
+    assert changed is advances
+    assert steps == ({1} if advances else set())
+
+
+def test_baseline_runs_backward_on_homogeneous_groups(tiny):
+    record, changed, steps = homogeneous_step(tiny, "baseline")
+    assert record["active"] and record["loss"] == 0.0
+    assert record["bwd_out"] == record["leaf"] > 0
+    assert steps == {1} and changed
+
+
+def read_ledger(run_dir):
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
+    problems = synthetic_problems("train", 3, seed=11)
+    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **FAST), problems,
+                          out_dir=tmp_path, progress=False)
+    summary = trainer.train()
+    lines = read_ledger(tmp_path)
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for line in lines:
+        fields = {k: v for k, v in line.items() if not k.startswith("flops_")}
+        record = StepRecord(**fields)
+        check_conservation(record)
+        params = line["params"]
+        assert line["flops_out"] == (2 * line["gen"] + 6 * line["bwd_out"]) * params
+        assert line["flops_full"] == (2 * (line["pref"] + line["gen"]) + 6 * line["bwd_full"]) * params
+        assert line["flops_pad_full"] == (2 * (line["pad_pref"] + line["untrim_gen"])
+                                          + 6 * line["bwd_full"]) * params
+    assert summary["totals_this_run"]["bwd_out"] == sum(line["bwd_out"] for line in lines)
+    if ARMS[arm]["gate_min_chars"]:
+        rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+        for step in rollouts:
+            for text, reward in zip(step["texts"], step["rewards"]):
+                assert not reward or passes_gate(text)
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
+    problems = synthetic_problems("train", 5, seed=3)
+    config = dict(steps=5, checkpoint_every=2, **FAST)
+    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config), problems,
+                        out_dir=tmp_path / "whole", progress=False)
+    whole.train()
+
+    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config),
+                              problems, out_dir=tmp_path / "resumed", progress=False)
+    step_fn = interrupted.train_step
+
+    def dies_during_step_3(step, problem):
+        if step == 3:
+            raise Killed
+        return step_fn(step, problem)
+
+    interrupted.train_step = dies_during_step_3
+    with pytest.raises(Killed):
+        interrupted.train()
+    interrupted.ledger.close()
+    assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
+
+    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config),
+                          problems, out_dir=tmp_path / "resumed", resume=True, progress=False)
+    assert resumed.start_step == 2
+    resumed.train()
+    for (name, a), (_, b) in zip(whole.policy.model.named_parameters(),
+                                 resumed.policy.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+    def without_times(lines):
+        return [{k: v for k, v in line.items() if k != "seconds"} for line in lines]
+
+    assert without_times(read_ledger(tmp_path / "whole")) == \
+        without_times(read_ledger(tmp_path / "resumed"))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"group_size": 7}, "group_size must be even"), ({"group_size": 0}, "group_size"),
+    ({"top_p": 1.5}, "top_p"), ({"temperature": 0.0}, "temperature"), ({"lr": -1.0}, "lr"),
+    ({"loss_order": "mean"}, "loss_order"), ({"betas": (0.9, 1.0)}, "betas")])
+def test_bad_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_arm("baseline", **kwargs)
+
+
+def test_unknown_arm_and_setting_list_the_valid_names():
+    with pytest.raises(ValueError, match="unknown arm 'tree'.*baseline, zg_flat"):
+        TrainConfig.from_arm("tree")
+    with pytest.raises(ValueError, match="unknown setting 'learning_rate'.*lr"):
+        TrainConfig.from_arm("baseline", learning_rate=1e-4)
+
+
+def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
+    (tmp_path / "ledger.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match="--resume"):
+        GRPOTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
+                    out_dir=tmp_path, progress=False)
