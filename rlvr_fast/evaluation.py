@@ -55,6 +55,7 @@ class EvalResult:
             "correct": sum(i.correct for i in self.items),
             "accuracy": self.accuracy,
             "cap_hits": self.cap_hits,
+            "truncated_incorrect": sum(i.cap_hit and not i.correct for i in self.items),
             "short_guess_fraction": len(guesses) / len(self.items),
             "short_guess_accuracy": _mean(i.correct for i in guesses),
             "derivation_accuracy": _mean(i.correct for i in derivations),

@@ -308,7 +308,8 @@ class GRPOTrainer:
                 desc=f"eval {name} ({label})")
             summaries[name] = result.summary()
             if self.out_dir is not None:
-                directory = self.out_dir / "evals" / label
+                # The final evaluation is evals/NAME.jsonl; the one before training sits beside it.
+                directory = self.out_dir / "evals" / ("before" if label == "before" else "")
                 write_text_atomic(directory / f"{name}.jsonl",
                                   "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
         return summaries

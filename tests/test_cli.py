@@ -21,7 +21,8 @@ def test_train_then_eval_from_the_command_line(tmp_path, capsys):
     assert config["config"]["arm"] == "ra_flat" and config["config"]["gate_min_chars"] == 30
     assert "torch" in config["versions"]
     assert len((out / "ledger.jsonl").read_text().splitlines()) == 2
-    assert len((out / "evals" / "after" / "test.jsonl").read_text().splitlines()) == 8
+    assert (out / "evals" / "before" / "test.jsonl").is_file()
+    assert len((out / "evals" / "test.jsonl").read_text().splitlines()) == 8
     assert main(["eval", str(out), "--eval", "test=synthetic:test:8", "--max-new-tokens", "48",
                  "--out", str(tmp_path / "ev")]) == 0
     assert json.loads((tmp_path / "ev" / "summary.json").read_text())["test"]["items"] == 8
