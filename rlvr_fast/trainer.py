@@ -7,7 +7,9 @@ Per step, for the next training question x:
      ``\\boxed`` starts at or after gate_min_chars characters);
   3. advantages: A_i = (R_i - mean R) / (std R + 1e-4), std with Bessel's correction as
      ``torch.std`` computes it in the seed's code;
-  4. loss: -(1/G) sum_i A_i sum_t log pi(y_t), summed in the order the arm names;
+  4. loss: -(1/G) sum_i A_i sum_t log pi(y_t), summed in the order the arm names (token-weighted
+     arms go through the fused ``weighted_token_nll`` op; ``baseline`` keeps the seed's eager
+     sum-then-scale path on purpose);
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
      homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
      step or none.
@@ -39,6 +41,7 @@ from rlvr_fast.engine.sampler import SamplingParams, generate
 from rlvr_fast.evaluation import EvalResult, evaluate
 from rlvr_fast.grading import grade_response
 from rlvr_fast.ledger import LedgerWriter, flat_step_record, truncate_jsonl
+from rlvr_fast.ops import weighted_token_nll
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
@@ -142,21 +145,38 @@ class Phases:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def completion_token_nll(model, prompt_ids: list[int], completions: list[list[int]]) -> torch.Tensor:
-    """-log pi(y_t) for every completion token: [G, T_max] (0 past each completion's end)."""
-    device = model.lm_head.weight.device
+def completion_batch(prompt_ids: list[int], completions: list[list[int]], device
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt + completion ids [G, W]; completion targets [G, T_max] and their
+    mask. Right padding needs no attention mask: causal attention never lets a real token see a
+    later pad."""
     width = len(prompt_ids) + max(len(c) for c in completions)
     ids = torch.zeros((len(completions), width), dtype=torch.long)
     for row, completion in enumerate(completions):
         ids[row, :len(prompt_ids) + len(completion)] = torch.tensor(prompt_ids + completion)
     ids = ids.to(device)
-    # Right padding needs no mask: causal attention never lets a real token see a later pad.
-    logits = model(ids[:, :-1])[:, len(prompt_ids) - 1:]
     targets = ids[:, len(prompt_ids):]
-    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
     lengths = torch.tensor([len(c) for c in completions], device=device)
     mask = torch.arange(targets.shape[1], device=device)[None, :] < lengths[:, None]
+    return ids, targets, mask
+
+
+def completion_token_nll(model, prompt_ids: list[int], completions: list[list[int]]) -> torch.Tensor:
+    """Eager -log pi(y_t) for every completion token: [G, T_max] (0 past each completion's end)."""
+    ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
+    logits = model(ids[:, :-1])[:, len(prompt_ids) - 1:]
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
     return nll.view_as(targets) * mask
+
+
+def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
+                    advantages: torch.Tensor) -> torch.Tensor:
+    """The token-weighted GRPO loss through ``weighted_token_nll``: every completion token's NLL
+    weighted by A_i / G, from the final hidden states and the LM head, no [tokens, vocab] logits."""
+    ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
+    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:]
+    weights = (advantages.to(hidden.device) / len(completions))[:, None].expand_as(targets)
+    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights[mask])
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -255,8 +275,11 @@ class GRPOTrainer:
         if active:
             model.train()
             with phase("forward"):
-                token_nll = completion_token_nll(model, prompt_ids, out.tokens)
-                loss = grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
+                if config.loss_order == "sum_then_scale":
+                    token_nll = completion_token_nll(model, prompt_ids, out.tokens)
+                    loss = grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
+                else:
+                    loss = fused_grpo_loss(model, prompt_ids, out.tokens, advantages)
             with phase("backward"):
                 loss.backward()
             with phase("optimizer"):

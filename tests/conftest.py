@@ -1,8 +1,16 @@
-"""Shared fixtures: a small random Hugging Face checkpoint written by ``transformers`` itself."""
+"""Shared fixtures: a small random Hugging Face checkpoint written by ``transformers`` itself,
+and the Triton interpreter switched on when there is no GPU."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in the interpreter on CPU tensors; set before triton loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hf_models import random_hf_model
 

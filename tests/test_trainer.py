@@ -13,8 +13,8 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import StepRecord, check_conservation
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll, grpo_loss,
-                               standardised_advantages)
+from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll,
+                               fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
 IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
@@ -44,6 +44,14 @@ def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
         loss = grpo_loss(token_nll, advantages, order)
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
     assert (token_nll[1, 1:] == 0).all(), "padding positions carry no loss"
+    fused = fused_grpo_loss(model, prompt, completions, advantages)
+    assert float(fused.detach()) == pytest.approx(float(expected), rel=1e-5)
+    fused.backward()
+    fused_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    grpo_loss(completion_token_nll(model, prompt, completions), advantages, "token_weighted").backward()
+    for fused_grad, p in zip(fused_grads, model.parameters()):
+        torch.testing.assert_close(fused_grad, p.grad, rtol=1e-4, atol=1e-6)
 
 
 @pytest.fixture()
