@@ -27,7 +27,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             mean = bench.stats.mean
             work, unit = bench.extra_info["work"], bench.extra_info["unit"]
             rate = f", {work / mean:,.0f} {unit}/s" if work else ""
-            line.append(f"{role} {bench.name} {mean * 1e3:.1f} ms{rate};")
+            peak = bench.extra_info.get("peak_mib")
+            memory = f", peak +{peak:,.0f} MiB" if peak is not None else ""
+            line.append(f"{role} {bench.name} {mean * 1e3:.1f} ms{rate}{memory};")
         if "eager" in sides and "fast" in sides:
             line.append(f"speed-up {sides['eager'].stats.mean / sides['fast'].stats.mean:.2f}x")
+            peaks = [sides[r].extra_info.get("peak_mib") for r in ("eager", "fast")]
+            if None not in peaks and peaks[1] > 0:
+                line.append(f"memory {peaks[0] / peaks[1]:.2f}x less")
         terminalreporter.write_line(" ".join(line))
