@@ -42,6 +42,7 @@ from rlvr_fast.evaluation import EvalResult, evaluate
 from rlvr_fast.grading import grade_response
 from rlvr_fast.ledger import LedgerWriter, flat_step_record, truncate_jsonl
 from rlvr_fast.ops import weighted_token_nll
+from rlvr_fast.optim import zero_grad_adamw_
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
@@ -70,6 +71,7 @@ class TrainConfig:
     eval_batch_size: int = 64
     eval_before: bool = True
     checkpoint_every: int = 10
+    fused_zero_grad_step: bool = True
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -288,9 +290,7 @@ class GRPOTrainer:
             loss_value = float(loss.detach())
         elif config.zero_var_step == "zero_grad":
             with phase("optimizer"):
-                for p in self.params:
-                    p.grad = torch.zeros_like(p)
-                self.optimizer.step()
+                self.zero_grad_step()
         self.optimizer.zero_grad(set_to_none=True)
 
         record = flat_step_record(
@@ -303,6 +303,17 @@ class GRPOTrainer:
             self.ledger.write(record)
             self._append_rollouts(step, problem, texts, out.lengths, rewards)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def zero_grad_step(self) -> None:
+        """One AdamW step with zero gradients. Each step's rollout reads the weights this step
+        moves (weight decay and momentum move them even at g = 0), so steps are never deferred
+        and folded here; the fused kernel still skips allocating and streaming P zeros."""
+        if self.config.fused_zero_grad_step:
+            zero_grad_adamw_(self.optimizer, steps=1)
+            return
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
 
     def _start_profiler(self):
         if not self.profile_steps or self.out_dir is None:
