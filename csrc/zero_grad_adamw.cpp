@@ -136,7 +136,7 @@ void zero_grad_adamw_(torch::Tensor param, torch::Tensor exp_avg, torch::Tensor 
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_zero_grad_adamw(pybind11::module& m) {
   m.def("zero_grad_adamw_", &zero_grad_adamw_,
         "k zero-gradient AdamW steps on one CPU tensor, bitwise equal to torch.optim.AdamW");
 }

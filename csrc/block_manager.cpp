@@ -1,0 +1,208 @@
+// Paged KV-cache block manager: fixed-size blocks, per-sequence block tables, reference counts,
+// fork (share every block) and copy-on-write of a shared, partially filled last block.
+//
+// A sequence of n tokens owns ceil(n / block_size) blocks. fork() copies the block table and
+// raises each block's reference count, so branches share their prefix with no copy. When a
+// sequence appends into a partial last block that another sequence also holds, the manager gives
+// it a fresh block and reports (src, dst) so the caller copies those KV slots before writing: no
+// two sequences ever write the same slot. Every operation checks that it can succeed before it
+// changes anything, so a failed call (out of blocks, unknown sequence) leaves the manager as it
+// was and raises a Python exception.
+//
+// Threading model: none inside. A BlockManager is plain data owned by one sampler; calls from
+// several Python threads must be serialised by the caller (the GIL is held throughout each call,
+// so two calls never interleave inside the manager).
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct Sequence {
+  std::vector<int32_t> blocks;
+  int64_t num_tokens = 0;
+};
+
+class BlockManager {
+ public:
+  BlockManager(int64_t num_blocks, int64_t block_size)
+      : block_size_(block_size), ref_counts_(num_blocks, 0) {
+    if (num_blocks < 1 || block_size < 1) {
+      throw pybind11::value_error("BlockManager: num_blocks and block_size must be >= 1");
+    }
+    // Hand out low block ids first: pop from the back of a descending list.
+    for (int64_t b = num_blocks - 1; b >= 0; --b) {
+      free_.push_back(static_cast<int32_t>(b));
+    }
+  }
+
+  int64_t allocate(int64_t num_tokens) {
+    if (num_tokens < 0) {
+      throw pybind11::value_error("allocate: num_tokens must be >= 0");
+    }
+    require_free(blocks_for(num_tokens), "allocate");
+    Sequence seq;
+    seq.num_tokens = num_tokens;
+    for (int64_t i = 0; i < blocks_for(num_tokens); ++i) {
+      seq.blocks.push_back(take_block());
+    }
+    const int64_t id = next_id_++;
+    sequences_.emplace(id, std::move(seq));
+    return id;
+  }
+
+  // Returns the (src, dst) block copies the caller must perform before writing.
+  std::vector<std::pair<int32_t, int32_t>> append(int64_t seq_id, int64_t num_tokens) {
+    if (num_tokens < 0) {
+      throw pybind11::value_error("append: num_tokens must be >= 0");
+    }
+    Sequence& seq = find(seq_id);
+    const int64_t new_total = seq.num_tokens + num_tokens;
+    const bool copy_last = num_tokens > 0 && seq.num_tokens % block_size_ != 0 &&
+                           ref_counts_[seq.blocks.back()] > 1;
+    const int64_t extra = blocks_for(new_total) - static_cast<int64_t>(seq.blocks.size());
+    require_free(extra + (copy_last ? 1 : 0), "append");
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    if (copy_last) {
+      const int32_t src = seq.blocks.back();
+      const int32_t dst = take_block();
+      --ref_counts_[src];
+      seq.blocks.back() = dst;
+      copies.emplace_back(src, dst);
+    }
+    for (int64_t i = 0; i < extra; ++i) {
+      seq.blocks.push_back(take_block());
+    }
+    seq.num_tokens = new_total;
+    return copies;
+  }
+
+  int64_t fork(int64_t seq_id) {
+    Sequence copy = find(seq_id);
+    for (int32_t b : copy.blocks) {
+      ++ref_counts_[b];
+    }
+    const int64_t id = next_id_++;
+    sequences_.emplace(id, std::move(copy));
+    return id;
+  }
+
+  void free(int64_t seq_id) {
+    Sequence& seq = find(seq_id);
+    for (int32_t b : seq.blocks) {
+      if (--ref_counts_[b] == 0) {
+        free_.push_back(b);
+      }
+    }
+    sequences_.erase(seq_id);
+  }
+
+  torch::Tensor block_table(int64_t seq_id) {
+    const Sequence& seq = find(seq_id);
+    auto table = torch::empty({static_cast<int64_t>(seq.blocks.size())}, torch::kInt32);
+    std::copy(seq.blocks.begin(), seq.blocks.end(), table.data_ptr<int32_t>());
+    return table;
+  }
+
+  int64_t num_tokens(int64_t seq_id) { return find(seq_id).num_tokens; }
+  int64_t ref_count(int64_t block) {
+    if (block < 0 || block >= static_cast<int64_t>(ref_counts_.size())) {
+      throw pybind11::index_error("ref_count: no block " + std::to_string(block));
+    }
+    return ref_counts_[block];
+  }
+  int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
+  int64_t block_size() const { return block_size_; }
+  int64_t num_sequences() const { return static_cast<int64_t>(sequences_.size()); }
+
+  // Raises RuntimeError naming the first broken invariant.
+  void check_invariants() const {
+    std::vector<int64_t> holders(ref_counts_.size(), 0);
+    for (const auto& [id, seq] : sequences_) {
+      if (static_cast<int64_t>(seq.blocks.size()) != blocks_for(seq.num_tokens)) {
+        fail("sequence " + std::to_string(id) + " holds the wrong number of blocks");
+      }
+      for (int32_t b : seq.blocks) {
+        ++holders[b];
+      }
+    }
+    std::vector<bool> is_free(ref_counts_.size(), false);
+    for (int32_t b : free_) {
+      if (is_free[b]) fail("block " + std::to_string(b) + " is on the free list twice");
+      is_free[b] = true;
+    }
+    for (size_t b = 0; b < ref_counts_.size(); ++b) {
+      if (holders[b] != ref_counts_[b]) {
+        fail("block " + std::to_string(b) + " has ref count " + std::to_string(ref_counts_[b]) +
+             " but " + std::to_string(holders[b]) + " holders");
+      }
+      if (is_free[b] != (ref_counts_[b] == 0)) {
+        fail("block " + std::to_string(b) + (is_free[b] ? " is free but held" : " leaked"));
+      }
+    }
+  }
+
+ private:
+  int64_t blocks_for(int64_t num_tokens) const {
+    return (num_tokens + block_size_ - 1) / block_size_;
+  }
+
+  void require_free(int64_t needed, const char* op) const {
+    if (needed > static_cast<int64_t>(free_.size())) {
+      throw std::runtime_error(std::string(op) + ": out of KV blocks (" + std::to_string(needed) +
+                               " needed, " + std::to_string(free_.size()) + " free of " +
+                               std::to_string(ref_counts_.size()) + ")");
+    }
+  }
+
+  int32_t take_block() {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    ref_counts_[b] = 1;
+    return b;
+  }
+
+  Sequence& find(int64_t seq_id) {
+    auto it = sequences_.find(seq_id);
+    if (it == sequences_.end()) {
+      throw pybind11::key_error("no sequence " + std::to_string(seq_id));
+    }
+    return it->second;
+  }
+
+  [[noreturn]] static void fail(const std::string& message) {
+    throw std::runtime_error("BlockManager invariant broken: " + message);
+  }
+
+  int64_t block_size_;
+  std::vector<int64_t> ref_counts_;
+  std::vector<int32_t> free_;
+  std::unordered_map<int64_t, Sequence> sequences_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace
+
+void register_block_manager(pybind11::module& m) {
+  pybind11::class_<BlockManager>(m, "BlockManager")
+      .def(pybind11::init<int64_t, int64_t>(), pybind11::arg("num_blocks"),
+           pybind11::arg("block_size") = 16)
+      .def("allocate", &BlockManager::allocate, pybind11::arg("num_tokens"))
+      .def("append", &BlockManager::append, pybind11::arg("seq_id"), pybind11::arg("num_tokens"))
+      .def("fork", &BlockManager::fork, pybind11::arg("seq_id"))
+      .def("free", &BlockManager::free, pybind11::arg("seq_id"))
+      .def("block_table", &BlockManager::block_table, pybind11::arg("seq_id"))
+      .def("num_tokens", &BlockManager::num_tokens, pybind11::arg("seq_id"))
+      .def("ref_count", &BlockManager::ref_count, pybind11::arg("block"))
+      .def("num_free_blocks", &BlockManager::num_free_blocks)
+      .def("check_invariants", &BlockManager::check_invariants)
+      .def_property_readonly("num_blocks", &BlockManager::num_blocks)
+      .def_property_readonly("block_size", &BlockManager::block_size)
+      .def_property_readonly("num_sequences", &BlockManager::num_sequences);
+}

@@ -1,0 +1,11 @@
+// rlvr_fast._C: one Python module for every C++ source in csrc/; each registers its functions.
+
+#include <torch/extension.h>
+
+void register_zero_grad_adamw(pybind11::module& m);
+void register_block_manager(pybind11::module& m);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_zero_grad_adamw(m);
+  register_block_manager(m);
+}
