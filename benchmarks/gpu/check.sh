@@ -9,7 +9,7 @@ results_dir=${1:-${OUT:-benchmarks/results}}
 mkdir -p "$results_dir"
 pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
 
-CUDA_TESTS=(tests/test_weighted_nll.py)
+CUDA_TESTS=(tests/test_weighted_nll.py tests/test_paged_attention.py)
 CUDA_BENCHMARKS=(benchmarks/bench_weighted_nll.py)
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)

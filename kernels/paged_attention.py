@@ -1,0 +1,101 @@
+"""Decode attention over a paged KV cache: the Triton kernel and the torch reference (gather).
+
+Cache layout per layer: k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]; row b of
+``block_tables`` [B, max_blocks] (int32) lists the blocks of sequence b in order and
+``seq_lens`` [B] its length. One query token per sequence, q [B, q_heads, head_dim]; query head h
+reads KV head h // (q_heads // kv_heads) (GQA). Softmax scale 1/sqrt(head_dim).
+
+The kernel runs one program per (sequence, query head): it walks the sequence's blocks, loads a
+[block_size, head_dim] tile of keys and values per block through the block table, and keeps an
+online-softmax running max, normaliser and weighted sum in fp32, so no gathered copy of the
+sequence's KV is ever made.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the torch reference needs no Triton
+    triton = None
+
+
+def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Gather each sequence's keys and values into contiguous tensors, then softmax attention."""
+    batch, q_heads, head_dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b in range(batch):
+        length = int(seq_lens[b])
+        blocks = block_tables[b, :(length + block_size - 1) // block_size].long()
+        k = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()  # [L, Hkv, D]
+        v = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()
+        group = q_heads // kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[b].float(), k) / math.sqrt(head_dim)
+        out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _paged_attention_kernel(p_q, p_k, p_v, p_tables, p_lens, p_out, scale,
+                                stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
+                                stride_tb, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                                HEAD_DIM: tl.constexpr, MAX_BLOCKS: tl.constexpr):
+        i_b = tl.program_id(0).to(tl.int64)
+        i_h = tl.program_id(1).to(tl.int64)
+        i_kv = i_h // GROUP
+        o_d = tl.arange(0, HEAD_DIM)
+        o_s = tl.arange(0, BLOCK_SIZE)
+        b_q = tl.load(p_q + i_b * stride_qb + i_h * stride_qh + o_d).to(tl.float32)  # [D]
+        b_len = tl.load(p_lens + i_b)
+        b_max = tl.full([], float("-inf"), tl.float32)
+        b_sum = tl.full([], 0.0, tl.float32)
+        b_acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        for i_blk in range(0, MAX_BLOCKS):
+            o_tok = i_blk * BLOCK_SIZE + o_s
+            m_tok = o_tok < b_len
+            b_block = tl.load(p_tables + i_b * stride_tb + i_blk, mask=i_blk * BLOCK_SIZE < b_len,
+                              other=0).to(tl.int64)
+            o_kv = b_block * stride_kb + o_s[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :]
+            b_k = tl.load(p_k + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
+            b_v = tl.load(p_v + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
+            b_s = tl.sum(b_k * b_q[None, :], axis=1) * scale  # [BS]
+            b_s = tl.where(m_tok, b_s, float("-inf"))
+            b_new_max = tl.maximum(b_max, tl.max(b_s, axis=0))
+            b_alpha = tl.exp(b_max - b_new_max)
+            b_p = tl.where(m_tok, tl.exp(b_s - b_new_max), 0.0)  # [BS]
+            b_sum = b_sum * b_alpha + tl.sum(b_p, axis=0)
+            b_acc = b_acc * b_alpha + tl.sum(b_p[:, None] * b_v, axis=0)
+            b_max = b_new_max
+        tl.store(p_out + i_b * stride_qb + i_h * stride_qh + o_d,
+                 (b_acc / b_sum).to(p_out.dtype.element_ty))
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Triton version of ``paged_attention_reference`` (CUDA, or CPU under TRITON_INTERPRET=1).
+
+    Every sequence needs seq_len >= 1; blocks past a sequence's length are never read.
+    """
+    if triton is None:
+        raise RuntimeError("the Triton backend needs the triton package")
+    batch, q_heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_tables = block_tables.contiguous()
+    out = torch.empty_like(q)
+    _paged_attention_kernel[(batch, q_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, 1.0 / math.sqrt(head_dim),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, MAX_BLOCKS=block_tables.shape[1])
+    return out

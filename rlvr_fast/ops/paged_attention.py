@@ -1,0 +1,40 @@
+"""``paged_attention``: one decode query per sequence against a paged KV cache.
+
+CUDA tensors use the Triton kernel, CPU tensors the torch reference (gather); ``backend=``
+overrides (tests run the kernel on CPU under TRITON_INTERPRET=1). Shapes and semantics are
+documented in ``rlvr_fast.kernels.paged_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr_fast.kernels.paged_attention import paged_attention_reference, paged_attention_triton
+
+BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton}
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
+                    backend: str | None = None) -> torch.Tensor:
+    """q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, M]
+    int32; seq_lens [B] (each >= 1 and <= M * block_size). Returns [B, Hq, D] in q's dtype."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q must be [B, Hq, D] and k_cache / v_cache one [N, S, Hkv, D] shape, "
+                         f"got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or q_heads % kv_heads:
+        raise ValueError(f"head_dim {head_dim} vs cache {k_cache.shape[3]}, or {q_heads} query "
+                         f"heads not a multiple of {kv_heads} KV heads")
+    if block_tables.dtype != torch.int32 or block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables must be int32 [B={batch}, max_blocks]")
+    if seq_lens.shape != (batch,):
+        raise ValueError(f"seq_lens must be [B={batch}]")
+    capacity = block_tables.shape[1] * k_cache.shape[1]
+    if int(seq_lens.min()) < 1 or int(seq_lens.max()) > capacity:
+        raise ValueError(f"seq_lens must lie in [1, {capacity}] (block table width x block size)")
+    backend = backend or ("triton" if q.is_cuda else "torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
