@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr_fast.engine.attention import attention
 from rlvr_fast.models.config import ModelConfig
 
 
@@ -67,6 +68,12 @@ class KVCache:
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Store this step's k, v and attend over everything cached so far."""
+        k, v = self.write(layer, k, v)
+        return attention(q, k, v, mask)
 
     def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
         self.length += num_tokens

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from rlvr_fast.engine.kv_cache import KVCache
+from rlvr_fast.engine.paged_kv import PagedKVCache
 
 FINISH_EOS = "eos"
 FINISH_CAP = "cap"
@@ -64,6 +65,7 @@ class SampleOutput:
     generated_tokens: int
     decode_tokens: int
     decode_steps: int
+    peak_kv_blocks: int | None = None
     texts: list[str] = field(default_factory=list)
 
 
@@ -104,16 +106,24 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int, device
 @torch.inference_mode()
 def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
              eos_token_ids: Sequence[int], pad_token_id: int = 0,
-             generator: torch.Generator | None = None) -> SampleOutput:
-    """Sample one completion per prompt (token-id lists) from ``model``."""
+             generator: torch.Generator | None = None, paged: bool = False,
+             block_size: int = 16) -> SampleOutput:
+    """Sample one completion per prompt (token-id lists) from ``model``.
+
+    ``paged=True`` keeps the KV cache in ``block_size``-token blocks (``PagedKVCache``); the
+    sampled tokens are the same as with the contiguous cache.
+    """
     if not prompts:
         raise ValueError("generate: no prompts")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("generate: every prompt needs at least one token")
     device = model.lm_head.weight.device
     ids, mask = left_pad(prompts, pad_token_id, device)
-    cache = KVCache.for_model(model.config, len(prompts), ids.shape[1] + params.max_new_tokens,
-                              dtype=model.lm_head.weight.dtype, device=device)
+    capacity = ids.shape[1] + params.max_new_tokens
+    dtype = model.lm_head.weight.dtype
+    cache = (PagedKVCache(model.config, len(prompts), capacity, block_size=block_size,
+                          dtype=dtype, device=device) if paged else
+             KVCache.for_model(model.config, len(prompts), capacity, dtype=dtype, device=device))
     logits = model.prefill(ids, mask, cache)
     eos = set(eos_token_ids)
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -146,7 +156,8 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
         prefill_tokens=sum(len(p) for p in prompts),
         padded_prefill_tokens=ids.numel(),
         generated_tokens=sum(lengths),
-        decode_tokens=decode_tokens, decode_steps=decode_steps)
+        decode_tokens=decode_tokens, decode_steps=decode_steps,
+        peak_kv_blocks=cache.peak_blocks if paged else None)
 
 
 def sample(policy, prompts: Sequence[str] | Sequence[Sequence[int]],

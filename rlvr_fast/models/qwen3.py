@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlvr_fast.engine.attention import attention
 from rlvr_fast.engine.kv_cache import KVCache
 from rlvr_fast.models.config import ModelConfig
 
@@ -109,11 +110,10 @@ class Attention(nn.Module):
         qk = apply_rope(qk, cos, sin).transpose(1, 2)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = v.transpose(1, 2)
-        if cache is not None:
-            k, v = cache.write(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        if cache is None:
+            out = attention(q, k, v, mask)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.q_size))
 
 
