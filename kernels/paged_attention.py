@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 try:
     import triton
@@ -26,21 +27,18 @@ except ImportError:  # the torch reference needs no Triton
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """Gather each sequence's keys and values into contiguous tensors, then softmax attention."""
+    """Gather every row's blocks into [B, Hkv, M * block_size, D], hide the slots past each
+    row's length, and run dense attention: one batched gather per call, no Python loop."""
     batch, q_heads, head_dim = q.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    out = torch.empty_like(q)
-    for b in range(batch):
-        length = int(seq_lens[b])
-        blocks = block_tables[b, :(length + block_size - 1) // block_size].long()
-        k = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()  # [L, Hkv, D]
-        v = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()
-        group = q_heads // kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,lhd->hl", q[b].float(), k) / math.sqrt(head_dim)
-        out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
-    return out
+    kv_heads = k_cache.shape[2]
+    tables = block_tables.long()
+    k = k_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    valid = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v,
+                                         attn_mask=valid[:, None, None, :],
+                                         enable_gqa=q_heads != kv_heads)
+    return out[:, :, 0]
 
 
 if triton is not None:

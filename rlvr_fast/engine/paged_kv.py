@@ -73,13 +73,15 @@ class PagedKVCache:
         self.block_tables = torch.zeros(batch_size, 0, dtype=torch.int32, device=device)
         self.length = 0
         self.peak_blocks = 0
+        self._lengths: list[int] = []
         self._prefill_columns: list[torch.Tensor] | None = None
 
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Prefill: allocate each row's prompt tokens; key validity is the batch's own."""
         self._prefill_columns = [row.nonzero().squeeze(1) for row in valid]
         self.seq_ids = [self.manager.allocate(len(c)) for c in self._prefill_columns]
-        self.seq_lens = torch.tensor([len(c) for c in self._prefill_columns], device=self.device)
+        self._lengths = [len(c) for c in self._prefill_columns]
+        self.seq_lens = torch.tensor(self._lengths, device=self.device)
         self._refresh_tables()
         return valid
 
@@ -89,7 +91,10 @@ class PagedKVCache:
         self.storage.copy_blocks(copies)
         self.seq_lens += 1
         self._prefill_columns = None
-        self._refresh_tables()
+        # Block tables change only when a row starts a new block or copied its last one.
+        self._lengths = [n + 1 for n in self._lengths]
+        if copies or any((n - 1) % self.block_size == 0 for n in self._lengths):
+            self._refresh_tables()
         return None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -110,7 +115,7 @@ class PagedKVCache:
         self.storage.data[layer, 0, blocks, offsets] = k[:, :, 0]
         self.storage.data[layer, 1, blocks, offsets] = v[:, :, 0]
         out = paged_attention(q[:, :, 0], self.storage.keys(layer), self.storage.values(layer),
-                              self.block_tables, self.seq_lens)
+                              self.block_tables, self.seq_lens, check=False)
         return out.unsqueeze(2)
 
     def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
@@ -125,6 +130,7 @@ class PagedKVCache:
         for index in set(range(len(self.seq_ids))) - set(keep):
             self.manager.free(self.seq_ids[index])
         self.seq_ids = [self.seq_ids[i] for i in keep]
+        self._lengths = [self._lengths[i] for i in keep]
         self.seq_lens = self.seq_lens.index_select(0, rows)
         self.next_positions = self.next_positions.index_select(0, rows)
         self.block_tables = self.block_tables.index_select(0, rows)

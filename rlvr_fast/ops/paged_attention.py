@@ -16,9 +16,20 @@ BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
-                    backend: str | None = None) -> torch.Tensor:
+                    backend: str | None = None, check: bool = True) -> torch.Tensor:
     """q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, M]
-    int32; seq_lens [B] (each >= 1 and <= M * block_size). Returns [B, Hq, D] in q's dtype."""
+    int32; seq_lens [B] (each >= 1 and <= M * block_size). Returns [B, Hq, D] in q's dtype.
+
+    ``check=False`` skips the input checks (they read seq_lens, a device sync on CUDA); the
+    paged cache, which builds its own inputs, uses it on every decode step.
+    """
+    backend = backend or ("triton" if q.is_cuda else "torch")
+    if check:
+        _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend)
+    return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
+
+
+def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend) -> None:
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"q must be [B, Hq, D] and k_cache / v_cache one [N, S, Hkv, D] shape, "
                          f"got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -34,7 +45,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     capacity = block_tables.shape[1] * k_cache.shape[1]
     if int(seq_lens.min()) < 1 or int(seq_lens.max()) > capacity:
         raise ValueError(f"seq_lens must lie in [1, {capacity}] (block table width x block size)")
-    backend = backend or ("triton" if q.is_cuda else "torch")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
