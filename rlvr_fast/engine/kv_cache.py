@@ -15,7 +15,22 @@ from rlvr_fast.engine.attention import attention
 from rlvr_fast.models.config import ModelConfig
 
 
-class KVCache:
+class CachePositions:
+    """What both caches track for RoPE: columns written so far (``length``, an upper bound on
+    every position) and each row's next position."""
+
+    length: int
+    next_positions: torch.Tensor
+
+    def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
+        self.length += num_tokens
+        if next_positions is None:
+            self.next_positions += num_tokens
+        else:
+            self.next_positions = next_positions
+
+
+class KVCache(CachePositions):
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
                  capacity: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
         shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
@@ -74,13 +89,6 @@ class KVCache:
         """Store this step's k, v and attend over everything cached so far."""
         k, v = self.write(layer, k, v)
         return attention(q, k, v, mask)
-
-    def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
-        self.length += num_tokens
-        if next_positions is None:
-            self.next_positions += num_tokens
-        else:
-            self.next_positions = next_positions
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop every row not in ``rows`` (int64 indices, in the order to keep)."""

@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from rlvr_fast.engine.attention import attention
+from rlvr_fast.engine.kv_cache import CachePositions
 
 
 class PagedKVStorage:
@@ -44,7 +45,7 @@ class PagedKVStorage:
         self.data[layer, 1, blocks, offsets] = v
 
 
-class PagedKVCache:
+class PagedKVCache(CachePositions):
     """The sampler's cache on paged storage: one BlockManager sequence per batch row.
 
     Same interface as the contiguous ``KVCache`` (``open_columns`` / ``decode_mask`` /
@@ -117,13 +118,6 @@ class PagedKVCache:
         out = paged_attention(q[:, :, 0], self.storage.keys(layer), self.storage.values(layer),
                               self.block_tables, self.seq_lens, check=False)
         return out.unsqueeze(2)
-
-    def advance(self, num_tokens: int, next_positions: torch.Tensor | None = None) -> None:
-        self.length += num_tokens
-        if next_positions is None:
-            self.next_positions += num_tokens
-        else:
-            self.next_positions = next_positions
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
