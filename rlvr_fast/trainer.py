@@ -74,7 +74,7 @@ class TrainConfig:
     fused_zero_grad_step: bool = True
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
+        self._check_types()
         checks = [
             (self.arm in ARMS, f"unknown arm {self.arm!r} (valid: {', '.join(ARMS)})"),
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
@@ -104,9 +104,34 @@ class TrainConfig:
             if not ok:
                 raise ValueError(message)
 
+    def _check_types(self) -> None:
+        """Overrides arrive from the command line as JSON: refuse a wrong type by name here
+        rather than fail inside a comparison later. Ints are accepted where floats are."""
+        numbers = (int, float)
+        expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
+                    "skip_zero_var": (bool,), "eval_before": (bool,),
+                    "fused_zero_grad_step": (bool,),
+                    "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
+                    "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
+                    "gate_min_chars": (int, type(None))}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "betas":
+                ok = isinstance(value, (list, tuple)) and all(
+                    isinstance(b, numbers) and not isinstance(b, bool) for b in value)
+                if ok:
+                    self.betas = tuple(float(b) for b in value)
+            else:
+                types = expected.get(f.name, (int,))
+                ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+            if not ok:
+                raise ValueError(f"{f.name} has the wrong type: {value!r}")
+
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
         """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
+        if "arm" in overrides:
+            raise ValueError("the arm is chosen by name (--arm), not overridden")
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"unknown setting {unknown[0]!r} (valid: "

@@ -40,6 +40,8 @@ def write_bad_jsonl(path):
     (["--arm", "baseline", "--set", "learnrate=1"], "unknown setting 'learnrate'"),
     (["--arm", "baseline", "--set", "top_p=2"], "top_p must be in (0, 1]"),
     (["--arm", "baseline", "--set", "lr"], "--set wants key=value"),
+    (["--arm", "baseline", "--set", "arm=ra_flat"], "chosen by name"),
+    (["--arm", "baseline", "--set", "group_size=abc"], "group_size"),
     (["--arm", "baseline", "--eval", "nonsense"], "--eval wants NAME=PATH"),
     (["--arm", "baseline", "--model", "no/such/dir"], "not a model directory"),
 ])
