@@ -51,10 +51,6 @@ class KVCache(CachePositions):
     def capacity(self) -> int:
         return self.k.shape[3]
 
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Mark the next ``valid.shape[1]`` columns; return key validity [B, length + new]."""
         end = self._check_room(valid.shape[1])

@@ -13,6 +13,7 @@ import torch
 
 from rlvr_fast.engine.attention import attention
 from rlvr_fast.engine.kv_cache import CachePositions
+from rlvr_fast.ops.paged_attention import paged_attention
 
 
 class PagedKVStorage:
@@ -57,6 +58,8 @@ class PagedKVCache(CachePositions):
 
     def __init__(self, config, batch_size: int, capacity: int, *, block_size: int = 16,
                  dtype: torch.dtype, device: torch.device | str) -> None:
+        # Imported here so that `import rlvr_fast` works before the C++ extension is built;
+        # only the paged cache needs it.
         from rlvr_fast._C import BlockManager
 
         blocks_per_row = -(-capacity // block_size)
@@ -100,8 +103,6 @@ class PagedKVCache(CachePositions):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
-        from rlvr_fast.ops.paged_attention import paged_attention
-
         if self._prefill_columns is not None:
             for row, columns in enumerate(self._prefill_columns):
                 positions = torch.arange(len(columns), device=self.device)
