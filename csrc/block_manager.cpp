@@ -1,13 +1,13 @@
 // Paged KV-cache block manager: fixed-size blocks, per-sequence block tables, reference counts,
 // fork (share every block) and copy-on-write of a shared, partially filled last block.
 //
-// A sequence of n tokens owns ceil(n / block_size) blocks. fork() copies the block table and
-// raises each block's reference count, so branches share their prefix with no copy. When a
-// sequence appends into a partial last block that another sequence also holds, the manager gives
-// it a fresh block and reports (src, dst) so the caller copies those KV slots before writing: no
-// two sequences ever write the same slot. Every operation checks that it can succeed before it
-// changes anything, so a failed call (out of blocks, unknown sequence) leaves the manager as it
-// was and raises a Python exception.
+// A sequence of n tokens owns ceil(n / block_size) blocks. fork() copies the block table (or
+// the part of it covering a prefix) and raises each block's reference count, so branches share
+// their prefix with no copy. When a sequence appends into a partial last block that another
+// sequence also holds, the manager gives it a fresh block and reports (src, dst) so the caller
+// copies those KV slots before writing: no two sequences ever write the same slot. Every
+// operation checks that it can succeed before it changes anything, so a failed call (out of
+// blocks, unknown sequence) leaves the manager as it was and raises a Python exception.
 //
 // Threading model: none inside. A BlockManager is plain data owned by one sampler; calls from
 // several Python threads must be serialised by the caller (the GIL is held throughout each call,
@@ -15,6 +15,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -82,14 +83,73 @@ class BlockManager {
     return copies;
   }
 
-  int64_t fork(int64_t seq_id) {
-    Sequence copy = find(seq_id);
+  // A new sequence sharing the first num_tokens tokens of seq_id (all of them when
+  // num_tokens < 0): it holds the blocks covering them, each block's ref count + 1.
+  int64_t fork(int64_t seq_id, int64_t num_tokens) {
+    const Sequence& parent = find(seq_id);
+    if (num_tokens > parent.num_tokens) {
+      throw pybind11::value_error("fork: sequence " + std::to_string(seq_id) + " has " +
+                                  std::to_string(parent.num_tokens) + " tokens, not " +
+                                  std::to_string(num_tokens));
+    }
+    Sequence copy;
+    copy.num_tokens = num_tokens < 0 ? parent.num_tokens : num_tokens;
+    copy.blocks.assign(parent.blocks.begin(), parent.blocks.begin() + blocks_for(copy.num_tokens));
     for (int32_t b : copy.blocks) {
       ++ref_counts_[b];
     }
     const int64_t id = next_id_++;
     sequences_.emplace(id, std::move(copy));
     return id;
+  }
+
+  // append(seq, num_tokens) for every sequence in order, as one call that either succeeds
+  // whole or changes nothing. Returns the block copies to perform first and the cache slot
+  // (block * block_size + offset) of every new token, int64 [len(seq_ids), num_tokens].
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_batch(
+      const std::vector<int64_t>& seq_ids, int64_t num_tokens) {
+    if (num_tokens < 0) {
+      throw pybind11::value_error("append_batch: num_tokens must be >= 0");
+    }
+    // Count the blocks the whole batch needs, replaying the copy-on-write decisions in order:
+    // when two forks share a partial last block, the first copies it and the second then
+    // holds it alone.
+    std::unordered_map<int32_t, int64_t> released;
+    std::unordered_map<int64_t, bool> seen;
+    int64_t needed = 0;
+    for (int64_t id : seq_ids) {
+      if (seen[id]) {
+        throw pybind11::value_error("append_batch: sequence " + std::to_string(id) +
+                                    " appears twice");
+      }
+      seen[id] = true;
+      const Sequence& seq = find(id);
+      const int64_t new_total = seq.num_tokens + num_tokens;
+      if (num_tokens > 0 && seq.num_tokens % block_size_ != 0) {
+        const int32_t last = seq.blocks.back();
+        if (ref_counts_[last] - released[last] > 1) {
+          ++released[last];
+          ++needed;
+        }
+      }
+      needed += blocks_for(new_total) - static_cast<int64_t>(seq.blocks.size());
+    }
+    require_free(needed, "append_batch");
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    auto slots = torch::empty({static_cast<int64_t>(seq_ids.size()), num_tokens}, torch::kInt64);
+    int64_t* slot = slots.data_ptr<int64_t>();
+    for (int64_t id : seq_ids) {
+      Sequence& seq = sequences_.find(id)->second;
+      const int64_t start = seq.num_tokens;
+      for (const auto& copy : append(id, num_tokens)) {
+        copies.push_back(copy);
+      }
+      for (int64_t pos = start; pos < start + num_tokens; ++pos) {
+        *slot++ = static_cast<int64_t>(seq.blocks[pos / block_size_]) * block_size_ +
+                  pos % block_size_;
+      }
+    }
+    return {copies, slots};
   }
 
   void free(int64_t seq_id) {
@@ -107,6 +167,24 @@ class BlockManager {
     auto table = torch::empty({static_cast<int64_t>(seq.blocks.size())}, torch::kInt32);
     std::copy(seq.blocks.begin(), seq.blocks.end(), table.data_ptr<int32_t>());
     return table;
+  }
+
+  // Block tables of several sequences as one zero-padded int32 tensor
+  // [len(seq_ids), max(min_width, longest table)].
+  torch::Tensor block_tables(const std::vector<int64_t>& seq_ids, int64_t min_width) {
+    int64_t width = std::max<int64_t>(min_width, 0);
+    std::vector<const Sequence*> rows;
+    for (int64_t id : seq_ids) {
+      rows.push_back(&find(id));
+      width = std::max<int64_t>(width, static_cast<int64_t>(rows.back()->blocks.size()));
+    }
+    auto tables = torch::zeros({static_cast<int64_t>(rows.size()), width}, torch::kInt32);
+    int32_t* out = tables.data_ptr<int32_t>();
+    for (const Sequence* seq : rows) {
+      std::copy(seq->blocks.begin(), seq->blocks.end(), out);
+      out += width;
+    }
+    return tables;
   }
 
   int64_t num_tokens(int64_t seq_id) { return find(seq_id).num_tokens; }
@@ -195,9 +273,13 @@ void register_block_manager(pybind11::module& m) {
            pybind11::arg("block_size") = 16)
       .def("allocate", &BlockManager::allocate, pybind11::arg("num_tokens"))
       .def("append", &BlockManager::append, pybind11::arg("seq_id"), pybind11::arg("num_tokens"))
-      .def("fork", &BlockManager::fork, pybind11::arg("seq_id"))
+      .def("append_batch", &BlockManager::append_batch, pybind11::arg("seq_ids"),
+           pybind11::arg("num_tokens") = 1)
+      .def("fork", &BlockManager::fork, pybind11::arg("seq_id"), pybind11::arg("num_tokens") = -1)
       .def("free", &BlockManager::free, pybind11::arg("seq_id"))
       .def("block_table", &BlockManager::block_table, pybind11::arg("seq_id"))
+      .def("block_tables", &BlockManager::block_tables, pybind11::arg("seq_ids"),
+           pybind11::arg("min_width") = 0)
       .def("num_tokens", &BlockManager::num_tokens, pybind11::arg("seq_id"))
       .def("ref_count", &BlockManager::ref_count, pybind11::arg("block"))
       .def("num_free_blocks", &BlockManager::num_free_blocks)

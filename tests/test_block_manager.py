@@ -1,5 +1,6 @@
 """C++ BlockManager: unit cases and a random-operation state machine (100 runs of up to 200
-random allocate / append / fork / free calls: about 1.9 x 10^4 checked operations per test run)."""
+random allocate / append / append_batch / fork (whole or prefix) / free calls: about 1.9 x 10^4
+checked operations per test run)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,38 @@ def test_full_shared_last_block_needs_no_copy():
     child = manager.fork(parent)
     assert manager.append(child, 3) == []
     assert manager.block_table(child).tolist() == [0, 1, 2]
+
+
+def test_prefix_fork_shares_only_the_blocks_of_the_prefix():
+    manager = BlockManager(10, 4)
+    parent = manager.allocate(10)  # blocks 0, 1, 2
+    child = manager.fork(parent, 5)
+    assert manager.block_table(child).tolist() == [0, 1] and manager.num_tokens(child) == 5
+    assert [manager.ref_count(b) for b in range(3)] == [2, 2, 1]
+    assert manager.append(child, 1) == [(1, 3)], "the shared partial block is copied first"
+    empty = manager.fork(parent, 0)
+    assert manager.block_table(empty).tolist() == []
+    with pytest.raises(ValueError, match="has 10 tokens, not 11"):
+        manager.fork(parent, 11)
+    manager.check_invariants()
+
+
+def test_append_batch_replays_copy_on_write_in_order_and_returns_slots():
+    manager = BlockManager(10, 4)
+    parent = manager.allocate(6)  # blocks 0, 1 (2 of 4 slots used)
+    child = manager.fork(parent)
+    copies, slots = manager.append_batch([parent, child], 1)
+    # The first writer copies the shared partial block; the second then holds it alone.
+    assert copies == [(1, 2)]
+    assert slots.tolist() == [[2 * 4 + 2], [1 * 4 + 2]]
+    assert manager.block_tables([parent, child]).tolist() == [[0, 2], [0, 1]]
+    assert manager.block_tables([child], min_width=4).tolist() == [[0, 1, 0, 0]]
+    with pytest.raises(ValueError, match="appears twice"):
+        manager.append_batch([parent, parent], 1)
+    with pytest.raises(RuntimeError, match="append_batch: out of KV blocks"):
+        manager.append_batch([parent, child], 40)
+    assert manager.num_tokens(parent) == manager.num_tokens(child) == 7, "failed call changed nothing"
+    manager.check_invariants()
 
 
 def test_block_table_is_an_int32_tensor():
@@ -113,14 +146,47 @@ class RandomOperations(RuleBasedStateMachine):
             assert self.manager.ref_count(new_table[position // BLOCK_SIZE]) == 1
 
     @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), tokens=st.integers(1, 4))
+    def append_batch(self, data, tokens):
+        seqs = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, max_size=6,
+                                  unique=True))
+        tables = {s: self.manager.block_table(s).tolist() for s in seqs}
+        refs = [self.manager.ref_count(b) for b in range(NUM_BLOCKS)]
+        needed = 0
+        for seq in seqs:  # the copy-on-write decisions, replayed in call order
+            old = self.tokens[seq]
+            if old % BLOCK_SIZE and refs[tables[seq][-1]] > 1:
+                refs[tables[seq][-1]] -= 1
+                needed += 1
+            needed += self.blocks_needed(old + tokens) - len(tables[seq])
+        if needed > self.manager.num_free_blocks():
+            before = self.snapshot()
+            with pytest.raises(RuntimeError, match="out of KV blocks"):
+                self.manager.append_batch(seqs, tokens)
+            assert self.snapshot() == before
+            return
+        _, slots = self.manager.append_batch(seqs, tokens)
+        assert len(set(slots.flatten().tolist())) == slots.numel(), "no slot written twice"
+        for seq, row in zip(seqs, slots.tolist()):
+            old = self.tokens[seq]
+            self.tokens[seq] = old + tokens
+            table = self.manager.block_table(seq).tolist()
+            for position, slot in zip(range(old, old + tokens), row):
+                assert slot == table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
+                assert self.manager.ref_count(slot // BLOCK_SIZE) == 1
+
+    @precondition(lambda self: self.tokens)
     @rule(data=st.data())
     def fork(self, data):
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        tokens = data.draw(st.one_of(st.just(-1), st.integers(0, self.tokens[seq])))
         free = self.manager.num_free_blocks()
-        child = self.manager.fork(seq)
+        child = self.manager.fork(seq, tokens)
+        kept = self.tokens[seq] if tokens < 0 else tokens
         assert self.manager.num_free_blocks() == free, "forking allocates nothing"
-        assert self.manager.block_table(child).tolist() == self.manager.block_table(seq).tolist()
-        self.tokens[child] = self.tokens[seq]
+        assert (self.manager.block_table(child).tolist()
+                == self.manager.block_table(seq).tolist()[:self.blocks_needed(kept)])
+        self.tokens[child] = kept
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())
