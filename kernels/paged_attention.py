@@ -1,9 +1,15 @@
-"""Decode attention over a paged KV cache: the Triton kernel and the torch reference (gather).
+"""Attention over a paged KV cache: the Triton kernel and the torch reference (gather), for decode
+(one query per sequence) and for the prefill of a suffix on top of cached blocks.
 
 Cache layout per layer: k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]; row b of
 ``block_tables`` [B, max_blocks] (int32) lists the blocks of sequence b in order and
 ``seq_lens`` [B] its length. One query token per sequence, q [B, q_heads, head_dim]; query head h
 reads KV head h // (q_heads // kv_heads) (GQA). Softmax scale 1/sqrt(head_dim).
+
+Prefill of a suffix: q [R, q_heads, T, head_dim] holds T new tokens per sequence whose keys and
+values are already written to the sequence's blocks; query (r, t) attends to the first
+``context_lens[r, t]`` tokens of sequence r (its own position + 1 for a causal suffix). The same
+kernel serves it, one program per (query token, head), each query with its row's block table.
 
 The kernel runs one program per (sequence, query head): it walks the sequence's blocks, loads a
 [block_size, head_dim] tile of keys and values per block through the block table, and keeps an
@@ -39,6 +45,22 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                                          attn_mask=valid[:, None, None, :],
                                          enable_gqa=q_heads != kv_heads)
     return out[:, :, 0]
+
+
+def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
+                                      v_cache: torch.Tensor, block_tables: torch.Tensor,
+                                      context_lens: torch.Tensor) -> torch.Tensor:
+    """q [R, Hq, T, D], context_lens [R, T] -> [R, Hq, T, D]: one gather per row, then dense
+    attention with each query's keys limited to its context length."""
+    rows, q_heads, _, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    tables = block_tables.long()
+    k = k_cache[tables].reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[tables].reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
+    positions = torch.arange(k.shape[2], device=q.device)
+    valid = positions[None, None, :] < context_lens[:, :, None]  # [R, T, L]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None],
+                                          enable_gqa=q_heads != kv_heads)
 
 
 if triton is not None:
@@ -97,3 +119,15 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0), GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, MAX_BLOCKS=block_tables.shape[1])
     return out
+
+
+def paged_prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                   block_tables: torch.Tensor,
+                                   context_lens: torch.Tensor) -> torch.Tensor:
+    """Triton version of ``paged_prefill_attention_reference``: every query token becomes one
+    decode query carrying its row's block table and its own context length."""
+    rows, q_heads, tokens, head_dim = q.shape
+    flat_q = q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim)
+    tables = block_tables.repeat_interleave(tokens, dim=0)
+    out = paged_attention_triton(flat_q, k_cache, v_cache, tables, context_lens.reshape(-1))
+    return out.view(rows, tokens, q_heads, head_dim).transpose(1, 2)

@@ -8,6 +8,7 @@ Qwen3-Base the plain prompt text.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -52,6 +53,12 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
+
+    @functools.cached_property
+    def newline_token_ids(self) -> frozenset[int]:
+        """Ids whose text contains a newline: the boundaries tree rollouts may split at."""
+        texts = self.decode_batch([[i] for i in range(self.vocab_size)])
+        return frozenset(i for i, text in enumerate(texts) if "\n" in text)
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> "Tokenizer":

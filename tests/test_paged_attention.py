@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from rlvr_fast._C import BlockManager
 from rlvr_fast.engine.paged_kv import PagedKVStorage
-from rlvr_fast.ops.paged_attention import paged_attention
+from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
 BACKENDS = ["torch", "triton"] if not torch.cuda.is_available() else ["triton"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,6 +48,41 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
     for row, (k, v) in enumerate(contiguous):
         torch.testing.assert_close(out[row], contiguous_attention(q[row], k, v),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("q_heads,kv_heads,block_size", [(4, 4, 16), (6, 2, 4), (8, 1, 8)])
+def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_heads, kv_heads,
+                                                                   block_size):
+    """Rows with cached prefixes of 0, 5, 16 and 21 tokens get suffixes of 3, 9, 1 and 6 tokens
+    (right-padded to 9); each real suffix query must equal causal attention over prefix + suffix."""
+    generator = torch.Generator().manual_seed(1)
+    head_dim, prefixes, suffixes = 32, [0, 5, 16, 21], [3, 9, 1, 6]
+    width = max(suffixes)
+    manager = BlockManager(64, block_size)
+    storage = PagedKVStorage(1, 64, block_size, kv_heads, head_dim, dtype=torch.float32,
+                             device=DEVICE)
+    seqs, full = [], []
+    for prefix, suffix in zip(prefixes, suffixes):
+        total = prefix + suffix
+        seq = manager.allocate(total)
+        k = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
+        v = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
+        storage.write(0, manager.block_table(seq), torch.arange(total, device=DEVICE), k, v)
+        seqs.append(seq)
+        full.append((k, v))
+    q = torch.randn(len(seqs), q_heads, width, head_dim, generator=generator).to(DEVICE)
+    context = torch.ones(len(seqs), width, dtype=torch.long)
+    for row, (prefix, suffix) in enumerate(zip(prefixes, suffixes)):
+        context[row, :suffix] = torch.arange(prefix + 1, prefix + suffix + 1)
+    out = paged_prefill_attention(q, storage.keys(0), storage.values(0),
+                                  manager.block_tables(seqs).to(DEVICE), context.to(DEVICE),
+                                  backend=backend)
+    for row, ((k, v), prefix, suffix) in enumerate(zip(full, prefixes, suffixes)):
+        for t in range(suffix):
+            end = prefix + t + 1
+            expected = contiguous_attention(q[row, :, t], k[:end], v[:end])
+            torch.testing.assert_close(out[row, :, t], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_copy_on_write_keeps_the_parent_intact():

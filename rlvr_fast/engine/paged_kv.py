@@ -1,8 +1,14 @@
 """The paged KV cache: storage ``[layers, 2, num_blocks, block_size, kv_heads, head_dim]`` and
-the sampler-facing cache built on ``rlvr_fast._C.BlockManager``.
+two users of it built on ``rlvr_fast._C.BlockManager``:
 
-The block manager decides which blocks a sequence owns; ``PagedKVStorage`` holds the tensors,
-writes tokens into their slots and performs the block copies copy-on-write asks for.
+- ``PagedKVCache``, the batch sampler's cache (``generate(..., paged=True)``): one sequence per
+  batch row, the same interface as the contiguous ``KVCache``;
+- ``PagedSequences``, sequences that grow one forward pass at a time and can be forked at any
+  length, sharing their prefix blocks: what tree rollouts branch on.
+
+The block manager decides which blocks a sequence owns and where each new token goes (its slot,
+block * block_size + offset); ``PagedKVStorage`` holds the tensors, writes tokens into their
+slots and performs the block copies copy-on-write asks for.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import torch
 
 from rlvr_fast.engine.attention import attention
 from rlvr_fast.engine.kv_cache import CachePositions
-from rlvr_fast.ops.paged_attention import paged_attention
+from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
 
 class PagedKVStorage:
@@ -37,6 +43,24 @@ class PagedKVStorage:
         dst = torch.tensor([d for _, d in copies], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
 
+    def write_slots(self, layer: int, slots: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> None:
+        """Store k, v [N, Hkv, D] at flat cache slots [N] (int64, block * block_size + offset)."""
+        shape = (-1,) + tuple(self.data.shape[-2:])
+        self.data[layer, 0].view(shape).index_copy_(0, slots, k)
+        self.data[layer, 1].view(shape).index_copy_(0, slots, v)
+
+    def attend(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
+               context_lens: torch.Tensor) -> torch.Tensor:
+        """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
+        context_lens[r, t] tokens. One query per row runs the decode kernel."""
+        if q.shape[2] == 1:
+            out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer), block_tables,
+                                  context_lens[:, 0], check=False)
+            return out.unsqueeze(2)
+        return paged_prefill_attention(q, self.keys(layer), self.values(layer), block_tables,
+                                       context_lens, check=False)
+
     def write(self, layer: int, block_table: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, Hkv, D] of one sequence at token positions [T] (int64)."""
@@ -51,15 +75,15 @@ class PagedKVCache(CachePositions):
 
     Same interface as the contiguous ``KVCache`` (``open_columns`` / ``decode_mask`` /
     ``attend`` / ``advance`` / ``keep_rows``). Prefill attends within the (left-padded) batch and
-    stores each row's real tokens in its blocks; each decode step appends one slot per row
-    (copy-on-write when a forked row shares its partial last block) and runs paged attention.
-    A row that leaves the batch frees its blocks at once.
+    stores each row's real tokens in its blocks; each decode step appends one slot per row in one
+    ``append_batch`` call (copy-on-write when a forked row shares its partial last block) and runs
+    paged attention. A row that leaves the batch frees its blocks at once.
     """
 
     def __init__(self, config, batch_size: int, capacity: int, *, block_size: int = 16,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         # Imported here so that `import rlvr_fast` works before the C++ extension is built;
-        # only the paged cache needs it.
+        # only the paged caches need it.
         from rlvr_fast._C import BlockManager
 
         blocks_per_row = -(-capacity // block_size)
@@ -70,72 +94,166 @@ class PagedKVCache(CachePositions):
                                       config.num_key_value_heads, config.head_dim, dtype=dtype,
                                       device=device)
         self.device = torch.device(device)
-        self.block_size = block_size
         self.seq_ids: list[int] = []
         self.seq_lens = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.next_positions = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(batch_size, 0, dtype=torch.int32, device=device)
         self.length = 0
         self.peak_blocks = 0
-        self._lengths: list[int] = []
-        self._prefill_columns: list[torch.Tensor] | None = None
+        self._slots: torch.Tensor | None = None
+        self._prefill_valid: torch.Tensor | None = None
 
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Prefill: allocate each row's prompt tokens; key validity is the batch's own."""
-        self._prefill_columns = [row.nonzero().squeeze(1) for row in valid]
-        self.seq_ids = [self.manager.allocate(len(c)) for c in self._prefill_columns]
-        self._lengths = [len(c) for c in self._prefill_columns]
-        self.seq_lens = torch.tensor(self._lengths, device=self.device)
+        lengths = valid.sum(dim=1).tolist()
+        self.seq_ids = [self.manager.allocate(n) for n in lengths]
+        self.seq_lens = torch.tensor(lengths, device=self.device)
         self._refresh_tables()
+        # Slots of every real prompt token, in the row-major order of valid's True entries.
+        positions = (valid.long().cumsum(dim=1) - 1)[valid]
+        rows = valid.nonzero()[:, 0]
+        blocks = self.block_tables[rows, positions // self.manager.block_size].long()
+        self._slots = blocks * self.manager.block_size + positions % self.manager.block_size
+        self._prefill_valid = valid
         return valid
 
     def decode_mask(self) -> None:
         """Decode: one more slot per row (paged attention needs no mask)."""
-        copies = [copy for seq in self.seq_ids for copy in self.manager.append(seq, 1)]
+        copies, slots = self.manager.append_batch(self.seq_ids, 1)
         self.storage.copy_blocks(copies)
+        self._slots = slots.view(-1).to(self.device)
+        self._prefill_valid = None
         self.seq_lens += 1
-        self._prefill_columns = None
-        # Block tables change only when a row starts a new block or copied its last one.
-        self._lengths = [n + 1 for n in self._lengths]
-        if copies or any((n - 1) % self.block_size == 0 for n in self._lengths):
-            self._refresh_tables()
+        self._refresh_tables()
         return None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
-        if self._prefill_columns is not None:
-            for row, columns in enumerate(self._prefill_columns):
-                positions = torch.arange(len(columns), device=self.device)
-                self.storage.write(layer, self.block_tables[row], positions,
-                                   k[row, :, columns].transpose(0, 1),
-                                   v[row, :, columns].transpose(0, 1))
+        if self._prefill_valid is not None:
+            valid = self._prefill_valid
+            self.storage.write_slots(layer, self._slots, k.transpose(1, 2)[valid],
+                                     v.transpose(1, 2)[valid])
             return attention(q, k, v, mask)
-        positions = self.seq_lens - 1
-        rows = torch.arange(len(self.seq_ids), device=self.device)
-        blocks = self.block_tables[rows, positions // self.block_size].long()
-        offsets = positions % self.block_size
-        self.storage.data[layer, 0, blocks, offsets] = k[:, :, 0]
-        self.storage.data[layer, 1, blocks, offsets] = v[:, :, 0]
-        out = paged_attention(q[:, :, 0], self.storage.keys(layer), self.storage.values(layer),
-                              self.block_tables, self.seq_lens, check=False)
-        return out.unsqueeze(2)
+        self.storage.write_slots(layer, self._slots, k[:, :, 0], v[:, :, 0])
+        return self.storage.attend(layer, q, self.block_tables, self.seq_lens[:, None])
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
         for index in set(range(len(self.seq_ids))) - set(keep):
             self.manager.free(self.seq_ids[index])
         self.seq_ids = [self.seq_ids[i] for i in keep]
-        self._lengths = [self._lengths[i] for i in keep]
         self.seq_lens = self.seq_lens.index_select(0, rows)
         self.next_positions = self.next_positions.index_select(0, rows)
         self.block_tables = self.block_tables.index_select(0, rows)
 
     def _refresh_tables(self) -> None:
-        tables = [self.manager.block_table(seq) for seq in self.seq_ids]
-        width = max(len(t) for t in tables)
-        self.block_tables = torch.zeros(len(tables), width, dtype=torch.int32)
-        for row, table in enumerate(tables):
-            self.block_tables[row, :len(table)] = table
-        self.block_tables = self.block_tables.to(self.device)
+        self.block_tables = self.manager.block_tables(self.seq_ids).to(self.device)
         in_use = self.manager.num_blocks - self.manager.num_free_blocks()
         self.peak_blocks = max(self.peak_blocks, in_use)
+
+
+class PagedSequences:
+    """Sequences on one paged KV cache that grow by forward passes of ``model`` and branch.
+
+    ``prefill(seqs, token_lists)`` runs each sequence's new tokens on top of what it already has
+    cached (a whole prompt for a fresh sequence, a suffix after a fork) and ``decode(seqs,
+    tokens)`` one token per sequence; both return the logits after each sequence's last new
+    token [n, V]. ``fork(seq, num_tokens)`` starts a sequence that shares the first
+    ``num_tokens`` cached tokens of ``seq``: no prefill, and at most one block copy (its first
+    append into a shared partial block). ``free(seq)`` releases a sequence's blocks.
+
+    Counters for the ledger: ``prefill_tokens`` (tokens run by ``prefill``), ``decode_rows``
+    (rows run by ``decode``), ``block_copies`` and ``peak_blocks`` (blocks in use at once).
+    """
+
+    def __init__(self, model, num_blocks: int, *, block_size: int = 16) -> None:
+        from rlvr_fast._C import BlockManager
+
+        config = model.config
+        self.model = model
+        self.device = model.lm_head.weight.device
+        self.manager = BlockManager(num_blocks, block_size)
+        self.storage = PagedKVStorage(config.num_hidden_layers, num_blocks, block_size,
+                                      config.num_key_value_heads, config.head_dim,
+                                      dtype=model.lm_head.weight.dtype, device=self.device)
+        self.block_size = block_size
+        self.lengths: dict[int, int] = {}
+        self.prefill_tokens = self.decode_rows = self.block_copies = self.peak_blocks = 0
+        # State of the forward pass in flight, read by ``attend`` (this object is the cache the
+        # model's attention layers call) and by the rotary table (``length``).
+        self.length = 0
+        self._slots = self._valid = self._tables = self._context = None
+
+    def new(self) -> int:
+        """An empty sequence (prefill it next)."""
+        seq = self.manager.allocate(0)
+        self.lengths[seq] = 0
+        return seq
+
+    def fork(self, seq: int, num_tokens: int | None = None) -> int:
+        """A new sequence sharing the first ``num_tokens`` (default all) cached tokens of seq."""
+        child = self.manager.fork(seq, -1 if num_tokens is None else num_tokens)
+        self.lengths[child] = self.lengths[seq] if num_tokens is None else num_tokens
+        return child
+
+    def free(self, seq: int) -> None:
+        self.manager.free(seq)
+        del self.lengths[seq]
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+        if any(not tokens for tokens in token_lists):
+            raise ValueError("prefill: every sequence needs at least one new token")
+        copies = [c for seq, tokens in zip(seqs, token_lists)
+                  for c in self.manager.append(seq, len(tokens))]
+        self.prefill_tokens += sum(len(tokens) for tokens in token_lists)
+        return self._forward(seqs, token_lists, copies, slots=None)
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[int], tokens: list[int]) -> torch.Tensor:
+        copies, slots = self.manager.append_batch(seqs, 1)
+        self.decode_rows += len(seqs)
+        return self._forward(seqs, [[t] for t in tokens], copies, slots=slots.view(-1))
+
+    def _forward(self, seqs, token_lists, copies, slots) -> torch.Tensor:
+        self.storage.copy_blocks(copies)
+        self.block_copies += len(copies)
+        counts = [len(tokens) for tokens in token_lists]
+        starts = [self.lengths[seq] for seq in seqs]
+        width = max(counts)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+        offsets = torch.arange(width)
+        count_t = torch.tensor(counts)
+        valid = offsets[None, :] < count_t[:, None]
+        # Padding queries repeat their row's last position, so every query sees >= 1 key.
+        positions = torch.tensor(starts)[:, None] + torch.minimum(offsets[None, :],
+                                                                  count_t[:, None] - 1)
+        self._tables = self.manager.block_tables(seqs).to(self.device)
+        if slots is None:
+            tables = self._tables.cpu().long()
+            rows = valid.nonzero()[:, 0]
+            real = positions[valid]
+            slots = tables[rows, real // self.block_size] * self.block_size + real % self.block_size
+        self._slots = slots.to(self.device)
+        self._valid = valid.to(self.device) if width > 1 else None
+        positions = positions.to(self.device)
+        self._context = positions + 1
+        self.length = max(starts)
+        hidden = self.model.model(ids.to(self.device), positions, None, self)
+        for seq, count in zip(seqs, counts):
+            self.lengths[seq] += count
+        in_use = self.manager.num_blocks - self.manager.num_free_blocks()
+        self.peak_blocks = max(self.peak_blocks, in_use)
+        last = hidden[torch.arange(len(seqs), device=self.device), (count_t - 1).to(self.device)]
+        return self.model.lm_head(last)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        if self._valid is None:
+            self.storage.write_slots(layer, self._slots, k[:, :, 0], v[:, :, 0])
+        else:
+            self.storage.write_slots(layer, self._slots, k.transpose(1, 2)[self._valid],
+                                     v.transpose(1, 2)[self._valid])
+        return self.storage.attend(layer, q, self._tables, self._context)

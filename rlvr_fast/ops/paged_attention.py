@@ -1,4 +1,5 @@
-"""``paged_attention``: one decode query per sequence against a paged KV cache.
+"""``paged_attention``: one decode query per sequence against a paged KV cache;
+``paged_prefill_attention``: a suffix of new tokens per sequence on top of its cached blocks.
 
 CUDA tensors use the Triton kernel, CPU tensors the torch reference (gather); ``backend=``
 overrides (tests run the kernel on CPU under TRITON_INTERPRET=1). Shapes and semantics are
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_fast.kernels.paged_attention import paged_attention_reference, paged_attention_triton
+from rlvr_fast.kernels.paged_attention import (
+    paged_attention_reference, paged_attention_triton, paged_prefill_attention_reference,
+    paged_prefill_attention_triton)
 
 BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton}
+PREFILL_BACKENDS = {"torch": paged_prefill_attention_reference,
+                    "triton": paged_prefill_attention_triton}
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -27,6 +32,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if check:
         _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend)
     return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, context_lens: torch.Tensor, *,
+                            backend: str | None = None, check: bool = True) -> torch.Tensor:
+    """q [R, Hq, T, D] (T new tokens per row, their keys and values already in the cache);
+    block_tables [R, M] int32; context_lens [R, T]: query (r, t) attends to the first
+    context_lens[r, t] tokens of row r (each >= 1). Returns [R, Hq, T, D] in q's dtype."""
+    backend = backend or ("triton" if q.is_cuda else "torch")
+    if check:
+        if q.dim() != 4 or context_lens.shape != (q.shape[0], q.shape[2]):
+            raise ValueError(f"q must be [R, Hq, T, D] and context_lens [R, T], got "
+                             f"{tuple(q.shape)} and {tuple(context_lens.shape)}")
+        rows, q_heads, tokens, head_dim = q.shape
+        _check_inputs(q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim), k_cache,
+                      v_cache, block_tables.repeat_interleave(tokens, dim=0),
+                      context_lens.reshape(-1), backend)
+    return PREFILL_BACKENDS[backend](q, k_cache, v_cache, block_tables, context_lens)
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend) -> None:
