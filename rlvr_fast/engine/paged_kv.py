@@ -13,13 +13,29 @@ slots and performs the block copies copy-on-write asks for.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from rlvr_fast.engine.attention import attention
 from rlvr_fast.engine.kv_cache import CachePositions
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
+
+
+@dataclass
+class AttentionPlan:
+    """One forward pass's paged attention inputs, shared by every layer: block tables [R, M]
+    int32 and context lengths [R, T] (query (r, t) sees the first context_lens[r, t] tokens).
+    On CPU also the gather the torch reference would redo per layer, done once: the slots of
+    each row's first max(context) tokens [R * width] and the key mask [R, 1, T, width]. CUDA
+    leaves them None and runs the Triton kernel."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 class PagedKVStorage:
@@ -50,16 +66,36 @@ class PagedKVStorage:
         self.data[layer, 0].view(shape).index_copy_(0, slots, k)
         self.data[layer, 1].view(shape).index_copy_(0, slots, v)
 
-    def attend(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-               context_lens: torch.Tensor) -> torch.Tensor:
+    def plan(self, block_tables: torch.Tensor, context_lens: torch.Tensor) -> AttentionPlan:
+        """What every layer of one forward pass attends with (see ``AttentionPlan``)."""
+        if block_tables.is_cuda:
+            return AttentionPlan(block_tables, context_lens)
+        width = int(context_lens.max())
+        positions = torch.arange(width, device=context_lens.device)
+        blocks = block_tables.long()[:, positions // self.block_size]  # [R, width]
+        slots = (blocks * self.block_size + positions % self.block_size).view(-1)
+        mask = positions[None, None, :] < context_lens[:, :, None]  # [R, T, width]
+        return AttentionPlan(block_tables, context_lens, slots, mask[:, None])
+
+    def attend(self, layer: int, q: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
-        context_lens[r, t] tokens. One query per row runs the decode kernel."""
-        if q.shape[2] == 1:
-            out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer), block_tables,
-                                  context_lens[:, 0], check=False)
-            return out.unsqueeze(2)
-        return paged_prefill_attention(q, self.keys(layer), self.values(layer), block_tables,
-                                       context_lens, check=False)
+        ``plan.context_lens[r, t]`` tokens."""
+        if plan.slots is None:
+            if q.shape[2] == 1:
+                out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer),
+                                      plan.block_tables, plan.context_lens[:, 0], check=False)
+                return out.unsqueeze(2)
+            return paged_prefill_attention(q, self.keys(layer), self.values(layer),
+                                           plan.block_tables, plan.context_lens, check=False)
+        rows, q_heads = q.shape[:2]
+        kv_heads, head_dim = self.data.shape[-2:]
+        flat = self.data.shape[2] * self.block_size
+        k = self.data[layer, 0].view(flat, kv_heads, head_dim).index_select(0, plan.slots)
+        v = self.data[layer, 1].view(flat, kv_heads, head_dim).index_select(0, plan.slots)
+        k = k.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+        v = v.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask,
+                                              enable_gqa=q_heads != kv_heads)
 
     def write(self, layer: int, block_table: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
@@ -102,6 +138,7 @@ class PagedKVCache(CachePositions):
         self.peak_blocks = 0
         self._slots: torch.Tensor | None = None
         self._prefill_valid: torch.Tensor | None = None
+        self._plan: AttentionPlan | None = None
 
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Prefill: allocate each row's prompt tokens; key validity is the batch's own."""
@@ -125,6 +162,7 @@ class PagedKVCache(CachePositions):
         self._prefill_valid = None
         self.seq_lens += 1
         self._refresh_tables()
+        self._plan = self.storage.plan(self.block_tables, self.seq_lens[:, None])
         return None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -135,7 +173,7 @@ class PagedKVCache(CachePositions):
                                      v.transpose(1, 2)[valid])
             return attention(q, k, v, mask)
         self.storage.write_slots(layer, self._slots, k[:, :, 0], v[:, :, 0])
-        return self.storage.attend(layer, q, self.block_tables, self.seq_lens[:, None])
+        return self.storage.attend(layer, q, self._plan)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
@@ -182,7 +220,7 @@ class PagedSequences:
         # State of the forward pass in flight, read by ``attend`` (this object is the cache the
         # model's attention layers call) and by the rotary table (``length``).
         self.length = 0
-        self._slots = self._valid = self._tables = self._context = None
+        self._slots = self._valid = self._plan = None
 
     def new(self) -> int:
         """An empty sequence (prefill it next)."""
@@ -230,16 +268,16 @@ class PagedSequences:
         # Padding queries repeat their row's last position, so every query sees >= 1 key.
         positions = torch.tensor(starts)[:, None] + torch.minimum(offsets[None, :],
                                                                   count_t[:, None] - 1)
-        self._tables = self.manager.block_tables(seqs).to(self.device)
+        tables = self.manager.block_tables(seqs)
         if slots is None:
-            tables = self._tables.cpu().long()
             rows = valid.nonzero()[:, 0]
             real = positions[valid]
-            slots = tables[rows, real // self.block_size] * self.block_size + real % self.block_size
+            blocks = tables.long()[rows, real // self.block_size]
+            slots = blocks * self.block_size + real % self.block_size
         self._slots = slots.to(self.device)
         self._valid = valid.to(self.device) if width > 1 else None
         positions = positions.to(self.device)
-        self._context = positions + 1
+        self._plan = self.storage.plan(tables.to(self.device), positions + 1)
         self.length = max(starts)
         hidden = self.model.model(ids.to(self.device), positions, None, self)
         for seq, count in zip(seqs, counts):
@@ -256,4 +294,4 @@ class PagedSequences:
         else:
             self.storage.write_slots(layer, self._slots, k.transpose(1, 2)[self._valid],
                                      v.transpose(1, 2)[self._valid])
-        return self.storage.attend(layer, q, self._tables, self._context)
+        return self.storage.attend(layer, q, self._plan)
