@@ -213,10 +213,9 @@ def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         stage1_lengths=stage1_lengths, stage2_gen=stage2_gen)
 
 
-def continued_branches(pairs: list[list]) -> list[tuple[int, int, int]]:
-    """(pl, L, k) of every branch Stage 2 continued, from the tuples' categories."""
-    return [(pair[b], pair[2 + b], k) for k, pair in enumerate(pairs)
-            for b in CONTINUED_BRANCHES.get(pair[6], ())]
+def continued_branches(pairs: list[list]) -> list[tuple[int, int]]:
+    """(pl, L) of every branch Stage 2 continued, read off the tuples' categories."""
+    return [(pair[b], pair[2 + b]) for pair in pairs for b in CONTINUED_BRANCHES.get(pair[6], ())]
 
 
 def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen: int,
@@ -225,11 +224,11 @@ def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen:
     roots = len(pairs)
     continued = continued_branches(pairs)
     gen = sum(stage1_lengths) + stage2_gen
-    pref = roots * prompt_len + sum(prompt_len + pl for pl, _, _ in continued)
+    pref = roots * prompt_len + sum(prompt_len + pl for pl, _ in continued)
     pad_pref = roots * prompt_len + len(continued) * max(
-        (prompt_len + pl for pl, _, _ in continued), default=0)
+        (prompt_len + pl for pl, _ in continued), default=0)
     untrim_gen = roots * max(stage1_lengths) + len(continued) * max(
-        (length - pl for pl, length, _ in continued), default=0)
+        (length - pl for pl, length in continued), default=0)
     return gen, pref, pad_pref, untrim_gen
 
 
@@ -296,7 +295,7 @@ def _check_tree(record: StepRecord, require) -> None:
             require(l0 == root, f"{category}: branch 0 is the Stage-1 root, l0 = |p^(k)|")
         if category == "early_eos_gt104":
             require(l0 >= EARLY_EOS_GT104_MIN_LENGTH, "early_eos_gt104: l0 > 104")
-    sampled = sum(length - pl for pl, length, _ in continued_branches(record.pairs))
+    sampled = sum(length - pl for pl, length in continued_branches(record.pairs))
     require(record.stage2_gen == sampled, "stage2_gen = sum over continued branches of L - pl")
     gen, pref, pad_pref, untrim_gen = _tree_token_counts(
         record.pairs, record.stage1_lengths, record.stage2_gen, record.prompt_len)

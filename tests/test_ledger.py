@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rlvr_fast.ledger import (LedgerError, LedgerWriter, StepRecord, TreePairLedger,
                               check_conservation, flat_step_record, tree_step_record)
@@ -105,6 +106,45 @@ def test_tree_records_round_trip_through_the_writer(tmp_path):
     record = StepRecord(**{k: v for k, v in line.items() if not k.startswith("flops_")})
     check_conservation(record)
     assert line["flops_pad_full"] == 221820
+
+
+@st.composite
+def tree_pairs(draw):
+    """A pair of any category laid out as the module table says, cap 512."""
+    category = draw(st.sampled_from(["causal_non_eos", "terminal_dup", "tau_zero",
+                                     "midpoint_fallback", "early_eos_gt104"]))
+    if category == "causal_non_eos":
+        root = draw(st.integers(1, 160))
+        tau = draw(st.integers(1, root))
+        lengths = (draw(st.integers(tau, 512)), draw(st.integers(tau, 512)))
+        return TreePairLedger(category, tau, lengths, root)
+    if category == "terminal_dup":
+        eos = draw(st.integers(1, 160))
+        return TreePairLedger(category, eos, (eos, eos), eos)
+    if category == "tau_zero":
+        eos = draw(st.integers(1, 160))
+        return TreePairLedger(category, 0, (eos, draw(st.integers(1, 512))), eos)
+    eos = draw(st.integers(105 if category == "early_eos_gt104" else 2, 512))
+    split = draw(st.integers(1, eos - 1))
+    return TreePairLedger(category, split, (eos, draw(st.integers(split, 512))), eos)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(tree_pairs(), min_size=1, max_size=6), prompt_len=st.integers(1, 300))
+def test_every_leaf_token_is_inherited_sampled_in_stage_2_or_kept_from_stage_1(pairs, prompt_len):
+    continued = {"causal_non_eos": (0, 1), "tau_zero": (1,), "midpoint_fallback": (1,),
+                 "early_eos_gt104": (1,), "terminal_dup": ()}
+    stage2_gen = sum(p.lengths[b] - p.prefix_len for p in pairs for b in continued[p.category])
+    rewards = [float(k % 2) for k in range(len(pairs)) for _ in range(2)]  # terminal_dup: r0 = r1
+    record = tree_record(pairs, rewards, prompt_len=prompt_len, stage2_gen=stage2_gen)
+    check_conservation(record)
+    shared = sum(2 * p.prefix_len for p in pairs)
+    kept = sum(p.lengths[0] - p.prefix_len for p in pairs
+               if p.category in ("tau_zero", "midpoint_fallback", "early_eos_gt104"))
+    assert record.leaf == shared + record.stage2_gen + kept
+    assert record.gen >= record.stage2_gen + kept  # kept tokens came out of Stage 1
+    # Padding and batch-max decoding only ever add work.
+    assert record.pad_pref >= record.pref and record.untrim_gen >= record.gen
 
 
 def violates(record, law):
