@@ -1,16 +1,63 @@
 """The per-step ledger (seed §5.1): token counts, FLOPs and timings, one JSON line per step.
 
-Token counts of a flat step with G rollouts of lengths L_i after a prompt of L_p tokens:
-gen = leaf = sum L_i (trimmed after the first EOS, EOS included); pref = pad_pref = G * L_p (one
-prompt, so no padding); untrim_gen = G * max L_i (what a sampler that keeps every row until the
-last one ends would decode); bwd_out = leaf and bwd_full = G * L_p + leaf on steps that run a
-backward pass, else 0. Pairs are rollouts (2k, 2k+1): [pl0, pl1, l0, l1, r0, r1, category] with
-prefix lengths 0 on flat steps. FLOPs at P trainable parameters:
+Every step stores per-pair tuples [pl0, pl1, l0, l1, r0, r1, category]: prefix length, leaf
+length and reward of branches 0 and 1 of the pair. FLOPs at P trainable parameters:
 Out = (2 gen + 6 bwd_out) P, Full = (2 (pref + gen) + 6 bwd_full) P,
-PadFull = (2 (pad_pref + untrim_gen) + 6 bwd_full) P.
+PadFull = (2 (pad_pref + untrim_gen) + 6 bwd_full) P. On every step, with leaves of lengths L and
+a prompt of L_p tokens: leaf = sum L; bwd_out = leaf and bwd_full = (number of leaves) L_p + leaf
+on steps that run a backward pass, else 0.
+
+Flat steps (``flat_step_record``): G rollouts, pairs (2i, 2i+1) with prefix lengths 0, category
+"flat" on flat arms and "flat_warmup" on a tree arm's steps before bifurcation starts.
+gen = leaf (trimmed after the first EOS, EOS included); pref = pad_pref = G L_p (one prompt, so
+no padding); untrim_gen = G max L_i (what a sampler that keeps every row until the last one ends
+would decode).
+
+Tree steps (``tree_step_record``): K pairs of B = 2 leaves, leaf order k-major. Stage 1 samples
+K roots p^(k) from the prompt; |p^(k)| (``stage1_lengths``) counts the tokens it sampled for root
+k, trimmed after EOS but including the tail beyond the cut that is thrown away. Stage 2 samples
+the continuations of the *continued* branches, those with generation left to do, fixed by the
+pair's category:
+
+  category            pl0 = pl1                  branch 0                  branch 1
+  causal_non_eos      tau_k >= 1 (newline cut)   continued from tau_k      continued from tau_k
+  terminal_dup        T_EOS (root ended first)   the root, whole (L = pl)  the root, whole (L = pl)
+  tau_zero            0 (root_resample)          the root, whole (T_EOS)   continued from the prompt
+  midpoint_fallback   m, 1 <= m < T_EOS          the root, whole (T_EOS)   continued from m
+  early_eos_gt104     m, 1 <= m < T_EOS          the root, whole (T_EOS)   continued from m
+
+(early_eos_gt104 is a midpoint-sampler pair whose root ended with EOS after more than 104 tokens;
+the seed only counts these pairs, so we give them the midpoint_fallback layout.)
+
+  gen        = sum_k |p^(k)| + stage2_gen: every token sampled, once; stage2_gen is what Stage 2
+               sampled, sum over continued branches of (L_kb - pl_kb).
+  pref       = K L_p + sum_cont (L_p + pl_kb): the seed's prefill, which prefills the prompt once
+               per root and then re-prefills prompt + prefix for every continued branch.
+  pad_pref   = K L_p + B_cont max_cont (L_p + pl_kb)     (B_cont continued branches; 0 if none)
+  untrim_gen = K max_k |p^(k)| + B_cont max_cont (L_kb - pl_kb)
+The seed's conservation identity S1_leaf + S2_leaf = leaf reads off the tuples, with
+S1_leaf = sum pl_b and S2_leaf = sum (L_b - pl_b). S2_leaf is *not* stage2_gen: a branch kept
+whole from Stage 1 (branch 0 of tau_zero, midpoint_fallback and early_eos_gt104 pairs) has
+L_b - pl_b tokens in S2_leaf that were sampled in Stage 1 and are counted in gen through |p^(k)|.
+
+Alongside the seed's formulas every record keeps what our engine executed (reported by the
+sampler, not derived): ``decode_rows`` (rows x decode steps), ``prefill_run`` (prefill tokens
+actually run; a paged cache that forks shared prefixes runs no Stage-2 prefill) and
+``peak_kv_blocks``. Flat records may leave the last two as None.
 
 ``check_conservation`` enforces the laws every line must satisfy; a violation is a bug in the
-trainer, so writing raises instead of recording a wrong line.
+trainer or the sampler, so writing raises instead of recording a wrong line. Laws on every step:
+one reward and one length per leaf, the tuples list exactly them; S1_leaf + S2_leaf = leaf;
+0 <= L_b - pl_b <= max_new_tokens - pl_b; bwd_out and bwd_full as above; homogeneous iff all
+rewards agree. Flat steps: one flat category, pl = 0, gen = leaf, pref = pad_pref = G L_p,
+untrim_gen = G max L_i, decode_rows = sum (L_i - 1) (the first token of a row comes from prefill;
+no decode after EOS). Tree steps: tree categories only; pl0 = pl1; the per-category layout of the
+table (terminal_dup: l0 = l1 = pl >= 1 and r0 = r1, one sequence graded twice; tau_zero: pl = 0;
+midpoint pairs: 1 <= pl < l0; early_eos_gt104: l0 > 104); the Stage-1 origin of every inherited
+token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal_dup:
+|p^(k)| = pl; roots kept whole: |p^(k)| = l0); 1 <= |p^(k)| <= max_new_tokens;
+stage2_gen = sum_cont (L_kb - pl_kb); gen, pref, pad_pref and untrim_gen by the formulas above;
+the engine's counts are integers >= 0.
 """
 
 from __future__ import annotations
@@ -19,8 +66,23 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 FLAT_CATEGORY = "flat"
+FLAT_WARMUP_CATEGORY = "flat_warmup"
+FLAT_CATEGORIES = (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY)
+# Tree categories -> the branches of the pair that Stage 2 continues (see the module table).
+CONTINUED_BRANCHES: dict[str, tuple[int, ...]] = {
+    "causal_non_eos": (0, 1),
+    "terminal_dup": (),
+    "tau_zero": (1,),
+    "midpoint_fallback": (1,),
+    "early_eos_gt104": (1,),
+}
+TREE_CATEGORIES = tuple(CONTINUED_BRANCHES)
+# Branch 0 of these pairs is the Stage-1 root kept whole, up to its EOS.
+ROOT_KEPT_WHOLE = ("tau_zero", "midpoint_fallback", "early_eos_gt104")
+EARLY_EOS_GT104_MIN_LENGTH = 105
 
 
 class LedgerError(AssertionError):
@@ -52,6 +114,14 @@ class StepRecord:
     loss: float | None
     grad_norm: float | None
     seconds: dict[str, float] = field(default_factory=dict)
+    prefill_run: int | None = None
+    peak_kv_blocks: int | None = None
+    stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
+    stage2_gen: int | None = None            # tokens Stage 2 sampled; None on flat steps
+
+    @property
+    def is_tree(self) -> bool:
+        return self.stage1_lengths is not None
 
     @property
     def flops_out(self) -> int:
@@ -75,10 +145,14 @@ class StepRecord:
 def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
                      active: bool, optimizer_step: bool, prompt_len: int, lengths: list[int],
                      decode_rows: int, max_new_tokens: int, params: int, loss: float | None,
-                     grad_norm: float | None, seconds: dict[str, float]) -> StepRecord:
+                     grad_norm: float | None, seconds: dict[str, float],
+                     category: str = FLAT_CATEGORY, prefill_run: int | None = None,
+                     peak_kv_blocks: int | None = None) -> StepRecord:
+    if category not in FLAT_CATEGORIES:
+        raise ValueError(f"flat category must be one of {', '.join(FLAT_CATEGORIES)}, got {category!r}")
     group = len(lengths)
     leaf = sum(lengths)
-    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], FLAT_CATEGORY]
+    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category]
              for i in range(0, group - 1, 2)]
     return StepRecord(
         step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
@@ -87,7 +161,75 @@ def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         pad_pref=group * prompt_len, untrim_gen=group * max(lengths), leaf=leaf,
         bwd_out=leaf if active else 0, bwd_full=group * prompt_len + leaf if active else 0,
         decode_rows=decode_rows, max_new_tokens=max_new_tokens, params=params, loss=loss,
-        grad_norm=grad_norm, seconds=seconds)
+        grad_norm=grad_norm, seconds=seconds, prefill_run=prefill_run,
+        peak_kv_blocks=peak_kv_blocks)
+
+
+@dataclass(frozen=True)
+class TreePairLedger:
+    """What the sampler reports for pair k: its category (a key of CONTINUED_BRANCHES), the
+    prefix length both branches share (tau_k, T_EOS, 0 or the split m), the two leaf lengths, and
+    |p^(k)|, the tokens Stage 1 sampled for root k (trimmed after EOS, discarded tail included)."""
+
+    category: str
+    prefix_len: int
+    lengths: tuple[int, int]
+    stage1_len: int
+
+
+def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
+                     active: bool, optimizer_step: bool, prompt_len: int,
+                     pairs: Sequence[TreePairLedger], stage2_gen: int, prefill_run: int,
+                     decode_rows: int, peak_kv_blocks: int, max_new_tokens: int, params: int,
+                     loss: float | None, grad_norm: float | None,
+                     seconds: dict[str, float]) -> StepRecord:
+    """The ledger line of a two-stage K x 2 tree step; rewards are per leaf, k-major (leaf 2k + b).
+    stage2_gen is the number of tokens Stage 2 sampled, as the sampler counted it."""
+    if not pairs:
+        raise ValueError("a tree step needs at least one pair")
+    if len(rewards) != 2 * len(pairs):
+        raise ValueError(f"need one reward per leaf ({2 * len(pairs)}), got {len(rewards)}")
+    for pair in pairs:
+        if pair.category not in CONTINUED_BRANCHES:
+            raise ValueError(f"unknown tree category {pair.category!r} "
+                             f"(valid: {', '.join(TREE_CATEGORIES)})")
+        if len(pair.lengths) != 2:
+            raise ValueError(f"a pair has 2 leaves, got lengths {pair.lengths}")
+    tuples = [[p.prefix_len, p.prefix_len, p.lengths[0], p.lengths[1], rewards[2 * k],
+               rewards[2 * k + 1], p.category] for k, p in enumerate(pairs)]
+    lengths = [n for p in pairs for n in p.lengths]
+    stage1_lengths = [p.stage1_len for p in pairs]
+    leaf = sum(lengths)
+    gen, pref, pad_pref, untrim_gen = _tree_token_counts(tuples, stage1_lengths, stage2_gen,
+                                                         prompt_len)
+    return StepRecord(
+        step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
+        homogeneous=sigma_r == 0, active=active, optimizer_step=optimizer_step, pairs=tuples,
+        prompt_len=prompt_len, lengths=lengths, gen=gen, pref=pref, pad_pref=pad_pref,
+        untrim_gen=untrim_gen, leaf=leaf, bwd_out=leaf if active else 0,
+        bwd_full=len(lengths) * prompt_len + leaf if active else 0, decode_rows=decode_rows,
+        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
+        seconds=seconds, prefill_run=prefill_run, peak_kv_blocks=peak_kv_blocks,
+        stage1_lengths=stage1_lengths, stage2_gen=stage2_gen)
+
+
+def continued_branches(pairs: list[list]) -> list[tuple[int, int]]:
+    """(pl, L) of every branch Stage 2 continued, read off the tuples' categories."""
+    return [(pair[b], pair[2 + b]) for pair in pairs for b in CONTINUED_BRANCHES.get(pair[6], ())]
+
+
+def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen: int,
+                       prompt_len: int) -> tuple[int, int, int, int]:
+    """(gen, pref, pad_pref, untrim_gen) of a tree step by the module's formulas."""
+    roots = len(pairs)
+    continued = continued_branches(pairs)
+    gen = sum(stage1_lengths) + stage2_gen
+    pref = roots * prompt_len + sum(prompt_len + pl for pl, _ in continued)
+    pad_pref = roots * prompt_len + len(continued) * max(
+        (prompt_len + pl for pl, _ in continued), default=0)
+    untrim_gen = roots * max(stage1_lengths) + len(continued) * max(
+        (length - pl for pl, length in continued), default=0)
+    return gen, pref, pad_pref, untrim_gen
 
 
 def check_conservation(record: StepRecord) -> None:
@@ -95,26 +237,76 @@ def check_conservation(record: StepRecord) -> None:
         if not condition:
             raise LedgerError(f"ledger step {record.step}: {law} violated")
 
-    group = len(record.lengths)
-    require(len(record.rewards) == group, "one reward per rollout")
+    leaves = len(record.lengths)
+    require(len(record.rewards) == leaves, "one reward per leaf")
     require(record.leaf == sum(record.lengths), "leaf = sum of leaf lengths")
     require([n for p in record.pairs for n in p[2:4]] == record.lengths, "pair lengths = leaves")
     require([r for p in record.pairs for r in p[4:6]] == record.rewards, "pair rewards = rewards")
     stage1_leaf = sum(p[0] + p[1] for p in record.pairs)
-    stage2_gen = sum(p[2] - p[0] + p[3] - p[1] for p in record.pairs)
-    require(stage1_leaf + stage2_gen == record.leaf, "S1_leaf + S2_gen = leaf")
+    stage2_leaf = sum(p[2] - p[0] + p[3] - p[1] for p in record.pairs)
+    require(stage1_leaf + stage2_leaf == record.leaf, "S1_leaf + S2_leaf = leaf")
     for pl0, pl1, l0, l1, *_ in record.pairs:
         for pl, length in ((pl0, l0), (pl1, l1)):
             require(0 <= length - pl <= record.max_new_tokens - pl, "0 <= L_b - pl_b <= cap - pl_b")
+    expected_out = record.leaf if record.active else 0
+    require(record.bwd_out == expected_out, "bwd_out = leaf on backward steps, else 0")
+    expected_full = leaves * record.prompt_len + record.leaf if record.active else 0
+    require(record.bwd_full == expected_full,
+            "bwd_full = (number of leaves) L_p + leaf on backward steps, else 0")
+    require(record.homogeneous == (len(set(record.rewards)) == 1), "homogeneous iff sigma_R = 0")
+    if record.is_tree:
+        _check_tree(record, require)
+    else:
+        _check_flat(record, require)
+
+
+def _check_flat(record: StepRecord, require) -> None:
+    group = len(record.lengths)
+    categories = {p[6] for p in record.pairs}
+    require(len(categories) == 1 and categories <= set(FLAT_CATEGORIES),
+            "a flat step has one flat category")
+    require(record.stage2_gen is None, "flat steps have no Stage 2")
+    require(all(p[0] == p[1] == 0 for p in record.pairs), "flat steps: pl = 0")
     require(record.gen == record.leaf, "flat steps: gen = leaf")
+    require(record.pref == record.pad_pref == group * record.prompt_len,
+            "flat steps: pref = pad_pref = G L_p")
     require(record.untrim_gen == group * max(record.lengths), "untrim_gen = G max L_i")
     require(record.decode_rows == sum(n - 1 for n in record.lengths),
             "decode work = sum(L_i - 1): no decode after EOS")
-    expected_out = record.leaf if record.active else 0
-    require(record.bwd_out == expected_out, "bwd_out = leaf on backward steps, else 0")
-    expected_full = group * record.prompt_len + record.leaf if record.active else 0
-    require(record.bwd_full == expected_full, "bwd_full = G L_p + leaf on backward steps, else 0")
-    require(record.homogeneous == (len(set(record.rewards)) == 1), "homogeneous iff sigma_R = 0")
+
+
+def _check_tree(record: StepRecord, require) -> None:
+    cap = record.max_new_tokens
+    require(len(record.stage1_lengths) == len(record.pairs) >= 1, "one Stage-1 root per pair")
+    require(all(p[6] in CONTINUED_BRANCHES for p in record.pairs), "tree categories only")
+    for (pl0, pl1, l0, l1, r0, r1, category), root in zip(record.pairs, record.stage1_lengths):
+        require(pl0 == pl1, "both branches of a pair share one prefix")
+        require(1 <= root <= cap, "1 <= |p^(k)| <= max_new_tokens")
+        if category == "causal_non_eos":
+            require(1 <= pl0 <= root, "causal_non_eos: 1 <= tau_k <= |p^(k)|")
+        elif category == "terminal_dup":
+            require(1 <= pl0 == l0 == l1 == root, "terminal_dup: pl = L = |p^(k)| >= 1")
+            require(r0 == r1, "terminal_dup: one sequence, one reward")
+        elif category == "tau_zero":
+            require(pl0 == 0, "tau_zero: pl = 0")
+        else:
+            require(1 <= pl0 < l0, f"{category}: 1 <= pl < l0")
+        if category in ROOT_KEPT_WHOLE:
+            require(l0 == root, f"{category}: branch 0 is the Stage-1 root, l0 = |p^(k)|")
+        if category == "early_eos_gt104":
+            require(l0 >= EARLY_EOS_GT104_MIN_LENGTH, "early_eos_gt104: l0 > 104")
+    sampled = sum(length - pl for pl, length in continued_branches(record.pairs))
+    require(record.stage2_gen == sampled, "stage2_gen = sum over continued branches of L - pl")
+    gen, pref, pad_pref, untrim_gen = _tree_token_counts(
+        record.pairs, record.stage1_lengths, record.stage2_gen, record.prompt_len)
+    require(record.gen == gen, "gen = sum |p^(k)| + stage2_gen")
+    require(record.pref == pref, "pref = K L_p + sum_cont (L_p + pl)")
+    require(record.pad_pref == pad_pref, "pad_pref = K L_p + B_cont max_cont (L_p + pl)")
+    require(record.untrim_gen == untrim_gen,
+            "untrim_gen = K max |p^(k)| + B_cont max_cont (L - pl)")
+    for name in ("prefill_run", "decode_rows", "peak_kv_blocks"):
+        value = getattr(record, name)
+        require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
 
 
 class LedgerWriter:
