@@ -10,6 +10,13 @@ Flags follow the seed's names (grpo_diagnostics_paper.md, Table 1):
   "skip" takes no optimizer step at all.
 - ``gate_min_chars``: reward only responses whose last ``\\boxed`` starts at or after this many
   characters (the 30-character pre-boxed derivation gate), None for the ungated reward.
+- ``sampler``: "flat" (G independent rollouts) or "tree" (two-stage K x B, seed §4.2) once
+  ``bifurcate_after_active`` steps with a backward pass have run (the seed's 3 warmup steps);
+  ``early_eos_mode`` picks the branching rule (``--early-eos-mode``; "midpoint" is the seed's
+  run without ``--strict-causal-tau``), ``beta`` the sibling-disagreement prefix bonus and
+  ``clamped_prefix`` the one-sided clamping ablation (Proposition 3).
+Tree arms keep ra_flat's reward and stepping: the gate, and a zero-gradient AdamW step on
+homogeneous groups.
 """
 
 from __future__ import annotations
@@ -26,6 +33,17 @@ ARMS: dict[str, dict] = {
     "skip_zero_var": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip",
                           gate_min_chars=None),
 }
+_TREE = dict(ARMS["ra_flat"], sampler="tree", bifurcate_after_active=3)
+ARMS.update({
+    "stopped_tree": dict(_TREE, early_eos_mode="terminal_dup", beta=0.0),
+    "stopped_tree_bonus": dict(_TREE, early_eos_mode="terminal_dup", beta=0.25),
+    "root_restart": dict(_TREE, early_eos_mode="root_resample", beta=0.0),
+    "root_restart_bonus": dict(_TREE, early_eos_mode="root_resample", beta=0.25),
+    "midpoint_ra_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25),
+    "midpoint_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0),
+    "clamped_prefix": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0,
+                           clamped_prefix=True),
+})
 
 
 def arm_settings(name: str) -> dict:

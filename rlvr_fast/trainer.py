@@ -2,12 +2,15 @@
 
 Per step, for the next training question x:
   1. rollouts: G samples at temperature T, top-p, capped at max_new_tokens (finished rows leave
-     the batch at once);
+     the batch at once); tree arms, once ``bifurcate_after_active`` active steps have run,
+     sample a K x B tree instead (``rlvr_fast.rollout.sample_tree``, Stage 2 forked on the
+     paged KV cache);
   2. rewards: R_i = 1 when the last boxed answer grades correct (and, with the derivation gate,
      ``\\boxed`` starts at or after gate_min_chars characters);
-  3. advantages: A_i = (R_i - mean R) / (std R + 1e-4), std with Bessel's correction as
-     ``torch.std`` computes it in the seed's code;
-  4. loss: -(1/G) sum_i A_i sum_t log pi(y_t), summed in the order the arm names (token-weighted
+  3. credit: flat steps A_i = (R_i - mean R) / (std R + 1e-4), std with Bessel's correction as
+     ``torch.std`` computes it in the seed's code, on every token of rollout i; tree steps the
+     TreeRL per-token credit of ``rlvr_fast.credit`` (prefix / continuation weights);
+  4. loss: -(1/G) sum_i sum_t w_it log pi(y_t), summed in the order the arm names (token-weighted
      arms go through the fused ``weighted_token_nll`` op; ``baseline`` keeps the seed's eager
      sum-then-scale path on purpose);
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
@@ -36,17 +39,20 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from rlvr_fast.arms import ARMS, arm_settings
+from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine.sampler import SamplingParams, generate
 from rlvr_fast.evaluation import EvalResult, evaluate
 from rlvr_fast.grading import grade_response
-from rlvr_fast.ledger import LedgerWriter, flat_step_record, truncate_jsonl
+from rlvr_fast.ledger import (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY, LedgerWriter, TreePairLedger,
+                              flat_step_record, tree_step_record, truncate_jsonl)
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
+from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
-ADVANTAGE_EPS = 1e-4
+SAMPLERS = ("flat", "tree")
 
 
 @dataclass
@@ -72,6 +78,17 @@ class TrainConfig:
     eval_before: bool = True
     checkpoint_every: int = 10
     fused_zero_grad_step: bool = True
+    sampler: str = "flat"
+    early_eos_mode: str = "terminal_dup"
+    tree_k: int = 4
+    tree_b: int = 2
+    t_min: int = 96
+    t_max: int = 160
+    beta: float = 0.0
+    alpha: float = 0.5
+    clamped_prefix: bool = False
+    bifurcate_after_active: int = 0
+    tree_reprefill: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -99,6 +116,22 @@ class TrainConfig:
             (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1"),
             (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
+            (self.sampler in SAMPLERS, f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"),
+            (self.early_eos_mode in EARLY_EOS_MODES, f"early_eos_mode must be one of "
+             f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}"),
+            (self.tree_b == 2, f"tree_b must be 2 (the ledger records pairs), got {self.tree_b}"),
+            (self.tree_k >= 1, f"tree_k must be >= 1, got {self.tree_k}"),
+            (self.sampler == "flat" or self.group_size == self.tree_k * self.tree_b,
+             f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
+             f"warmup and tree steps train on as many leaves, got {self.group_size}"),
+            (self.sampler == "flat" or 1 <= self.t_min <= self.t_max < self.max_new_tokens,
+             f"need 1 <= t_min <= t_max < max_new_tokens, got {self.t_min}, {self.t_max}, "
+             f"{self.max_new_tokens}"),
+            (0 <= self.beta <= 1, f"beta must be in [0, 1], got {self.beta}"),
+            (0 <= self.alpha <= 1, f"alpha must be in [0, 1], got {self.alpha}"),
+            (self.bifurcate_after_active >= 0, "bifurcate_after_active must be >= 0"),
+            (self.sampler == "flat" or self.loss_order == "token_weighted",
+             "tree arms weight every token, so they need loss_order token_weighted"),
         ]
         for ok, message in checks:
             if not ok:
@@ -109,8 +142,10 @@ class TrainConfig:
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
         expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
+                    "sampler": (str,), "early_eos_mode": (str,),
                     "skip_zero_var": (bool,), "eval_before": (bool,),
-                    "fused_zero_grad_step": (bool,),
+                    "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
+                    "tree_reprefill": (bool,), "beta": numbers, "alpha": numbers,
                     "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
                     "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
                     "gate_min_chars": (int, type(None))}
@@ -197,13 +232,14 @@ def completion_token_nll(model, prompt_ids: list[int], completions: list[list[in
 
 
 def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
-                    advantages: torch.Tensor) -> torch.Tensor:
-    """The token-weighted GRPO loss through ``weighted_token_nll``: every completion token's NLL
-    weighted by A_i / G, from the final hidden states and the LM head, no [tokens, vocab] logits."""
+                    token_weights: list[torch.Tensor]) -> torch.Tensor:
+    """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
+    weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
+    head, no [tokens, vocab] logits."""
     ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
     hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:]
-    weights = (advantages.to(hidden.device) / len(completions))[:, None].expand_as(targets)
-    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights[mask])
+    weights = torch.cat(token_weights).to(hidden.device) / len(completions)
+    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights)
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -217,8 +253,19 @@ def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str
 
 def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
     r = torch.tensor(rewards, dtype=torch.float32)
-    sigma = r.std()
-    return (r - r.mean()) / (sigma + ADVANTAGE_EPS), float(sigma)
+    mean, sigma = group_stats(r)
+    return (r - mean) / (sigma + ADVANTAGE_EPS), float(sigma)
+
+
+@dataclass
+class Rollouts:
+    """One step's completions (leaf order) and, for a tree step, the tree they came from."""
+
+    completions: list[list[int]]
+    decode_rows: int
+    prefill_run: int
+    peak_kv_blocks: int | None
+    tree: TreeRollout | None = None
 
 
 class GRPOTrainer:
@@ -241,6 +288,7 @@ class GRPOTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
         self.start_step = 0
+        self.active_steps = 0
         self.ledger = None
         if self.out_dir is not None:
             self._open_run_dir(resume)
@@ -283,18 +331,27 @@ class GRPOTrainer:
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
         prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
+        tree_step = (config.sampler == "tree"
+                     and self.active_steps >= config.bifurcate_after_active)
 
         with phase("rollout"):
             model.eval()
-            out = generate(model, [prompt_ids] * config.group_size, self.sampling,
-                           eos_token_ids=self.policy.tokenizer.eos_token_ids,
-                           pad_token_id=self.policy.tokenizer.pad_token_id,
-                           generator=self.generator)
+            rollouts = self.sample_tree(prompt_ids) if tree_step else self.sample_flat(prompt_ids)
         with phase("reward"):
-            texts = self.policy.tokenizer.decode_batch(out.tokens)
+            texts = self.policy.tokenizer.decode_batch(rollouts.completions)
             rewards = [float(grade_response(t, problem.answer, min_chars=config.gate_min_chars))
                        for t in texts]
-            advantages, sigma = standardised_advantages(rewards)
+            lengths = [len(c) for c in rollouts.completions]
+            if tree_step:
+                tree = rollouts.tree
+                credit = tree_credit([rewards[2 * k:2 * k + 2] for k in range(len(tree.pairs))],
+                                     tree.prefix_lens, beta=config.beta, alpha=config.alpha,
+                                     clamped_prefix=config.clamped_prefix)
+                sigma = credit.sigma
+                token_weights = credit.token_weights([p.lengths for p in tree.pairs])
+            else:
+                advantages, sigma = standardised_advantages(rewards)
+                token_weights = [a.expand(n) for a, n in zip(advantages, lengths)]
 
         homogeneous = sigma == 0
         active = not (homogeneous and config.skip_zero_var)
@@ -303,31 +360,57 @@ class GRPOTrainer:
             model.train()
             with phase("forward"):
                 if config.loss_order == "sum_then_scale":
-                    token_nll = completion_token_nll(model, prompt_ids, out.tokens)
+                    token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
                     loss = grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
                 else:
-                    loss = fused_grpo_loss(model, prompt_ids, out.tokens, advantages)
+                    loss = fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights)
             with phase("backward"):
                 loss.backward()
             with phase("optimizer"):
                 grad_norm = self.clip_gradients()
                 self.optimizer.step()
             loss_value = float(loss.detach())
+            self.active_steps += 1
         elif config.zero_var_step == "zero_grad":
             with phase("optimizer"):
                 self.zero_grad_step()
         self.optimizer.zero_grad(set_to_none=True)
 
-        record = flat_step_record(
-            step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma, active=active,
-            optimizer_step=active or config.zero_var_step == "zero_grad",
-            prompt_len=len(prompt_ids), lengths=out.lengths, decode_rows=out.decode_tokens,
-            max_new_tokens=config.max_new_tokens, params=self.num_params, loss=loss_value,
-            grad_norm=grad_norm, seconds=phase.seconds)
+        common = dict(step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma,
+                      active=active, optimizer_step=active or config.zero_var_step == "zero_grad",
+                      prompt_len=len(prompt_ids), decode_rows=rollouts.decode_rows,
+                      prefill_run=rollouts.prefill_run, peak_kv_blocks=rollouts.peak_kv_blocks,
+                      max_new_tokens=config.max_new_tokens, params=self.num_params,
+                      loss=loss_value, grad_norm=grad_norm, seconds=phase.seconds)
+        if tree_step:
+            record = tree_step_record(
+                pairs=[TreePairLedger(p.category, p.prefix_len, tuple(p.lengths),
+                                      len(p.root_tokens)) for p in rollouts.tree.pairs],
+                stage2_gen=rollouts.tree.stage2_generated, **common)
+        else:
+            category = FLAT_WARMUP_CATEGORY if config.sampler == "tree" else FLAT_CATEGORY
+            record = flat_step_record(lengths=lengths, category=category, **common)
         if self.ledger is not None:
             self.ledger.write(record)
-            self._append_rollouts(step, problem, texts, out.lengths, rewards)
+            self._append_rollouts(step, problem, texts, lengths, rewards, rollouts.tree)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def sample_flat(self, prompt_ids: list[int]) -> Rollouts:
+        out = generate(self.policy.model, [prompt_ids] * self.config.group_size, self.sampling,
+                       eos_token_ids=self.policy.tokenizer.eos_token_ids,
+                       pad_token_id=self.policy.tokenizer.pad_token_id, generator=self.generator)
+        return Rollouts(out.tokens, out.decode_tokens, out.prefill_tokens, out.peak_kv_blocks)
+
+    def sample_tree(self, prompt_ids: list[int]) -> Rollouts:
+        config = self.config
+        tree = sample_tree(self.policy, prompt_ids, k=config.tree_k, b=config.tree_b,
+                           t_min=config.t_min, t_max=config.t_max,
+                           max_new_tokens=config.max_new_tokens,
+                           early_eos_mode=config.early_eos_mode, temperature=config.temperature,
+                           top_p=config.top_p, generator=self.generator,
+                           reprefill=config.tree_reprefill)
+        return Rollouts(tree.leaves, tree.decode_rows, tree.prefill_tokens, tree.peak_kv_blocks,
+                        tree)
 
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
@@ -383,16 +466,20 @@ class GRPOTrainer:
             raise FileExistsError(f"{self.out_dir}: already holds a run (use --resume, or a new --out)")
         truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
         truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
+        self.active_steps = count_active_steps(self.out_dir / "ledger.jsonl")
         write_json_atomic(self.out_dir / "config.json", {
             "config": self.config.to_json(), "model": str(self.policy.path),
             "trainable_parameters": self.num_params, "versions": package_versions(),
             "git_commit": git_commit()})
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
 
-    def _append_rollouts(self, step, problem, texts, lengths, rewards) -> None:
+    def _append_rollouts(self, step, problem, texts, lengths, rewards, tree) -> None:
+        line = {"step": step, "question_id": problem.id, "texts": texts, "lengths": lengths,
+                "rewards": rewards}
+        if tree is not None:
+            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs])
         with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
-            file.write(json.dumps({"step": step, "question_id": problem.id, "texts": texts,
-                                   "lengths": lengths, "rewards": rewards}) + "\n")
+            file.write(json.dumps(line) + "\n")
 
     def save_checkpoint(self, next_step: int) -> None:
         """Weights, optimizer and RNG state after ``next_step`` steps, written atomically."""
@@ -413,6 +500,14 @@ class GRPOTrainer:
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         return int(state["next_step"])
+
+
+def count_active_steps(ledger: Path) -> int:
+    """Steps that ran a backward pass so far (tree arms bifurcate after a number of them)."""
+    if not ledger.exists():
+        return 0
+    with open(ledger, encoding="utf-8") as file:
+        return sum(json.loads(line)["active"] for line in file if line.strip())
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -17,6 +17,13 @@ from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll,
                                fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
+# Tree arms on the tiny model: split at the first newline after 8 tokens, trees from step 0.
+TREE_FAST = dict(FAST, t_min=8, t_max=16, bifurcate_after_active=0)
+TREE_ARMS = [name for name, settings in ARMS.items() if settings.get("sampler") == "tree"]
+
+
+def fast_settings(arm: str) -> dict:
+    return TREE_FAST if arm in TREE_ARMS else FAST
 IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
 
 
@@ -44,7 +51,8 @@ def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
         loss = grpo_loss(token_nll, advantages, order)
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
     assert (token_nll[1, 1:] == 0).all(), "padding positions carry no loss"
-    fused = fused_grpo_loss(model, prompt, completions, advantages)
+    fused = fused_grpo_loss(model, prompt, completions,
+                            [a.expand(len(c)) for a, c in zip(advantages, completions)])
     assert float(fused.detach()) == pytest.approx(float(expected), rel=1e-5)
     fused.backward()
     fused_grads = [p.grad.clone() for p in model.parameters()]
@@ -94,8 +102,8 @@ def read_ledger(run_dir):
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     problems = synthetic_problems("train", 3, seed=11)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **FAST), problems,
-                          out_dir=tmp_path, progress=False)
+    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
+                          problems, out_dir=tmp_path, progress=False)
     summary = trainer.train()
     lines = read_ledger(tmp_path)
     assert [line["step"] for line in lines] == [0, 1, 2]
@@ -117,18 +125,59 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     assert (tmp_path / "final" / "model.safetensors").is_file()
 
 
+def test_per_token_weights_reach_the_loss(hf_qwen3):
+    """Tree steps weight prefix and continuation tokens differently: the fused loss must equal
+    -(1/G) sum_i sum_t w_it log pi(y_t) for arbitrary per-token weights."""
+    model = load_model(hf_qwen3[1])
+    prompt, completions = [5, 6], [[8, 9, 10], [8, 9, 11, 12], [7]]
+    weights = [torch.tensor([0.5, 0.5, -1.0]), torch.tensor([0.5, 0.5, 2.0, 2.0]),
+               torch.tensor([-0.25])]
+    expected = 0.0
+    with torch.no_grad():
+        for w, completion in zip(weights, completions):
+            logp = torch.log_softmax(model(torch.tensor([prompt + completion]))[0].double(), -1)
+            picked = logp[torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1),
+                          torch.tensor(completion)]
+            expected -= float((w.double() * picked).sum())
+    loss = fused_grpo_loss(model, prompt, completions, weights)
+    assert float(loss.detach()) == pytest.approx(expected / len(completions), rel=1e-5)
+
+
+def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
+    """Flat warmup steps until ``bifurcate_after_active`` steps ran a backward pass, then trees
+    whose ledger lines carry the per-pair categories and no Stage-2 prefill."""
+    problems = synthetic_problems("train", 6, seed=5)
+    config = TrainConfig.from_arm("stopped_tree", steps=6,
+                                  **dict(TREE_FAST, bifurcate_after_active=1, gate_min_chars=None))
+    GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    lines = read_ledger(tmp_path)
+    first_active = next(i for i, line in enumerate(lines) if line["active"])
+    for i, line in enumerate(lines):
+        categories = {pair[6] for pair in line["pairs"]}
+        if i <= first_active:
+            assert categories == {"flat_warmup"} and line["stage2_gen"] is None
+        else:
+            assert categories <= {"causal_non_eos", "terminal_dup"}
+            assert line["prefill_run"] == line["prompt_len"], "one prompt prefill, forks after"
+    assert first_active < len(lines) - 1, "the run reached tree steps"
+
+
 class Killed(Exception):
     pass
 
 
-def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("arm", ["zg_flat", "root_restart"])
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
+    """Tree arms also resume with the count of active steps taken so far (from the ledger)."""
     problems = synthetic_problems("train", 5, seed=3)
-    config = dict(steps=5, checkpoint_every=2, **FAST)
-    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config), problems,
+    config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
+    if arm in TREE_ARMS:
+        config.update(bifurcate_after_active=1, gate_min_chars=None)
+    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
                         out_dir=tmp_path / "whole", progress=False)
     whole.train()
 
-    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config),
+    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
     step_fn = interrupted.train_step
 
@@ -143,7 +192,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
     interrupted.ledger.close()
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
-    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("zg_flat", **config),
+    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                           problems, out_dir=tmp_path / "resumed", resume=True, progress=False)
     assert resumed.start_step == 2
     resumed.train()
@@ -161,7 +210,13 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path):
 @pytest.mark.parametrize("kwargs,message", [
     ({"group_size": 7}, "group_size must be even"), ({"group_size": 0}, "group_size"),
     ({"top_p": 1.5}, "top_p"), ({"temperature": 0.0}, "temperature"), ({"lr": -1.0}, "lr"),
-    ({"loss_order": "mean"}, "loss_order"), ({"betas": (0.9, 1.0)}, "betas")])
+    ({"loss_order": "mean"}, "loss_order"), ({"betas": (0.9, 1.0)}, "betas"),
+    ({"sampler": "beam"}, "sampler must be one of"),
+    ({"sampler": "tree", "loss_order": "token_weighted", "group_size": 6}, "group_size = tree_k"),
+    ({"sampler": "tree", "loss_order": "token_weighted", "t_max": 600},
+     "t_min <= t_max < max_new_tokens"), ({"beta": 2.0}, "beta must be in"),
+    ({"sampler": "tree"}, "need loss_order token_weighted"),
+    ({"early_eos_mode": "x"}, "early_eos_mode must be one of")])
 def test_bad_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig.from_arm("baseline", **kwargs)
