@@ -128,6 +128,8 @@ def print_train_table(summary: dict) -> None:
                   f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}")
     print("  tokens: " + ", ".join(f"{k} {int(totals.get(k, 0)):,}" for k in
                                    ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")))
+    print(f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
+          f"{int(totals.get('decode_rows', 0)):,} rows (the seed's pref / untrim_gen above)")
     print("  TFLOPs: " + ", ".join(f"{label} {totals.get(k, 0) / 1e12:.4f}" for label, k in
                                    (("Out", "flops_out"), ("Full", "flops_full"),
                                     ("PadFull", "flops_pad_full"))))

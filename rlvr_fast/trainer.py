@@ -309,7 +309,8 @@ class GRPOTrainer:
             if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                 profiler = self._stop_profiler(profiler)
             for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full",
-                        "flops_out", "flops_full", "flops_pad_full"):
+                        "prefill_run", "decode_rows", "flops_out", "flops_full",
+                        "flops_pad_full"):
                 totals[key] = totals.get(key, 0) + result.record[key]
             for phase, seconds in result.record["seconds"].items():
                 totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
