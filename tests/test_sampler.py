@@ -157,3 +157,33 @@ def test_paged_cache_samples_the_same_tokens(model, params, block_size):
     longest = max(map(len, PROMPTS)) + 40
     assert paged.peak_kv_blocks <= len(PROMPTS) * -(-longest // block_size)
     assert contiguous.peak_kv_blocks is None
+
+
+def test_paged_sequences_branch_a_running_sequence(model):
+    """Fork a sequence mid-decode at full length and at a shorter prefix: each branch's next
+    logits equal a fresh prefill of the same tokens, the fork itself runs no prefill, and
+    freeing everything returns every block."""
+    from rlvr_fast.engine.paged_kv import PagedSequences
+
+    seqs = PagedSequences(model, 32, block_size=4)
+    prompt, generated = [5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16]
+    root = seqs.new()
+    seqs.prefill([root], [prompt])
+    for token in generated[:-1]:
+        seqs.decode([root], [token])
+    prefill_before = seqs.prefill_tokens
+    whole = seqs.fork(root)
+    prefix = seqs.fork(root, len(prompt) + 2)
+    assert seqs.prefill_tokens == prefill_before, "forking runs no prefill"
+    branch_logits = seqs.decode([whole, prefix], [generated[-1], generated[2]])
+    assert seqs.block_copies <= 2, "at most one block copy per branch"
+    fresh = seqs.new()
+    fresh_logits = seqs.prefill([fresh], [prompt + generated])
+    torch.testing.assert_close(branch_logits[0], fresh_logits[0], rtol=1e-4, atol=1e-5)
+    short = seqs.new()
+    short_logits = seqs.prefill([short], [prompt + generated[:3]])
+    torch.testing.assert_close(branch_logits[1], short_logits[0], rtol=1e-4, atol=1e-5)
+    for seq in (root, whole, prefix, fresh, short):
+        seqs.free(seq)
+    assert seqs.manager.num_free_blocks() == seqs.manager.num_blocks
+    seqs.manager.check_invariants()

@@ -29,8 +29,8 @@ class AttentionPlan:
     """One forward pass's paged attention inputs, shared by every layer: block tables [R, M]
     int32 and context lengths [R, T] (query (r, t) sees the first context_lens[r, t] tokens).
     On CPU also the gather the torch reference would redo per layer, done once: the slots of
-    each row's first max(context) tokens [R * width] and the key mask [R, 1, T, width]. CUDA
-    leaves them None and runs the Triton kernel."""
+    each row's first max(context) tokens [R * width] and the key mask [R, 1, T, width] (None
+    when every row sees all ``width`` keys). CUDA leaves both None and runs the Triton kernel."""
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
@@ -74,13 +74,17 @@ class PagedKVStorage:
         positions = torch.arange(width, device=context_lens.device)
         blocks = block_tables.long()[:, positions // self.block_size]  # [R, width]
         slots = (blocks * self.block_size + positions % self.block_size).view(-1)
+        if context_lens.shape[1] == 1 and int(context_lens.min()) == width:
+            # Rows of one length (a GRPO group decoding in step) need no key mask, which lets
+            # SDPA take its unmasked kernel.
+            return AttentionPlan(block_tables, context_lens, slots)
         mask = positions[None, None, :] < context_lens[:, :, None]  # [R, T, width]
         return AttentionPlan(block_tables, context_lens, slots, mask[:, None])
 
     def attend(self, layer: int, q: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
         ``plan.context_lens[r, t]`` tokens."""
-        if plan.slots is None:
+        if q.is_cuda:
             if q.shape[2] == 1:
                 out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer),
                                       plan.block_tables, plan.context_lens[:, 0], check=False)
