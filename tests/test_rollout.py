@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import json
 
 import pytest
 import torch
@@ -144,3 +144,33 @@ def test_bad_arguments_are_one_line_errors(tiny):
         sample_tree(tiny, [1, 2], t_min=10, t_max=600)
     with pytest.raises(ValueError, match="at least one token"):
         sample_tree(tiny, [])
+
+
+def test_midpoint_split_of_a_long_early_eos_root_on_the_tiny_model(tiny, tmp_path):
+    """Roots that finish their derivation (EOS) before tau_causal are split at their middle
+    newline: branch 1 keeps the root, branch 2 shares its first m tokens; the fork path matches
+    re-prefill, and a trainer step on such trees writes ledger lines that pass every law."""
+    problem = synthetic_problems("train", 3, seed=1)[2]
+    prompt = tiny.tokenizer.encode(render_prompt(problem.question))
+    runs = [sample_tree(tiny, prompt, t_min=120, t_max=150, max_new_tokens=200,
+                        early_eos_mode="midpoint", generator=torch.Generator().manual_seed(0),
+                        reprefill=reprefill) for reprefill in (False, True)]
+    assert runs[0].leaves == runs[1].leaves
+    split = [p for p in runs[0].pairs if p.category == "midpoint_fallback"]
+    assert split, "the tiny model's derivations end before tau_causal"
+    for pair in split:
+        assert pair.leaves[0] == pair.root_tokens
+        assert pair.leaves[1][:pair.prefix_len] == pair.root_tokens[:pair.prefix_len]
+        assert pair.root_tokens[pair.prefix_len - 1] in tiny.tokenizer.newline_token_ids
+        assert 1 <= pair.prefix_len < len(pair.root_tokens)
+
+    from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+    config = TrainConfig.from_arm("midpoint_mst", steps=1, t_min=120, t_max=150,
+                                  max_new_tokens=200, gate_min_chars=None, seed=0)
+    trainer = GRPOTrainer(tiny, config, [problem], out_dir=tmp_path, progress=False)
+    trainer.train()
+    line = json.loads((tmp_path / "ledger.jsonl").read_text())
+    # Same seed, same prompt, first step a tree: the trainer sampled the very same tree.
+    assert [pair[6] for pair in line["pairs"]] == [p.category for p in runs[0].pairs]
+    assert [pair[0] for pair in line["pairs"]] == runs[0].prefix_lens
+    assert line["lengths"] == runs[0].lengths
