@@ -60,7 +60,7 @@ except ImportError:  # the emulation needs no Triton
 # Columns of the per-tensor scalar table (float32, one row per tensor): three per-tensor
 # constants, then (decay, denom_scale, neg_step) for each folded step.
 LERP_WEIGHT, BETA2, EPS, FIRST_STEP_COLUMN, COLUMNS_PER_STEP = 0, 1, 2, 3, 3
-BLOCK = 1024
+BLOCK = 2048
 
 
 def scalar_table(constants: list[tuple[float, float, float]],
@@ -118,7 +118,8 @@ def zero_grad_adamw_reference_(params: list[torch.Tensor], exp_avgs: list[torch.
     """The op sequence of the module docstring, in place, one tensor at a time, with float32
     rounding emulated exactly (float32 or bfloat16 tensors, any device). ``scalars`` is
     ``scalar_table``'s [tensors, 3 + 3k] float32 table."""
-    for row, param, exp_avg, exp_avg_sq in zip(scalars.cpu(), params, exp_avgs, exp_avg_sqs):
+    for row, param, exp_avg, exp_avg_sq in zip(scalars, params, exp_avgs, exp_avg_sqs):
+        row = row.to(param.device)
         stored = round_to_bf16 if param.dtype == torch.bfloat16 else (lambda x: x)
         weight, beta2, eps = row[LERP_WEIGHT], row[BETA2], row[EPS]
         one_minus_weight = _float32(1.0 - weight.double())
@@ -263,4 +264,4 @@ def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Ten
     _zero_grad_adamw_kernel[(first_blocks[-1],)](
         addresses, first_blocks_device, live_scalars, len(live), live_scalars.stride(0),
         SEARCH_STEPS=(len(live) - 1).bit_length(), STEPS=n_steps, BLOCK=BLOCK,
-        IS_BF16=dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False)
+        IS_BF16=dtype == torch.bfloat16, num_warps=8, enable_fp_fusion=False)
