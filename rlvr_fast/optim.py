@@ -13,7 +13,7 @@ torch itself would take for it:
 - CUDA in a group that runs torch's foreach path (``foreach=None``, the default, when every
   parameter of the group is a plain CUDA tensor; or ``foreach=True``): the Triton kernel
   ``rlvr_fast.kernels.zero_grad_adamw``, which reproduces the rounding of torch's CUDA foreach
-  ops, one launch per dtype over every such tensor. Verified bit for bit against torch only on a
+  ops, one launch per device and dtype over every such tensor. Verified bit for bit against torch only on a
   GPU (tests/test_zero_grad_adamw.py); on CPU the tests check it against an exact emulation.
 - CUDA in a group that runs torch's single-tensor path (``foreach=False``, or a group mixing
   devices), and other devices: torch's own step k times with zero gradients, exact by
@@ -38,7 +38,7 @@ def zero_grad_adamw_(optimizer: torch.optim.AdamW, steps: int = 1, *,
     them (so flush before ``scheduler.step()``).
     """
     _check_optimizer(optimizer, steps, lrs)
-    foreach_by_dtype: dict[torch.dtype, list[tuple[torch.Tensor, dict, list[float]]]] = {}
+    foreach_members: dict[tuple, list[tuple[torch.Tensor, dict, list[float]]]] = {}
     for index, group in enumerate(optimizer.param_groups):
         group_lrs = [float(group["lr"])] * steps if lrs is None else [float(r[index]) for r in lrs]
         group_runs_foreach = _runs_foreach(group)
@@ -46,11 +46,12 @@ def zero_grad_adamw_(optimizer: torch.optim.AdamW, steps: int = 1, *,
             if param.device.type == "cpu":
                 _fold_cpu(optimizer.state[param], param, group, group_lrs)
             elif param.device.type == "cuda" and group_runs_foreach:
-                foreach_by_dtype.setdefault(param.dtype, []).append((param, group, group_lrs))
+                key = (param.device, param.dtype)
+                foreach_members.setdefault(key, []).append((param, group, group_lrs))
             else:
                 _eager_zero_grad_steps(optimizer, param, group, group_lrs, group_runs_foreach)
-    for members in foreach_by_dtype.values():
-        _fold_cuda_foreach(optimizer, members)
+    for members in foreach_members.values():
+        _fold_foreach(optimizer, members)
 
 
 def _runs_foreach(group: dict) -> bool:
@@ -131,10 +132,14 @@ def _fold_cpu(state: dict, param: torch.Tensor, group: dict, lrs: list[float]) -
         state["step"] += len(lrs)
 
 
-def _fold_cuda_foreach(optimizer, members: list[tuple[torch.Tensor, dict, list[float]]]) -> None:
-    """One Triton launch over the CUDA parameters of one dtype that torch steps with foreach."""
+def _fold_foreach(optimizer, members: list[tuple[torch.Tensor, dict, list[float]]],
+                  fold=None) -> None:
+    """Fold the steps of the (param, group, lrs) ``members``, which share a device and dtype and
+    which torch steps with foreach: one call of ``fold`` (default: the Triton kernel, one launch;
+    the tests also pass the emulation) over every tensor, with one scalar row per tensor."""
     from rlvr_fast.kernels.zero_grad_adamw import scalar_table, zero_grad_adamw_triton_
 
+    fold = fold or zero_grad_adamw_triton_
     states = [optimizer.state[param] for param, _, _ in members]
     for state, (param, _, _) in zip(states, members):
         _init_state(state, param)
@@ -142,9 +147,8 @@ def _fold_cuda_foreach(optimizer, members: list[tuple[torch.Tensor, dict, list[f
         [(1 - group["betas"][0], group["betas"][1], group["eps"]) for _, group, _ in members],
         [_step_scalars(state, group, lrs) for state, (_, group, lrs) in zip(states, members)])
     with torch.no_grad():
-        zero_grad_adamw_triton_([param for param, _, _ in members],
-                                [state["exp_avg"] for state in states],
-                                [state["exp_avg_sq"] for state in states], table)
+        fold([param for param, _, _ in members], [state["exp_avg"] for state in states],
+             [state["exp_avg_sq"] for state in states], table)
         for state, (_, _, lrs) in zip(states, members):
             state["step"] += len(lrs)
 

@@ -187,25 +187,15 @@ def make_device_optimizer(dtypes, sizes, real_steps, weight_decay, betas=(0.9, 0
 
 
 def fold_with(optimizer, steps, lrs, fold):
-    """Advance every parameter by ``fold(params, exp_avgs, exp_avg_sqs, table)`` per dtype, with
-    the scalar table zero_grad_adamw_ builds, as zero_grad_adamw_ does on CUDA."""
+    """What zero_grad_adamw_ does with CUDA parameters of foreach groups, on DEVICE: the steps of
+    every tensor of one dtype folded by one call of ``fold`` with zero_grad_adamw_'s scalars."""
     members = {}
     for index, group in enumerate(optimizer.param_groups):
         group_lrs = [group["lr"]] * steps if lrs is None else [r[index] for r in lrs]
         for p in group["params"]:
             members.setdefault(p.dtype, []).append((p, group, group_lrs))
     for dtype_members in members.values():
-        states = [optimizer.state[p] for p, _, _ in dtype_members]
-        for state, (p, _, _) in zip(states, dtype_members):
-            optim._init_state(state, p)
-        table = kernel.scalar_table(
-            [(1 - g["betas"][0], g["betas"][1], g["eps"]) for _, g, _ in dtype_members],
-            [optim._step_scalars(s, g, r) for s, (_, g, r) in zip(states, dtype_members)])
-        with torch.no_grad():
-            fold([p for p, _, _ in dtype_members], [s["exp_avg"] for s in states],
-                 [s["exp_avg_sq"] for s in states], table)
-        for state in states:
-            state["step"] += steps
+        optim._fold_foreach(optimizer, dtype_members, fold)
 
 
 def triton_fold(optimizer, steps, lrs=None):
