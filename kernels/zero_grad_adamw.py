@@ -181,9 +181,11 @@ if triton is not None:
     @triton.jit
     def _zero_grad_adamw_kernel(p_addresses, p_first_blocks, p_scalars, n_tensors, stride_scalars,
                                 SEARCH_STEPS: tl.constexpr, STEPS: tl.constexpr,
-                                BLOCK: tl.constexpr, IS_BF16: tl.constexpr):
+                                BLOCK: tl.constexpr, ELEMENT: tl.constexpr,
+                                IS_BF16: tl.constexpr):
         # p_addresses: int64 [4, n_tensors] rows param, exp_avg, exp_avg_sq addresses, numel.
         # p_first_blocks: int64 [n_tensors + 1], the first block of each tensor, then the total.
+        # ELEMENT: what memory holds, float32, or bf16 as its uint16 bits.
         i_block = tl.program_id(0).to(tl.int64)
         # Largest tensor index whose first block <= i_block (first_blocks is increasing).
         i_lo = tl.zeros([], dtype=tl.int64)
@@ -197,12 +199,11 @@ if triton is not None:
         numel = tl.load(p_addresses + 3 * n_tensors + i_tensor)
         o_elem = (i_block - tl.load(p_first_blocks + i_tensor)) * BLOCK + tl.arange(0, BLOCK)
         m_elem = o_elem < numel
-        element = tl.uint16 if IS_BF16 else tl.float32
-        p_param = tl.load(p_addresses + i_tensor).to(tl.pointer_type(element)) + o_elem
+        p_param = tl.load(p_addresses + i_tensor).to(tl.pointer_type(ELEMENT)) + o_elem
         p_exp_avg = tl.load(p_addresses + n_tensors + i_tensor).to(
-            tl.pointer_type(element)) + o_elem
+            tl.pointer_type(ELEMENT)) + o_elem
         p_exp_avg_sq = tl.load(p_addresses + 2 * n_tensors + i_tensor).to(
-            tl.pointer_type(element)) + o_elem
+            tl.pointer_type(ELEMENT)) + o_elem
         b_p = _load_fp32(p_param, m_elem, IS_BF16)  # [BLOCK] fp32
         b_m = _load_fp32(p_exp_avg, m_elem, IS_BF16)
         b_v = _load_fp32(p_exp_avg_sq, m_elem, IS_BF16)
@@ -261,7 +262,9 @@ def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Ten
     first_blocks_device = torch.tensor(first_blocks, dtype=torch.int64).to(device)
     live_scalars = scalars[live].to(device=device, dtype=torch.float32).contiguous()
     n_steps = (live_scalars.shape[1] - FIRST_STEP_COLUMN) // COLUMNS_PER_STEP
+    is_bf16 = dtype == torch.bfloat16
     _zero_grad_adamw_kernel[(first_blocks[-1],)](
         addresses, first_blocks_device, live_scalars, len(live), live_scalars.stride(0),
         SEARCH_STEPS=(len(live) - 1).bit_length(), STEPS=n_steps, BLOCK=BLOCK,
-        IS_BF16=dtype == torch.bfloat16, num_warps=8, enable_fp_fusion=False)
+        ELEMENT=tl.uint16 if is_bf16 else tl.float32, IS_BF16=is_bf16, num_warps=8,
+        enable_fp_fusion=False)
