@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import os
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -290,6 +294,45 @@ def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpre
     triton_fold(fused, 3)
     emulated_fold(emulated, 3)
     assert_bitwise_equal(fused, emulated)
+
+
+AOT_COMPILE = """
+import collections, re, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rlvr_fast.kernels import zero_grad_adamw as kernel
+is_bf16 = sys.argv[1] == "bf16"
+signature = {"p_addresses": "*i64", "p_first_blocks": "*i64", "p_scalars": "*fp32",
+             "n_tensors": "i32", "stride_scalars": "i32"}
+constexprs = {"SEARCH_STEPS": 2, "STEPS": 3, "BLOCK": kernel.BLOCK, "IS_BF16": is_bf16,
+              "ELEMENT": tl.uint16 if is_bf16 else tl.float32}
+source = ASTSource(kernel._zero_grad_adamw_kernel,
+                   {**signature, **{name: "constexpr" for name in constexprs}}, constexprs)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 8, "enable_fp_fusion": False})
+ptx = compiled.asm["ptx"]
+counts = collections.Counter(re.findall(r"\\b(fma|mad|mul|add|div|sqrt)\\.([a-z0-9.]*)f32\\b", ptx))
+print({f"{op}.{mode}": n for (op, mode), n in counts.items()})
+"""
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype):
+    """Without a GPU, compile the kernel for an H100/H200 (sm_90) ahead of time and read the
+    PTX: per element-step, three fma.rn (lerp's two branches, addcdiv), two mul.rn (weight
+    decay, beta2), two div.rn, one sqrt.rn, one add.rn (eps), and nothing approximate or fused
+    beyond that."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", AOT_COMPILE, dtype], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    per_step = counts["sqrt.rn."]
+    assert per_step > 0
+    assert counts == {"fma.rn.": 3 * per_step, "mul.rn.": 2 * per_step, "div.rn.": 2 * per_step,
+                      "sqrt.rn.": per_step, "add.rn.": per_step}
 
 
 @requires_cuda
