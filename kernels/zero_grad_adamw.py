@@ -182,10 +182,13 @@ if triton is not None:
     def _zero_grad_adamw_kernel(p_addresses, p_first_blocks, p_scalars, n_tensors, stride_scalars,
                                 SEARCH_STEPS: tl.constexpr, STEPS: tl.constexpr,
                                 BLOCK: tl.constexpr, ELEMENT: tl.constexpr,
-                                IS_BF16: tl.constexpr):
+                                IS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
         # p_addresses: int64 [4, n_tensors] rows param, exp_avg, exp_avg_sq addresses, numel.
         # p_first_blocks: int64 [n_tensors + 1], the first block of each tensor, then the total.
         # ELEMENT: what memory holds, float32, or bf16 as its uint16 bits.
+        # ALIGNED: the host checked that every address is 16-byte aligned and every numel a
+        # multiple of 8, so loads and stores may be 16 bytes wide (as torch's foreach kernels do
+        # on their aligned path); the arithmetic is the same either way.
         i_block = tl.program_id(0).to(tl.int64)
         # Largest tensor index whose first block <= i_block (first_blocks is increasing).
         i_lo = tl.zeros([], dtype=tl.int64)
@@ -199,11 +202,18 @@ if triton is not None:
         numel = tl.load(p_addresses + 3 * n_tensors + i_tensor)
         o_elem = (i_block - tl.load(p_first_blocks + i_tensor)) * BLOCK + tl.arange(0, BLOCK)
         m_elem = o_elem < numel
-        p_param = tl.load(p_addresses + i_tensor).to(tl.pointer_type(ELEMENT)) + o_elem
-        p_exp_avg = tl.load(p_addresses + n_tensors + i_tensor).to(
-            tl.pointer_type(ELEMENT)) + o_elem
+        p_param = tl.load(p_addresses + i_tensor).to(tl.pointer_type(ELEMENT))
+        p_exp_avg = tl.load(p_addresses + n_tensors + i_tensor).to(tl.pointer_type(ELEMENT))
         p_exp_avg_sq = tl.load(p_addresses + 2 * n_tensors + i_tensor).to(
-            tl.pointer_type(ELEMENT)) + o_elem
+            tl.pointer_type(ELEMENT))
+        if ALIGNED:
+            numel = tl.multiple_of(numel, 8)
+            p_param = tl.multiple_of(p_param, 16)
+            p_exp_avg = tl.multiple_of(p_exp_avg, 16)
+            p_exp_avg_sq = tl.multiple_of(p_exp_avg_sq, 16)
+        p_param += o_elem
+        p_exp_avg += o_elem
+        p_exp_avg_sq += o_elem
         b_p = _load_fp32(p_param, m_elem, IS_BF16)  # [BLOCK] fp32
         b_m = _load_fp32(p_exp_avg, m_elem, IS_BF16)
         b_v = _load_fp32(p_exp_avg_sq, m_elem, IS_BF16)
@@ -266,5 +276,6 @@ def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Ten
     _zero_grad_adamw_kernel[(first_blocks[-1],)](
         addresses, first_blocks_device, live_scalars, len(live), live_scalars.stride(0),
         SEARCH_STEPS=(len(live) - 1).bit_length(), STEPS=n_steps, BLOCK=BLOCK,
-        ELEMENT=tl.uint16 if is_bf16 else tl.float32, IS_BF16=is_bf16, num_warps=8,
-        enable_fp_fusion=False)
+        ELEMENT=tl.uint16 if is_bf16 else tl.float32, IS_BF16=is_bf16,
+        ALIGNED=all(t.data_ptr() % 16 == 0 and t.numel() % 8 == 0 for t in tensors),
+        num_warps=8, enable_fp_fusion=False)

@@ -264,6 +264,16 @@ def test_triton_kernel_matches_emulation_on_large_mixed_dtype_tensors(exact_inte
     assert_bitwise_equal(fused, emulated)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_matches_emulation_on_aligned_tensors(exact_interpreter_fma, dtype):
+    """Sizes that are multiples of 8 take the kernel's 16-byte-access variant."""
+    fused = make_device_optimizer([dtype], [8, 2048, 4104], 1, 0.01)
+    emulated = eager_copy(fused)
+    triton_fold(fused, 3)
+    emulated_fold(emulated, 3)
+    assert_bitwise_equal(fused, emulated)
+
+
 def test_triton_kernel_matches_emulation_across_a_learning_rate_schedule(exact_interpreter_fma):
     fused = make_device_optimizer([torch.float32, torch.bfloat16], [7, 5000], 2, 0.01)
     emulated = eager_copy(fused)
@@ -302,11 +312,11 @@ import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from rlvr_fast.kernels import zero_grad_adamw as kernel
-is_bf16 = sys.argv[1] == "bf16"
+is_bf16, aligned = sys.argv[1] == "bf16", sys.argv[2] == "aligned"
 signature = {"p_addresses": "*i64", "p_first_blocks": "*i64", "p_scalars": "*fp32",
              "n_tensors": "i32", "stride_scalars": "i32"}
 constexprs = {"SEARCH_STEPS": 2, "STEPS": 3, "BLOCK": kernel.BLOCK, "IS_BF16": is_bf16,
-              "ELEMENT": tl.uint16 if is_bf16 else tl.float32}
+              "ELEMENT": tl.uint16 if is_bf16 else tl.float32, "ALIGNED": aligned}
 source = ASTSource(kernel._zero_grad_adamw_kernel,
                    {**signature, **{name: "constexpr" for name in constexprs}}, constexprs)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -314,21 +324,25 @@ compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
 ptx = compiled.asm["ptx"]
 counts = collections.Counter(re.findall(r"\\b(fma|mad|mul|add|div|sqrt)\\.([a-z0-9.]*)f32\\b", ptx))
 print({f"{op}.{mode}": n for (op, mode), n in counts.items()})
+print(len(re.findall(r"ld\\.global\\.v4", ptx)))
 """
 
 
+@pytest.mark.parametrize("alignment", ["aligned", "unaligned"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_triton_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype):
+def test_triton_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype, alignment):
     """Without a GPU, compile the kernel for an H100/H200 (sm_90) ahead of time and read the
     PTX: per element-step, three fma.rn (lerp's two branches, addcdiv), two mul.rn (weight
     decay, beta2), two div.rn, one sqrt.rn, one add.rn (eps), and nothing approximate or fused
-    beyond that."""
+    beyond that. Aligned tensors are read with 16-byte loads."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", AOT_COMPILE, dtype], env=env,
+    run = subprocess.run([sys.executable, "-c", AOT_COMPILE, dtype, alignment], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    counts = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    *_, counts, wide_loads = run.stdout.strip().splitlines()
+    counts = ast.literal_eval(counts)
+    assert (int(wide_loads) > 0) == (alignment == "aligned")
     per_step = counts["sqrt.rn."]
     assert per_step > 0
     assert counts == {"fma.rn.": 3 * per_step, "mul.rn.": 2 * per_step, "div.rn.": 2 * per_step,
