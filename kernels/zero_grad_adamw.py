@@ -29,12 +29,14 @@ one write of (p, m, v) per call instead of k. ``tl.fma`` where nvcc fuses, ``tl.
 ``tl.sqrt_rn`` for the IEEE division and square root, every intermediate that torch stores in T
 rounded to T (bf16: round to nearest even, done on the bits so the interpreter rounds as the GPU
 does), and the launch passes ``enable_fp_fusion=False`` so that nothing else is fused. One launch
-covers every tensor of one dtype: each program finds its tensor by a binary search over the
+covers every tensor of one device and dtype: each program finds its tensor by a binary search over the
 tensors' first block indices, and loads the tensor's addresses from a table.
 
 What cannot be checked without a GPU: that nvcc contracted exactly the multiply-adds named above
-in the torch binary (the source leaves it to -fmad=true, the default), and that ptxas honours
-the rounding of the Triton kernel. tests/test_zero_grad_adamw.py compares the kernel with torch's
+in the torch binary (the source leaves it to -fmad=true, the default). Without a GPU the tests
+compile the kernel for sm_90 and count its PTX roundings (fma.rn, mul.rn, div.rn, sqrt.rn,
+add.rn per element-step); that the machine code runs them is left to ptxas. The same file
+compares the kernel with torch's
 own CUDA AdamW bit for bit when CUDA is present. On CPU, under TRITON_INTERPRET=1, ``tl.fma`` is
 ``x * y + z`` in numpy float32 (two roundings); the tests give the interpreter a correctly
 rounded fma (``fma_float32``) and then compare the kernel with ``zero_grad_adamw_reference_``.
