@@ -2,7 +2,8 @@
 
 A benchmark marks itself with ``mark(benchmark, group, role, work=..., unit=...)``; role is
 "eager" (the reference) or "fast". At the end of a timed run (``make bench``) the summary prints,
-per group, each side's mean time, throughput (work / s) and the eager/fast speed ratio. Under
+per group, each side's mean time, throughput (work / s), memory traffic (``extra_info["bytes"]``
+per call, as GB/s) where a benchmark states it, and the eager/fast speed ratio. Under
 ``--benchmark-disable`` (CI's smoke check) each benchmark body simply runs once.
 """
 
@@ -29,7 +30,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             rate = f", {work / mean:,.0f} {unit}/s" if work else ""
             peak = bench.extra_info.get("peak_mib")
             memory = f", peak +{peak:,.0f} MiB" if peak is not None else ""
-            line.append(f"{role} {bench.name} {mean * 1e3:.1f} ms{rate}{memory};")
+            moved = bench.extra_info.get("bytes")
+            traffic = f", {moved / mean / 1e9:,.0f} GB/s" if moved is not None else ""
+            line.append(f"{role} {bench.name} {mean * 1e3:.1f} ms{rate}{memory}{traffic};")
         if "eager" in sides and "fast" in sides:
             line.append(f"speed-up {sides['eager'].stats.mean / sides['fast'].stats.mean:.2f}x")
             peaks = [sides[r].extra_info.get("peak_mib") for r in ("eager", "fast")]

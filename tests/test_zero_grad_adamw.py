@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
+from rlvr_fast import optim
 from rlvr_fast.data import synthetic_problems
+from rlvr_fast.kernels import zero_grad_adamw as kernel
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.policy import load_policy
 from rlvr_fast.trainer import GRPOTrainer, TrainConfig
@@ -134,3 +142,248 @@ def test_zg_flat_training_matches_the_eager_zero_grad_path(tmp_path):
     flags = [line["homogeneous"] for line in ledger]
     assert any(flags) and not all(flags), "the run must mix zero-gradient and active steps"
     assert_bitwise_equal(fused.optimizer, eager.optimizer)
+
+
+# ---- CUDA: the Triton kernel (rlvr_fast.kernels.zero_grad_adamw) -------------------------------
+# Without a GPU the kernel runs under TRITON_INTERPRET=1 on CPU tensors and is compared with the
+# pure-torch emulation of torch's CUDA foreach rounding; with a GPU both are also compared with
+# torch's own CUDA AdamW.
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def exact_interpreter_fma(monkeypatch):
+    """The interpreter computes ``tl.fma`` as x * y + z in numpy float32, rounding twice, so it
+    could not tell a fused multiply-add from an unfused one. Give it the correctly rounded fma
+    that the GPU's fma.rn computes; the kernel is then checked with the fma it runs on a GPU."""
+    if torch.cuda.is_available():
+        return
+    from triton.runtime import interpreter
+
+    def create_fma(self, x, y, z):
+        a, b, c = (torch.from_numpy(np.ascontiguousarray(t.data, dtype=np.float32))
+                   for t in (x, y, z))
+        return interpreter.TensorHandle(kernel.fma_float32(a, b, c).numpy(), z.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fma", create_fma)
+
+
+def make_device_optimizer(dtypes, sizes, real_steps, weight_decay, betas=(0.9, 0.999), seed=0):
+    """AdamW over one tensor per (dtype, size) on DEVICE, in two groups, after ``real_steps``
+    steps with random gradients."""
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(size, generator=generator).to(DEVICE, dtype))
+              for dtype in dtypes for size in sizes]
+    half = max(1, len(params) // 2)
+    groups = [{"params": params[:half]}]
+    if params[half:]:
+        groups.append({"params": params[half:], "lr": 3e-3, "weight_decay": 0.1, "eps": 1e-6})
+    optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=betas, weight_decay=weight_decay)
+    for _ in range(real_steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator).to(DEVICE, p.dtype)
+        optimizer.step()
+    for p in params:
+        p.grad = None
+    return optimizer
+
+
+def fold_with(optimizer, steps, lrs, fold):
+    """What zero_grad_adamw_ does with CUDA parameters of foreach groups, on DEVICE: the steps of
+    every tensor of one dtype folded by one call of ``fold`` with zero_grad_adamw_'s scalars."""
+    members = {}
+    for index, group in enumerate(optimizer.param_groups):
+        group_lrs = [group["lr"]] * steps if lrs is None else [r[index] for r in lrs]
+        for p in group["params"]:
+            members.setdefault(p.dtype, []).append((p, group, group_lrs))
+    for dtype_members in members.values():
+        optim._fold_foreach(optimizer, dtype_members, fold)
+
+
+def triton_fold(optimizer, steps, lrs=None):
+    fold_with(optimizer, steps, lrs, kernel.zero_grad_adamw_triton_)
+
+
+def emulated_fold(optimizer, steps, lrs=None):
+    fold_with(optimizer, steps, lrs, kernel.zero_grad_adamw_reference_)
+
+
+def test_fma_float32_is_correctly_rounded():
+    # 1 + 2^-23 + 2^-24 - 2^-70: the float64 sum rounds to the float32 tie 1 + 2^-23 + 2^-24,
+    # which ties-to-even would take up to 1 + 2^-22; the exact value is below the tie.
+    a = torch.tensor([2.0**-24 * (1 + 2.0**-23)])
+    b = torch.tensor([1 - 2.0**-23])
+    c = torch.tensor([1 + 2.0**-23])
+    assert (a.double() * b.double() + c.double()).float().item() == 1 + 2.0**-22
+    assert kernel.fma_float32(a, b, c).item() == 1 + 2.0**-23
+    generator = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(3000, generator=generator) * 2.0 ** torch.randint(
+        -30, 30, (3000,), generator=generator) for _ in range(3))
+    fused = kernel.fma_float32(a, b, c)
+    for x, y, z, r in zip(a.tolist(), b.tolist(), c.tolist(), fused.tolist()):
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
+        below = np.nextafter(np.float32(r), np.float32(-np.inf))
+        above = np.nextafter(np.float32(r), np.float32(np.inf))
+        error = abs(exact - Fraction(r))
+        assert error <= abs(exact - Fraction(float(below)))
+        assert error <= abs(exact - Fraction(float(above)))
+
+
+def test_sqrt_float32_is_correctly_rounded():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(200_000, generator=generator) * 2.0 ** torch.randint(
+        -140, 100, (200_000,), generator=generator), torch.tensor([0.0, 1e-45, 4.0])])
+    assert torch.equal(kernel.sqrt_float32(x), torch.from_numpy(np.sqrt(x.numpy())))
+
+
+# The interpreter runs one Python program per block of 2048 elements, so the full matrix uses
+# tensors of up to 5003 elements (three blocks, the last partial); 100_003 has its own case.
+INTERPRETER_SIZES = (1, 7, 1000, 5003)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("real_steps", [0, 1, 3])
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_triton_kernel_matches_emulation(exact_interpreter_fma, dtype, real_steps, steps,
+                                         weight_decay):
+    fused = make_device_optimizer([dtype], INTERPRETER_SIZES, real_steps, weight_decay)
+    emulated = eager_copy(fused)
+    triton_fold(fused, steps)
+    emulated_fold(emulated, steps)
+    assert_bitwise_equal(fused, emulated)
+
+
+def test_triton_kernel_matches_emulation_on_large_mixed_dtype_tensors(exact_interpreter_fma):
+    fused = make_device_optimizer([torch.float32, torch.bfloat16], SIZES, 3, 0.01)
+    emulated = eager_copy(fused)
+    triton_fold(fused, 4)
+    emulated_fold(emulated, 4)
+    assert_bitwise_equal(fused, emulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_matches_emulation_on_aligned_tensors(exact_interpreter_fma, dtype):
+    """Sizes that are multiples of 8 take the kernel's 16-byte-access variant."""
+    fused = make_device_optimizer([dtype], [8, 2048, 4104], 1, 0.01)
+    emulated = eager_copy(fused)
+    triton_fold(fused, 3)
+    emulated_fold(emulated, 3)
+    assert_bitwise_equal(fused, emulated)
+
+
+def test_triton_kernel_matches_emulation_across_a_learning_rate_schedule(exact_interpreter_fma):
+    fused = make_device_optimizer([torch.float32, torch.bfloat16], [7, 5000], 2, 0.01)
+    emulated = eager_copy(fused)
+    lrs = [[1e-3, 3e-3], [5e-4, 2e-3], [2.5e-4, 1e-3]]
+    triton_fold(fused, 3, lrs)
+    emulated_fold(emulated, 3, lrs)
+    assert_bitwise_equal(fused, emulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_matches_emulation_on_subnormal_moments(exact_interpreter_fma, dtype):
+    fused = make_device_optimizer([dtype], [1000], 1, 0.01)
+    (param,) = fused.param_groups[0]["params"]
+    low = 1e-39 if dtype == torch.float32 else 1e-38
+    fused.state[param]["exp_avg"].copy_(torch.linspace(-low, low, 1000))
+    fused.state[param]["exp_avg_sq"].copy_(torch.linspace(0, low / 5, 1000))
+    emulated = eager_copy(fused)
+    triton_fold(fused, 5)
+    emulated_fold(emulated, 5)
+    assert_bitwise_equal(fused, emulated)
+
+
+def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpreter_fma):
+    """beta1 = 0.3 takes lerp's other branch (weight 0.7 >= 0.5)."""
+    fused = make_device_optimizer([torch.float32, torch.bfloat16], [1000], 2, 0.01,
+                                  betas=(0.3, 0.999))
+    emulated = eager_copy(fused)
+    triton_fold(fused, 3)
+    emulated_fold(emulated, 3)
+    assert_bitwise_equal(fused, emulated)
+
+
+AOT_COMPILE = """
+import collections, re, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rlvr_fast.kernels import zero_grad_adamw as kernel
+is_bf16, aligned = sys.argv[1] == "bf16", sys.argv[2] == "aligned"
+signature = {"p_addresses": "*i64", "p_first_blocks": "*i64", "p_scalars": "*fp32",
+             "n_tensors": "i32", "stride_scalars": "i32"}
+constexprs = {"SEARCH_STEPS": 2, "STEPS": 3, "BLOCK": kernel.BLOCK, "IS_BF16": is_bf16,
+              "ELEMENT": tl.uint16 if is_bf16 else tl.float32, "ALIGNED": aligned}
+source = ASTSource(kernel._zero_grad_adamw_kernel,
+                   {**signature, **{name: "constexpr" for name in constexprs}}, constexprs)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 8, "enable_fp_fusion": False})
+ptx = compiled.asm["ptx"]
+counts = collections.Counter(re.findall(r"\\b(fma|mad|mul|add|div|sqrt)\\.([a-z0-9.]*)f32\\b", ptx))
+print({f"{op}.{mode}": n for (op, mode), n in counts.items()})
+print(len(re.findall(r"ld\\.global\\.v4", ptx)))
+"""
+
+
+@pytest.mark.parametrize("alignment", ["aligned", "unaligned"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype, alignment):
+    """Without a GPU, compile the kernel for an H100/H200 (sm_90) ahead of time and read the
+    PTX: per element-step, three fma.rn (lerp's two branches, addcdiv), two mul.rn (weight
+    decay, beta2), two div.rn, one sqrt.rn, one add.rn (eps), and nothing approximate or fused
+    beyond that. Aligned tensors are read with 16-byte loads."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", AOT_COMPILE, dtype, alignment], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    *_, counts, wide_loads = run.stdout.strip().splitlines()
+    counts = ast.literal_eval(counts)
+    assert (int(wide_loads) > 0) == (alignment == "aligned")
+    per_step = counts["sqrt.rn."]
+    assert per_step > 0
+    assert counts == {"fma.rn.": 3 * per_step, "mul.rn.": 2 * per_step, "div.rn.": 2 * per_step,
+                      "sqrt.rn.": per_step, "add.rn.": per_step}
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtypes", [[torch.float32], [torch.bfloat16],
+                                    [torch.float32, torch.bfloat16]])
+@pytest.mark.parametrize("real_steps", [0, 1, 3])
+@pytest.mark.parametrize("steps", [1, 4, 5])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_cuda_fold_is_bitwise_equal_to_torch_cuda_adamw(dtypes, real_steps, steps, weight_decay):
+    fused = make_device_optimizer(dtypes, SIZES, real_steps, weight_decay)
+    eager, emulated = eager_copy(fused), eager_copy(fused)
+    zero_grad_adamw_(fused, steps)
+    eager_zero_steps(eager, steps)
+    emulated_fold(emulated, steps)
+    assert_bitwise_equal(emulated, eager)
+    assert_bitwise_equal(fused, eager)
+
+
+@requires_cuda
+def test_cuda_fold_across_a_learning_rate_schedule_and_subnormal_moments():
+    fused = make_device_optimizer([torch.float32, torch.bfloat16], [1000, 100_003], 2, 0.01)
+    for param in (p for g in fused.param_groups for p in g["params"]):
+        fused.state[param]["exp_avg"][:1000].copy_(torch.linspace(-1e-38, 1e-38, 1000))
+        fused.state[param]["exp_avg_sq"][:1000].copy_(torch.linspace(0, 2e-39, 1000))
+    eager = eager_copy(fused)
+    lrs = [[1e-3, 3e-3], [5e-4, 2e-3], [2.5e-4, 1e-3]]
+    zero_grad_adamw_(fused, 3, lrs=lrs)
+    eager_zero_steps(eager, 3, lrs=lrs)
+    assert_bitwise_equal(fused, eager)
+
+
+@requires_cuda
+def test_cuda_foreach_false_takes_torch_single_tensor_steps():
+    fused = make_device_optimizer([torch.float32], [1000], 1, 0.01)
+    for group in fused.param_groups:
+        group["foreach"] = False
+    eager = eager_copy(fused)
+    zero_grad_adamw_(fused, 2)
+    eager_zero_steps(eager, 2)
+    assert_bitwise_equal(fused, eager)
