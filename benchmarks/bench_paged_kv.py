@@ -21,7 +21,7 @@ BATCH, NEW_TOKENS, BLOCK = 8, 128, 16
 
 @pytest.fixture(scope="module")
 def prompt_ids():
-    policy = load_policy("tiny")
+    policy = load_policy("tiny", device="cuda" if torch.cuda.is_available() else "cpu")
     question = synthetic_problems("test", 1)[0].question
     return policy, [policy.tokenizer.encode(render_prompt(question))] * BATCH
 
@@ -30,7 +30,7 @@ def prompt_ids():
 def test_decode_paged_vs_contiguous(benchmark, prompt_ids, role):
     policy, prompts = prompt_ids
     params = SamplingParams(max_new_tokens=NEW_TOKENS)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=policy.device).manual_seed(0)
 
     def run():
         out = generate(policy.model, prompts, params, eos_token_ids=[], generator=generator,
@@ -57,7 +57,5 @@ def tree_vs_flat_blocks(prefix: int = 128, leaf: int = 512, roots: int = 4, bran
 
 def test_tree_kv_blocks(benchmark):
     flat, tree = benchmark.pedantic(tree_vs_flat_blocks, rounds=1)
-    benchmark.extra_info.update(flat_blocks=flat, tree_blocks=tree, ratio=tree / flat)
-    print(f"\nKV blocks, 8 leaves of 512 tokens: flat {flat}, 4x2 tree at a 128-token prefix "
-          f"{tree} ({tree / flat:.3f}x)")
+    benchmark.extra_info["counts"] = dict(flat_blocks=flat, tree_blocks=tree, ratio=tree / flat)
     assert tree < flat

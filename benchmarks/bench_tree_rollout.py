@@ -4,8 +4,8 @@ eager), beside 8 flat rollouts, on the same model and generator.
 The tiny model, one synthetic prompt, K=4 x B=2, every root split at exactly 128 tokens and
 every leaf run to the 512-token cap (EOS off), so all three do fixed work: the flat batch 8 x 512
 sampled tokens, each tree 4 x 128 + 8 x 384. Besides wall-clock, each run records prefill tokens
-(Stage 1 and Stage 2), decode rows, block copies and peak KV blocks in ``extra_info`` and prints
-them, so a GPU run (``benchmarks/gpu/check.sh``) reports the same table.
+(Stage 1 and Stage 2), decode rows, block copies and peak KV blocks, which the summary prints
+after the timings, so a GPU run (``benchmarks/gpu/check.sh``) reports the same table.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def setup():
     return policy, prompt
 
 
-def report(benchmark, name: str, **counts) -> None:
-    benchmark.extra_info.update(counts)
-    print(f"\n{name}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+def report(benchmark, **counts) -> None:
+    """Counts for the summary the benchmark conftest prints after the timings."""
+    benchmark.extra_info["counts"] = counts
 
 
 @pytest.mark.parametrize("role", ["eager", "fast"])
@@ -51,8 +51,7 @@ def test_tree_step_fork_vs_reprefill(benchmark, setup, role):
     out = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     assert out.lengths == [CAP] * (K * B)
     assert role == "eager" or out.stage2_prefill_tokens == 0
-    report(benchmark, f"tree ({'re-prefill' if role == 'eager' else 'fork'})",
-           stage1_prefill=out.stage1_prefill_tokens, stage2_prefill=out.stage2_prefill_tokens,
+    report(benchmark, stage1_prefill=out.stage1_prefill_tokens, stage2_prefill=out.stage2_prefill_tokens,
            decode_rows=out.decode_rows, block_copies=out.block_copies,
            peak_kv_blocks=out.peak_kv_blocks)
 
@@ -68,5 +67,5 @@ def test_flat_eight_rollouts(benchmark, setup):
 
     benchmark.group = "tree step: fork (fast) vs re-prefill (eager)"
     out = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
-    report(benchmark, "flat 8 rollouts", prefill=out.prefill_tokens,
+    report(benchmark, prefill=out.prefill_tokens,
            decode_rows=out.decode_tokens, peak_kv_blocks=out.peak_kv_blocks)

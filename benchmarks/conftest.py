@@ -39,3 +39,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if None not in peaks and peaks[1] > 0:
                 line.append(f"memory {peaks[0] / peaks[1]:.2f}x less")
         terminalreporter.write_line(" ".join(line))
+    for bench in session.benchmarks:
+        counts = bench.extra_info.get("counts")
+        if bench.stats is not None and counts:
+            terminalreporter.write_line(f"{bench.name}: " + ", ".join(
+                f"{key} {value:,}" if isinstance(value, int) else f"{key} {value:.3f}"
+                for key, value in counts.items()))

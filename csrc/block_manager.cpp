@@ -187,6 +187,30 @@ class BlockManager {
     return tables;
   }
 
+  // Cache slot of each of the first `width` token positions of several sequences, int64
+  // [len(seq_ids), width]; positions past a sequence's end read slot 0 (callers mask them).
+  // This is the gather index of paged attention on CPU, built in one call per forward pass.
+  torch::Tensor token_slots(const std::vector<int64_t>& seq_ids, int64_t width) {
+    if (width < 0) {
+      throw pybind11::value_error("token_slots: width must be >= 0");
+    }
+    std::vector<const Sequence*> rows;
+    for (int64_t id : seq_ids) {
+      rows.push_back(&find(id));
+    }
+    auto slots = torch::zeros({static_cast<int64_t>(rows.size()), width}, torch::kInt64);
+    int64_t* out = slots.data_ptr<int64_t>();
+    for (const Sequence* seq : rows) {
+      const int64_t filled = std::min(width, seq->num_tokens);
+      for (int64_t pos = 0; pos < filled; ++pos) {
+        out[pos] = static_cast<int64_t>(seq->blocks[pos / block_size_]) * block_size_ +
+                   pos % block_size_;
+      }
+      out += width;
+    }
+    return slots;
+  }
+
   int64_t num_tokens(int64_t seq_id) { return find(seq_id).num_tokens; }
   int64_t ref_count(int64_t block) {
     if (block < 0 || block >= static_cast<int64_t>(ref_counts_.size())) {
@@ -280,6 +304,8 @@ void register_block_manager(pybind11::module& m) {
       .def("block_table", &BlockManager::block_table, pybind11::arg("seq_id"))
       .def("block_tables", &BlockManager::block_tables, pybind11::arg("seq_ids"),
            pybind11::arg("min_width") = 0)
+      .def("token_slots", &BlockManager::token_slots, pybind11::arg("seq_ids"),
+           pybind11::arg("width"))
       .def("num_tokens", &BlockManager::num_tokens, pybind11::arg("seq_id"))
       .def("ref_count", &BlockManager::ref_count, pybind11::arg("block"))
       .def("num_free_blocks", &BlockManager::num_free_blocks)

@@ -69,6 +69,20 @@ def test_append_batch_replays_copy_on_write_in_order_and_returns_slots():
     manager.check_invariants()
 
 
+def test_token_slots_are_the_gather_index_of_each_sequence():
+    manager = BlockManager(10, 4)
+    parent = manager.allocate(6)  # blocks 0, 1
+    child = manager.fork(parent, 3)
+    manager.append(child, 2)  # copy-on-write: block 0 -> 2, then positions 3, 4 (block 3)
+    table = manager.block_table(child).tolist()
+    expected = [table[p // 4] * 4 + p % 4 for p in range(5)]
+    assert manager.token_slots([parent, child], 7).tolist() == [
+        [0, 1, 2, 3, 4, 5, 0], expected + [0, 0]], "positions past the end read slot 0"
+    assert manager.token_slots([child], 2).tolist() == [expected[:2]]
+    with pytest.raises(ValueError, match="width must be >= 0"):
+        manager.token_slots([child], -1)
+
+
 def test_block_table_is_an_int32_tensor():
     manager = BlockManager(64, 16)
     seq = manager.allocate(100)

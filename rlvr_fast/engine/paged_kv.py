@@ -26,14 +26,14 @@ from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attenti
 
 @dataclass
 class AttentionPlan:
-    """One forward pass's paged attention inputs, shared by every layer: block tables [R, M]
-    int32 and context lengths [R, T] (query (r, t) sees the first context_lens[r, t] tokens).
-    On CPU also the gather the torch reference would redo per layer, done once: the slots of
-    each row's first max(context) tokens [R * width] and the key mask [R, 1, T, width] (None
-    when every row sees all ``width`` keys). CUDA leaves both None and runs the Triton kernel."""
+    """One forward pass's paged attention inputs, shared by every layer; query (r, t) sees the
+    first context_lens[r, t] tokens of row r. CUDA: block tables [R, M] int32 and context
+    lengths [R, T] for the Triton kernel. CPU: the gather the torch reference would redo per
+    layer, done once: the slots of each row's first ``width`` tokens [R * width] (one C++ call)
+    and the key mask [R, 1, T, width], None when every query sees all ``width`` keys."""
 
-    block_tables: torch.Tensor
     context_lens: torch.Tensor
+    block_tables: torch.Tensor | None = None
     slots: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
@@ -66,20 +66,22 @@ class PagedKVStorage:
         self.data[layer, 0].view(shape).index_copy_(0, slots, k)
         self.data[layer, 1].view(shape).index_copy_(0, slots, v)
 
-    def plan(self, block_tables: torch.Tensor, context_lens: torch.Tensor) -> AttentionPlan:
-        """What every layer of one forward pass attends with (see ``AttentionPlan``)."""
-        if block_tables.is_cuda:
-            return AttentionPlan(block_tables, context_lens)
-        width = int(context_lens.max())
-        positions = torch.arange(width, device=context_lens.device)
-        blocks = block_tables.long()[:, positions // self.block_size]  # [R, width]
-        slots = (blocks * self.block_size + positions % self.block_size).view(-1)
-        if context_lens.shape[1] == 1 and int(context_lens.min()) == width:
+    def plan(self, manager, seq_ids: list[int], context_lens: torch.Tensor,
+             lengths: list[int]) -> AttentionPlan:
+        """What every layer of one forward pass attends with (see ``AttentionPlan``);
+        ``lengths`` are the rows' cached token counts after this pass, as Python ints (so
+        planning needs no device sync)."""
+        if self.data.is_cuda:
+            return AttentionPlan(context_lens, manager.block_tables(seq_ids).to(self.data.device))
+        width = max(lengths)
+        slots = manager.token_slots(seq_ids, width).view(-1)
+        if context_lens.shape[1] == 1 and min(lengths) == width:
             # Rows of one length (a GRPO group decoding in step) need no key mask, which lets
             # SDPA take its unmasked kernel.
-            return AttentionPlan(block_tables, context_lens, slots)
+            return AttentionPlan(context_lens, slots=slots)
+        positions = torch.arange(width)
         mask = positions[None, None, :] < context_lens[:, :, None]  # [R, T, width]
-        return AttentionPlan(block_tables, context_lens, slots, mask[:, None])
+        return AttentionPlan(context_lens, slots=slots, mask=mask[:, None])
 
     def attend(self, layer: int, q: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
@@ -135,9 +137,9 @@ class PagedKVCache(CachePositions):
                                       device=device)
         self.device = torch.device(device)
         self.seq_ids: list[int] = []
+        self.lengths: list[int] = []
         self.seq_lens = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.next_positions = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(batch_size, 0, dtype=torch.int32, device=device)
         self.length = 0
         self.peak_blocks = 0
         self._slots: torch.Tensor | None = None
@@ -146,15 +148,15 @@ class PagedKVCache(CachePositions):
 
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Prefill: allocate each row's prompt tokens; key validity is the batch's own."""
-        lengths = valid.sum(dim=1).tolist()
-        self.seq_ids = [self.manager.allocate(n) for n in lengths]
-        self.seq_lens = torch.tensor(lengths, device=self.device)
-        self._refresh_tables()
-        # Slots of every real prompt token, in the row-major order of valid's True entries.
-        positions = (valid.long().cumsum(dim=1) - 1)[valid]
-        rows = valid.nonzero()[:, 0]
-        blocks = self.block_tables[rows, positions // self.manager.block_size].long()
-        self._slots = blocks * self.manager.block_size + positions % self.manager.block_size
+        self.lengths = valid.sum(dim=1).tolist()
+        self.seq_ids = [self.manager.allocate(n) for n in self.lengths]
+        self.seq_lens = torch.tensor(self.lengths, device=self.device)
+        self._track_peak()
+        # Slots of every real prompt token, in the row-major order of valid's True entries
+        # (left padding: row r's n_r tokens are its first n_r positions).
+        slots = self.manager.token_slots(self.seq_ids, max(self.lengths))
+        real = torch.arange(slots.shape[1])[None, :] < torch.tensor(self.lengths)[:, None]
+        self._slots = slots[real].to(self.device)
         self._prefill_valid = valid
         return valid
 
@@ -165,8 +167,10 @@ class PagedKVCache(CachePositions):
         self._slots = slots.view(-1).to(self.device)
         self._prefill_valid = None
         self.seq_lens += 1
-        self._refresh_tables()
-        self._plan = self.storage.plan(self.block_tables, self.seq_lens[:, None])
+        self.lengths = [n + 1 for n in self.lengths]
+        self._track_peak()
+        self._plan = self.storage.plan(self.manager, self.seq_ids, self.seq_lens[:, None],
+                                       self.lengths)
         return None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -184,12 +188,11 @@ class PagedKVCache(CachePositions):
         for index in set(range(len(self.seq_ids))) - set(keep):
             self.manager.free(self.seq_ids[index])
         self.seq_ids = [self.seq_ids[i] for i in keep]
+        self.lengths = [self.lengths[i] for i in keep]
         self.seq_lens = self.seq_lens.index_select(0, rows)
         self.next_positions = self.next_positions.index_select(0, rows)
-        self.block_tables = self.block_tables.index_select(0, rows)
 
-    def _refresh_tables(self) -> None:
-        self.block_tables = self.manager.block_tables(self.seq_ids).to(self.device)
+    def _track_peak(self) -> None:
         in_use = self.manager.num_blocks - self.manager.num_free_blocks()
         self.peak_blocks = max(self.peak_blocks, in_use)
 
@@ -272,16 +275,17 @@ class PagedSequences:
         # Padding queries repeat their row's last position, so every query sees >= 1 key.
         positions = torch.tensor(starts)[:, None] + torch.minimum(offsets[None, :],
                                                                   count_t[:, None] - 1)
-        tables = self.manager.block_tables(seqs)
+        after = [start + count for start, count in zip(starts, counts)]
         if slots is None:
-            rows = valid.nonzero()[:, 0]
-            real = positions[valid]
-            blocks = tables.long()[rows, real // self.block_size]
-            slots = blocks * self.block_size + real % self.block_size
+            # Row r's new tokens sit at positions start_r .. start_r + count_r - 1.
+            everything = self.manager.token_slots(seqs, max(after))
+            columns = torch.arange(everything.shape[1])[None, :]
+            new = (columns >= torch.tensor(starts)[:, None]) & (columns < torch.tensor(after)[:, None])
+            slots = everything[new]
         self._slots = slots.to(self.device)
         self._valid = valid.to(self.device) if width > 1 else None
+        self._plan = self.storage.plan(self.manager, seqs, (positions + 1).to(self.device), after)
         positions = positions.to(self.device)
-        self._plan = self.storage.plan(tables.to(self.device), positions + 1)
         self.length = max(starts)
         hidden = self.model.model(ids.to(self.device), positions, None, self)
         for seq, count in zip(seqs, counts):
