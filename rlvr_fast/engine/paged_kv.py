@@ -39,11 +39,15 @@ class AttentionPlan:
 
 
 class PagedKVStorage:
+    """``use_triton``: attend with the Triton kernels reading blocks in place (the default on
+    CUDA); a CPU storage can turn it on to run them under TRITON_INTERPRET=1 (tests do)."""
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
         self.block_size = block_size
         self.data = torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
                                 dtype=dtype, device=device)
+        self.use_triton = self.data.is_cuda
 
     def keys(self, layer: int) -> torch.Tensor:
         return self.data[layer, 0]
@@ -71,8 +75,14 @@ class PagedKVStorage:
         """What every layer of one forward pass attends with (see ``AttentionPlan``);
         ``lengths`` are the rows' cached token counts after this pass, as Python ints (so
         planning needs no device sync)."""
-        if self.data.is_cuda:
-            return AttentionPlan(context_lens, manager.block_tables(seq_ids).to(self.data.device))
+        if self.use_triton:
+            # The kernel's block loop bound is a compile-time constant: round the table width up
+            # to a power of two so a growing batch compiles a handful of variants, not one per
+            # block count (columns past a row's length are never read).
+            blocks = -(-max(lengths) // self.block_size)
+            width = 1 << max(blocks - 1, 0).bit_length()
+            tables = manager.block_tables(seq_ids, width)
+            return AttentionPlan(context_lens, tables.to(self.data.device))
         width = max(lengths)
         slots = manager.token_slots(seq_ids, width).view(-1)
         if context_lens.shape[1] == 1 and min(lengths) == width:
@@ -86,13 +96,15 @@ class PagedKVStorage:
     def attend(self, layer: int, q: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
         ``plan.context_lens[r, t]`` tokens."""
-        if q.is_cuda:
+        if self.use_triton:
             if q.shape[2] == 1:
                 out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer),
-                                      plan.block_tables, plan.context_lens[:, 0], check=False)
+                                      plan.block_tables, plan.context_lens[:, 0],
+                                      backend="triton", check=False)
                 return out.unsqueeze(2)
             return paged_prefill_attention(q, self.keys(layer), self.values(layer),
-                                           plan.block_tables, plan.context_lens, check=False)
+                                           plan.block_tables, plan.context_lens,
+                                           backend="triton", check=False)
         rows, q_heads = q.shape[:2]
         kv_heads, head_dim = self.data.shape[-2:]
         flat = self.data.shape[2] * self.block_size
