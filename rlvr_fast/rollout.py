@@ -91,7 +91,13 @@ class TreeRollout:
 
     @property
     def prefix_lens(self) -> list[int]:
+        """tau_k per pair."""
         return [pair.prefix_len for pair in self.pairs]
+
+    @property
+    def leaf_prefix_lens(self) -> list[int]:
+        """The shared-prefix length of every leaf, in leaf order."""
+        return [pair.prefix_len for pair in self.pairs for _ in pair.leaves]
 
     @property
     def prefill_tokens(self) -> int:
@@ -145,8 +151,10 @@ def sample_tree_ids(model, prompt_ids: Sequence[int], *, eos_token_ids: Sequence
     def causal_stop(length: int, token: int) -> bool:
         return length >= t_max or (length >= t_min and token in newline)
 
+    # Roots stay cached until Stage 2 has forked them (a midpoint split forks a finished one).
     root_tokens, root_reasons = _sample_rows(seqs, roots, logits, params, generator, eos,
-                                             [max_new_tokens] * k, causal_stop)
+                                             [max_new_tokens] * k, causal_stop,
+                                             free_finished=False)
     stage1_prefill = seqs.prefill_tokens
 
     # Stage 2: plan every pair's branches, fork (or re-prefill) the ones that continue.
@@ -168,12 +176,10 @@ def sample_tree_ids(model, prompt_ids: Sequence[int], *, eos_token_ids: Sequence
     if starts:
         budgets = [max_new_tokens - len(prefix) for _, _, prefix in starts]
         continuations, reasons = _sample_rows(seqs, children, logits, params, generator, eos,
-                                              budgets, None)
+                                              budgets, None, free_finished=True)
     for (pair, branch, prefix), tokens, reason in zip(starts, continuations, reasons):
         plans[pair].leaves[branch] = prefix + tokens
         plans[pair].finish_reasons[branch] = reason
-    for seq in children:
-        seqs.free(seq)
 
     pairs = [TreePair(category=plan.category, prefix_len=plan.prefix_len, root_tokens=tokens,
                       leaves=plan.leaves, finish_reasons=plan.finish_reasons,
@@ -232,9 +238,10 @@ def find_midpoint_boundary(tokens: Sequence[int], newline: frozenset[int]) -> in
 
 def _sample_rows(seqs: PagedSequences, rows: list[int], logits: torch.Tensor,
                  params: SamplingParams, generator, eos: frozenset[int], budgets: list[int],
-                 stop) -> tuple[list[list[int]], list[str]]:
+                 stop, *, free_finished: bool) -> tuple[list[list[int]], list[str]]:
     """Sample every row until EOS, its token budget, or ``stop(length, token)``; a finished row
-    leaves the batch at once. ``logits`` [len(rows), V] are those for each row's next token."""
+    leaves the batch at once (and frees its blocks, with ``free_finished``). ``logits``
+    [len(rows), V] are those for each row's next token."""
     tokens: list[list[int]] = [[] for _ in rows]
     reasons = [""] * len(rows)
     active = list(range(len(rows)))
@@ -252,6 +259,9 @@ def _sample_rows(seqs: PagedSequences, rows: list[int], logits: torch.Tensor,
                 reasons[index] = FINISH_SPLIT
             else:
                 running.append(index)
+                continue
+            if free_finished:
+                seqs.free(rows[index])
         active = running
         if active:
             logits = seqs.decode([rows[i] for i in active], [tokens[i][-1] for i in active])
