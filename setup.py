@@ -19,8 +19,13 @@ def cpp_extension():
 
     # -ffp-contract=off: the compiler may fuse no multiply-add that torch does not fuse, or the
     # zero-gradient AdamW kernel stops being bitwise equal to torch.optim.AdamW.
+    # -fopenmp: at::parallel_for is a header template that runs its loop through
+    # `#pragma omp parallel` when torch is built with OpenMP; without the flag the pragma is
+    # ignored and every "parallel" loop silently runs on one thread.
     extension = CppExtension("rlvr_fast._C", CPP_SOURCES,
-                             extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off"])
+                             extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off",
+                                                 "-fopenmp"],
+                             extra_link_args=["-fopenmp"])
     return [extension], {"build_ext": BuildExtension}
 
 
