@@ -9,7 +9,8 @@ results_dir=${1:-${OUT:-benchmarks/results}}
 mkdir -p "$results_dir"
 pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
 
-CUDA_TESTS=(tests/test_weighted_nll.py tests/test_paged_attention.py tests/test_zero_grad_adamw.py)
+CUDA_TESTS=(tests/test_weighted_nll.py tests/test_paged_attention.py tests/test_zero_grad_adamw.py
+            tests/test_sampler.py)
 CUDA_BENCHMARKS=(benchmarks/bench_weighted_nll.py benchmarks/bench_zero_grad_adamw.py
                  benchmarks/bench_paged_kv.py benchmarks/bench_tree_rollout.py)
 
