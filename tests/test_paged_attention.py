@@ -10,7 +10,7 @@ from rlvr_fast._C import BlockManager
 from rlvr_fast.engine.paged_kv import PagedKVStorage
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
-BACKENDS = ["torch", "triton"] if not torch.cuda.is_available() else ["triton"]
+BACKENDS = ["torch", "triton", "cpp"] if not torch.cuda.is_available() else ["triton"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -189,24 +189,30 @@ def test_paged_sequences_branch_a_running_sequence(model):
     seqs.manager.check_invariants()
 
 
-def test_kernel_path_of_the_paged_caches_matches_the_gather_path(model):
-    """The Triton path (kernels reading blocks in place, power-of-two block tables) — on CUDA
-    when there is one, else on CPU under TRITON_INTERPRET=1 — gives the CPU gather path's logits
-    for a prefill, a decode, a prefix fork with a suffix prefill, and a batched decode."""
+@pytest.mark.parametrize("path", ["triton", "gather"])
+def test_attention_paths_of_the_paged_caches_agree(model, path):
+    """The C++ CPU kernel (float32, the default on CPU) against the other two paths: the
+    Triton kernels (on CUDA when there is one, else on CPU under TRITON_INTERPRET=1; power-of-two
+    block tables) and the torch gather with key masks (other dtypes: a float64 copy of the
+    model). Prefill, decode, a prefix fork with a suffix prefill, and a batched decode."""
     import copy
 
     from rlvr_fast.engine.paged_kv import PagedSequences
 
     logits = []
-    for use_triton in (False, True):
-        device = "cuda" if use_triton and torch.cuda.is_available() else "cpu"
-        seqs = PagedSequences(copy.deepcopy(model).to(device), 32, block_size=4)
-        seqs.storage.use_triton = use_triton
+    for other in (False, True):
+        candidate = copy.deepcopy(model)
+        if other and path == "triton" and torch.cuda.is_available():
+            candidate = candidate.to("cuda")
+        if other and path == "gather":
+            candidate = candidate.double()
+        seqs = PagedSequences(candidate, 32, block_size=4)
+        seqs.storage.use_triton = other and path == "triton"
         root = seqs.new()
         out = [seqs.prefill([root], [[5, 6, 7, 8, 9]])]
         out.append(seqs.decode([root], [11]))
         branch = seqs.fork(root, 4)
-        out.append(seqs.prefill([branch], [[9, 12, 13]]))
+        out.append(seqs.prefill([branch, seqs.new()], [[9, 12, 13], [3]]))
         out.append(seqs.decode([root, branch], [14, 15]))
-        logits.append(torch.cat(out).cpu())
+        logits.append(torch.cat(out).cpu().float())
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)

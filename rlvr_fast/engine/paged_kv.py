@@ -27,10 +27,10 @@ from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attenti
 @dataclass
 class AttentionPlan:
     """One forward pass's paged attention inputs, shared by every layer; query (r, t) sees the
-    first context_lens[r, t] tokens of row r. CUDA: block tables [R, M] int32 and context
-    lengths [R, T] for the Triton kernel. CPU: the gather the torch reference would redo per
-    layer, done once: the slots of each row's first ``width`` tokens [R * width] (one C++ call)
-    and the key mask [R, 1, T, width], None when every query sees all ``width`` keys."""
+    first context_lens[r, t] tokens of row r. CUDA: block tables [R, M] int32 for the Triton
+    kernel. CPU: the slots of each row's first ``width`` tokens [R, width] (one C++ call), which
+    the C++ kernel reads through (float32) or the torch reference gathers (other dtypes, with
+    the key mask [R, 1, T, width], None when every query sees all ``width`` keys)."""
 
     context_lens: torch.Tensor
     block_tables: torch.Tensor | None = None
@@ -48,6 +48,9 @@ class PagedKVStorage:
         self.data = torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
                                 dtype=dtype, device=device)
         self.use_triton = self.data.is_cuda
+        from rlvr_fast._C import paged_attention_cpu  # built with the block manager
+
+        self._cpu_kernel = paged_attention_cpu
 
     def keys(self, layer: int) -> torch.Tensor:
         return self.data[layer, 0]
@@ -84,10 +87,11 @@ class PagedKVStorage:
             tables = manager.block_tables(seq_ids, width)
             return AttentionPlan(context_lens, tables.to(self.data.device))
         width = max(lengths)
-        slots = manager.token_slots(seq_ids, width).view(-1)
-        if context_lens.shape[1] == 1 and min(lengths) == width:
-            # Rows of one length (a GRPO group decoding in step) need no key mask, which lets
-            # SDPA take its unmasked kernel.
+        slots = manager.token_slots(seq_ids, width)
+        if self.data.dtype == torch.float32 or (context_lens.shape[1] == 1
+                                                and min(lengths) == width):
+            # The C++ kernel reads context_lens itself; rows of one length (a GRPO group
+            # decoding in step) need no key mask, which lets SDPA take its unmasked kernel.
             return AttentionPlan(context_lens, slots=slots)
         positions = torch.arange(width)
         mask = positions[None, None, :] < context_lens[:, :, None]  # [R, T, width]
@@ -105,11 +109,15 @@ class PagedKVStorage:
             return paged_prefill_attention(q, self.keys(layer), self.values(layer),
                                            plan.block_tables, plan.context_lens,
                                            backend="triton", check=False)
+        if self.data.dtype == torch.float32:
+            return self._cpu_kernel(q, self.keys(layer), self.values(layer), plan.slots,
+                                    plan.context_lens)
         rows, q_heads = q.shape[:2]
         kv_heads, head_dim = self.data.shape[-2:]
         flat = self.data.shape[2] * self.block_size
-        k = self.data[layer, 0].view(flat, kv_heads, head_dim).index_select(0, plan.slots)
-        v = self.data[layer, 1].view(flat, kv_heads, head_dim).index_select(0, plan.slots)
+        slots = plan.slots.view(-1)
+        k = self.data[layer, 0].view(flat, kv_heads, head_dim).index_select(0, slots)
+        v = self.data[layer, 1].view(flat, kv_heads, head_dim).index_select(0, slots)
         k = k.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
         v = v.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask,

@@ -1,8 +1,9 @@
 """``paged_attention``: one decode query per sequence against a paged KV cache;
 ``paged_prefill_attention``: a suffix of new tokens per sequence on top of its cached blocks.
 
-CUDA tensors use the Triton kernel, CPU tensors the torch reference (gather); ``backend=``
-overrides (tests run the kernel on CPU under TRITON_INTERPRET=1). Shapes and semantics are
+CUDA tensors use the Triton kernel; float32 CPU tensors the C++ kernel (``csrc/paged_attention.cpp``,
+reads blocks in place), other CPU tensors the torch reference (gather); ``backend=`` overrides
+(tests run the Triton kernel on CPU under TRITON_INTERPRET=1). Shapes and semantics are
 documented in ``rlvr_fast.kernels.paged_attention``.
 """
 
@@ -14,9 +15,34 @@ from rlvr_fast.kernels.paged_attention import (
     paged_attention_reference, paged_attention_triton, paged_prefill_attention_reference,
     paged_prefill_attention_triton)
 
-BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton}
+
+
+def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens):
+    """The C++ CPU kernel, given block tables: it reads through token slots, built here."""
+    from rlvr_fast._C import paged_attention_cpu
+
+    block_size = k_cache.shape[1]
+    positions = torch.arange(block_tables.shape[1] * block_size, device=q.device)
+    slots = block_tables.long()[:, positions // block_size] * block_size + positions % block_size
+    return paged_attention_cpu(q, k_cache, v_cache, slots, context_lens.long())
+
+
+def paged_attention_cpp(q, k_cache, v_cache, block_tables, seq_lens):
+    out = paged_prefill_attention_cpp(q[:, :, None], k_cache, v_cache, block_tables,
+                                      seq_lens[:, None])
+    return out[:, :, 0]
+
+
+BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton,
+            "cpp": paged_attention_cpp}
 PREFILL_BACKENDS = {"torch": paged_prefill_attention_reference,
-                    "triton": paged_prefill_attention_triton}
+                    "triton": paged_prefill_attention_triton, "cpp": paged_prefill_attention_cpp}
+
+
+def default_backend(q: torch.Tensor, k_cache: torch.Tensor) -> str:
+    if q.is_cuda:
+        return "triton"
+    return "cpp" if q.dtype == k_cache.dtype == torch.float32 else "torch"
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -28,7 +54,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``check=False`` skips the input checks (they read seq_lens, a device sync on CUDA); the
     paged cache, which builds its own inputs, uses it on every decode step.
     """
-    backend = backend or ("triton" if q.is_cuda else "torch")
+    backend = backend or default_backend(q, k_cache)
     if check:
         _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend)
     return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
@@ -40,7 +66,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """q [R, Hq, T, D] (T new tokens per row, their keys and values already in the cache);
     block_tables [R, M] int32; context_lens [R, T]: query (r, t) attends to the first
     context_lens[r, t] tokens of row r (each >= 1). Returns [R, Hq, T, D] in q's dtype."""
-    backend = backend or ("triton" if q.is_cuda else "torch")
+    backend = backend or default_backend(q, k_cache)
     if check:
         if q.dim() != 4 or context_lens.shape != (q.shape[0], q.shape[2]):
             raise ValueError(f"q must be [R, Hq, T, D] and context_lens [R, T], got "

@@ -1,0 +1,148 @@
+// Paged attention on CPU reading keys and values in place: no gathered copy of a sequence's KV.
+//
+// q [R, Hq, T, D] float32; k_cache, v_cache [num_blocks, block_size, Hkv, D] float32; slots
+// [R, W] int64, the cache slot (block * block_size + offset) of each of row r's first W tokens;
+// context_lens [R, T] int64: query (r, t) attends to the first context_lens[r, t] tokens of row r
+// (decode: T = 1; prefill of a suffix: each query's own position + 1). Query head h reads KV
+// head h / (Hq / Hkv) (GQA); scale 1 / sqrt(D). Per (row, query, head): scores, max, exp,
+// normaliser and the weighted sum of values in float32; tasks run in parallel with
+// at::parallel_for. An AVX2 + FMA version is chosen at run time when D is a multiple of 8.
+// The result equals the torch reference (gather + SDPA) up to float32 rounding, not bitwise.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+struct HeadTask {
+  const float* q;         // [D]
+  const float* keys;      // cache base, already offset to this KV head
+  const float* values;    // likewise
+  const int64_t* slots;   // [W] of this row
+  int64_t length;         // keys to attend to
+  int64_t slot_stride;    // floats between consecutive slots (Hkv * D)
+  int64_t dim;            // D
+  float scale;
+  float* out;             // [D]
+};
+
+// Softmax over the scores in place; returns the normaliser.
+float softmax_numerators(float* scores, int64_t length) {
+  float top = -INFINITY;
+  for (int64_t w = 0; w < length; ++w) top = std::max(top, scores[w]);
+  float sum = 0.0f;
+  for (int64_t w = 0; w < length; ++w) {
+    scores[w] = std::exp(scores[w] - top);
+    sum += scores[w];
+  }
+  return sum;
+}
+
+void attend_head_baseline(const HeadTask& t, float* scores) {
+  for (int64_t w = 0; w < t.length; ++w) {
+    const float* key = t.keys + t.slots[w] * t.slot_stride;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < t.dim; ++i) dot += t.q[i] * key[i];
+    scores[w] = dot * t.scale;
+  }
+  const float sum = softmax_numerators(scores, t.length);
+  for (int64_t i = 0; i < t.dim; ++i) t.out[i] = 0.0f;
+  for (int64_t w = 0; w < t.length; ++w) {
+    const float* value = t.values + t.slots[w] * t.slot_stride;
+    for (int64_t i = 0; i < t.dim; ++i) t.out[i] += scores[w] * value[i];
+  }
+  for (int64_t i = 0; i < t.dim; ++i) t.out[i] /= sum;
+}
+
+__attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, float* scores) {
+  for (int64_t w = 0; w < t.length; ++w) {
+    const float* key = t.keys + t.slots[w] * t.slot_stride;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < t.dim; i += 8) {
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(t.q + i), _mm256_loadu_ps(key + i), acc);
+    }
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_add_ss(half, _mm_shuffle_ps(half, half, 1));
+    scores[w] = _mm_cvtss_f32(half) * t.scale;
+  }
+  const __m256 sum = _mm256_set1_ps(softmax_numerators(scores, t.length));
+  for (int64_t i = 0; i < t.dim; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t w = 0; w < t.length; ++w) {
+      const float* value = t.values + t.slots[w] * t.slot_stride;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[w]), _mm256_loadu_ps(value + i), acc);
+    }
+    _mm256_storeu_ps(t.out + i, _mm256_div_ps(acc, sum));
+  }
+}
+
+torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                  torch::Tensor slots, torch::Tensor context_lens) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 4,
+              "paged_attention_cpu: q must be a float32 CPU tensor [R, Hq, T, D]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+                  k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "paged_attention_cpu: k_cache and v_cache must be float32 [N, block_size, Hkv, D]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
+              "paged_attention_cpu: slots and context_lens must be int64");
+  const int64_t rows = q.size(0), q_heads = q.size(1), tokens = q.size(2), dim = q.size(3);
+  const int64_t kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == dim && q_heads % kv_heads == 0,
+              "paged_attention_cpu: head_dim mismatch or query heads not a multiple of KV heads");
+  TORCH_CHECK(slots.dim() == 2 && slots.size(0) == rows && context_lens.dim() == 2 &&
+                  context_lens.size(0) == rows && context_lens.size(1) == tokens,
+              "paged_attention_cpu: slots must be [R, W] and context_lens [R, T]");
+  q = q.contiguous();
+  k_cache = k_cache.contiguous();
+  v_cache = v_cache.contiguous();
+  slots = slots.contiguous();
+  context_lens = context_lens.contiguous();
+  const int64_t width = slots.size(1);
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows * tokens; ++i) {
+    TORCH_CHECK(lens[i] >= 1 && lens[i] <= width,
+                "paged_attention_cpu: every context length must lie in [1, W]");
+  }
+  auto out = torch::empty_like(q);
+  static const bool has_avx2_fma =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const auto attend_head = has_avx2_fma && dim % 8 == 0 ? attend_head_avx2 : attend_head_baseline;
+  const float* q_data = q.data_ptr<float>();
+  const float* k_data = k_cache.data_ptr<float>();
+  const float* v_data = v_cache.data_ptr<float>();
+  const int64_t* slot_data = slots.data_ptr<int64_t>();
+  float* out_data = out.data_ptr<float>();
+  const int64_t group = q_heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  // One task per (row, query head, query token); q and out are [R, Hq, T, D].
+  at::parallel_for(0, rows * q_heads * tokens, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scores(width);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t row = task / (q_heads * tokens);
+      const int64_t head = task / tokens % q_heads;
+      const int64_t token = task % tokens;
+      const int64_t kv_head = head / group;
+      HeadTask t{q_data + task * dim, k_data + kv_head * dim, v_data + kv_head * dim,
+                 slot_data + row * width, lens[row * tokens + token], kv_heads * dim, dim, scale,
+                 out_data + task * dim};
+      attend_head(t, scores.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+void register_paged_attention(pybind11::module& m) {
+  m.def("paged_attention_cpu", &paged_attention_cpu, pybind11::arg("q"),
+        pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("slots"),
+        pybind11::arg("context_lens"),
+        "Paged attention on CPU, float32, reading keys and values in place through token slots");
+}
