@@ -111,45 +111,20 @@ class BlockManager {
     if (num_tokens < 0) {
       throw pybind11::value_error("append_batch: num_tokens must be >= 0");
     }
-    // Count the blocks the whole batch needs, replaying the copy-on-write decisions in order:
-    // when two forks share a partial last block, the first copies it and the second then
-    // holds it alone.
-    std::unordered_map<int32_t, int64_t> released;
-    std::unordered_map<int64_t, bool> seen;
-    int64_t needed = 0;
-    for (int64_t id : seq_ids) {
-      if (seen[id]) {
-        throw pybind11::value_error("append_batch: sequence " + std::to_string(id) +
-                                    " appears twice");
-      }
-      seen[id] = true;
-      const Sequence& seq = find(id);
-      const int64_t new_total = seq.num_tokens + num_tokens;
-      if (num_tokens > 0 && seq.num_tokens % block_size_ != 0) {
-        const int32_t last = seq.blocks.back();
-        if (ref_counts_[last] - released[last] > 1) {
-          ++released[last];
-          ++needed;
-        }
-      }
-      needed += blocks_for(new_total) - static_cast<int64_t>(seq.blocks.size());
+    auto result = append_rows(seq_ids, std::vector<int64_t>(seq_ids.size(), num_tokens),
+                              "append_batch");
+    result.second = result.second.view({static_cast<int64_t>(seq_ids.size()), num_tokens});
+    return result;
+  }
+
+  // append(seq_ids[i], counts[i]) for every i in order, all or nothing; the slots of all new
+  // tokens, row after row, as one flat int64 tensor [sum(counts)].
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_many(
+      const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts) {
+    if (counts.size() != seq_ids.size()) {
+      throw pybind11::value_error("append_many: one count per sequence");
     }
-    require_free(needed, "append_batch");
-    std::vector<std::pair<int32_t, int32_t>> copies;
-    auto slots = torch::empty({static_cast<int64_t>(seq_ids.size()), num_tokens}, torch::kInt64);
-    int64_t* slot = slots.data_ptr<int64_t>();
-    for (int64_t id : seq_ids) {
-      Sequence& seq = sequences_.find(id)->second;
-      const int64_t start = seq.num_tokens;
-      for (const auto& copy : append(id, num_tokens)) {
-        copies.push_back(copy);
-      }
-      for (int64_t pos = start; pos < start + num_tokens; ++pos) {
-        *slot++ = static_cast<int64_t>(seq.blocks[pos / block_size_]) * block_size_ +
-                  pos % block_size_;
-      }
-    }
-    return {copies, slots};
+    return append_rows(seq_ids, counts, "append_many");
   }
 
   void free(int64_t seq_id) {
@@ -251,6 +226,55 @@ class BlockManager {
   }
 
  private:
+  // The all-or-nothing append of append_batch and append_many; `op` names the caller in errors.
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_rows(
+      const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts, const char* op) {
+    // Count the blocks the whole batch needs, replaying the copy-on-write decisions in order:
+    // when two forks share a partial last block, the first copies it and the second then
+    // holds it alone.
+    std::unordered_map<int32_t, int64_t> released;
+    std::unordered_map<int64_t, bool> seen;
+    int64_t needed = 0;
+    int64_t total = 0;
+    for (size_t i = 0; i < seq_ids.size(); ++i) {
+      const int64_t id = seq_ids[i];
+      if (counts[i] < 0) {
+        throw pybind11::value_error(std::string(op) + ": counts must be >= 0");
+      }
+      if (seen[id]) {
+        throw pybind11::value_error(std::string(op) + ": sequence " + std::to_string(id) +
+                                    " appears twice");
+      }
+      seen[id] = true;
+      const Sequence& seq = find(id);
+      if (counts[i] > 0 && seq.num_tokens % block_size_ != 0) {
+        const int32_t last = seq.blocks.back();
+        if (ref_counts_[last] - released[last] > 1) {
+          ++released[last];
+          ++needed;
+        }
+      }
+      needed += blocks_for(seq.num_tokens + counts[i]) - static_cast<int64_t>(seq.blocks.size());
+      total += counts[i];
+    }
+    require_free(needed, op);
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    auto slots = torch::empty({total}, torch::kInt64);
+    int64_t* slot = slots.data_ptr<int64_t>();
+    for (size_t i = 0; i < seq_ids.size(); ++i) {
+      Sequence& seq = sequences_.find(seq_ids[i])->second;
+      const int64_t start = seq.num_tokens;
+      for (const auto& copy : append(seq_ids[i], counts[i])) {
+        copies.push_back(copy);
+      }
+      for (int64_t pos = start; pos < start + counts[i]; ++pos) {
+        *slot++ = static_cast<int64_t>(seq.blocks[pos / block_size_]) * block_size_ +
+                  pos % block_size_;
+      }
+    }
+    return {copies, slots};
+  }
+
   int64_t blocks_for(int64_t num_tokens) const {
     return (num_tokens + block_size_ - 1) / block_size_;
   }
@@ -299,6 +323,8 @@ void register_block_manager(pybind11::module& m) {
       .def("append", &BlockManager::append, pybind11::arg("seq_id"), pybind11::arg("num_tokens"))
       .def("append_batch", &BlockManager::append_batch, pybind11::arg("seq_ids"),
            pybind11::arg("num_tokens") = 1)
+      .def("append_many", &BlockManager::append_many, pybind11::arg("seq_ids"),
+           pybind11::arg("counts"))
       .def("fork", &BlockManager::fork, pybind11::arg("seq_id"), pybind11::arg("num_tokens") = -1)
       .def("free", &BlockManager::free, pybind11::arg("seq_id"))
       .def("block_table", &BlockManager::block_table, pybind11::arg("seq_id"))

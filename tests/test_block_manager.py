@@ -69,6 +69,23 @@ def test_append_batch_replays_copy_on_write_in_order_and_returns_slots():
     manager.check_invariants()
 
 
+def test_append_many_takes_a_count_per_sequence_all_or_nothing():
+    manager = BlockManager(6, 4)
+    first, second = manager.allocate(3), manager.allocate(4)
+    copies, slots = manager.append_many([first, second], [2, 5])
+    # first: slot 3 of block 0, then block 2; second: blocks 3 and 4 after its full block 1
+    assert copies == [] and slots.tolist() == [3, 8, 12, 13, 14, 15, 16]
+    assert (manager.num_tokens(first), manager.num_tokens(second)) == (5, 9)
+    before = manager.block_tables([first, second]).tolist(), manager.num_free_blocks()
+    with pytest.raises(RuntimeError, match="append_many: out of KV blocks"):
+        manager.append_many([first, second], [1, 20])
+    assert (manager.block_tables([first, second]).tolist(), manager.num_free_blocks()) == before
+    assert manager.num_tokens(first) == 5, "the first row's append was not kept"
+    with pytest.raises(ValueError, match="one count per sequence"):
+        manager.append_many([first], [1, 2])
+    manager.check_invariants()
+
+
 def test_token_slots_are_the_gather_index_of_each_sequence():
     manager = BlockManager(10, 4)
     parent = manager.allocate(6)  # blocks 0, 1

@@ -269,16 +269,15 @@ class PagedSequences:
     def prefill(self, seqs: list[int], token_lists: list[list[int]]) -> torch.Tensor:
         if any(not tokens for tokens in token_lists):
             raise ValueError("prefill: every sequence needs at least one new token")
-        copies = [c for seq, tokens in zip(seqs, token_lists)
-                  for c in self.manager.append(seq, len(tokens))]
+        copies, slots = self.manager.append_many(seqs, [len(t) for t in token_lists])
         self.prefill_tokens += sum(len(tokens) for tokens in token_lists)
-        return self._forward(seqs, token_lists, copies, slots=None)
+        return self._forward(seqs, token_lists, copies, slots)
 
     @torch.inference_mode()
     def decode(self, seqs: list[int], tokens: list[int]) -> torch.Tensor:
         copies, slots = self.manager.append_batch(seqs, 1)
         self.decode_rows += len(seqs)
-        return self._forward(seqs, [[t] for t in tokens], copies, slots=slots.view(-1))
+        return self._forward(seqs, [[t] for t in tokens], copies, slots.view(-1))
 
     def _forward(self, seqs, token_lists, copies, slots) -> torch.Tensor:
         self.storage.copy_blocks(copies)
@@ -296,12 +295,7 @@ class PagedSequences:
         positions = torch.tensor(starts)[:, None] + torch.minimum(offsets[None, :],
                                                                   count_t[:, None] - 1)
         after = [start + count for start, count in zip(starts, counts)]
-        if slots is None:
-            # Row r's new tokens sit at positions start_r .. start_r + count_r - 1.
-            everything = self.manager.token_slots(seqs, max(after))
-            columns = torch.arange(everything.shape[1])[None, :]
-            new = (columns >= torch.tensor(starts)[:, None]) & (columns < torch.tensor(after)[:, None])
-            slots = everything[new]
+        # slots: every new token's cache slot, row after row (the order of k[valid] below).
         self._slots = slots.to(self.device)
         self._valid = valid.to(self.device) if width > 1 else None
         self._plan = self.storage.plan(self.manager, seqs, (positions + 1).to(self.device), after)
