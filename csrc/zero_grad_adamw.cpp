@@ -57,8 +57,10 @@ void block_sqrt<float>(float* values, int64_t count) {
 }
 
 // Each block costs one at::sqrt_out per step (a TensorIterator built each time), so blocks are
-// large; the four float blocks (128 KiB) still stay in L2.
-constexpr int64_t kBlock = 8192;
+// large: the four float buffers (512 KiB per thread, on the heap) still sit in this machine's
+// 2 MiB of L2 per core. Measured on 50M fp32 params, 2 threads: 8,192 -> 82 ms, 32,768 -> 60 ms,
+// 65,536 -> 66 ms per step.
+constexpr int64_t kBlock = 32768;
 
 // One block of k steps, on (p, m, v) already in float. Always inlined into the two entry points
 // below, so that it is compiled once for the baseline ISA, where std::fma is a call to libm's
@@ -106,7 +108,11 @@ void zero_grad_steps(T* param, T* exp_avg, T* exp_avg_sq, int64_t numel, float l
   const auto advance = has_avx2_fma ? advance_block_avx2<T> : advance_block_baseline<T>;
   const int64_t blocks = (numel + kBlock - 1) / kBlock;
   at::parallel_for(0, blocks, 1, [&](int64_t first_block, int64_t end_block) {
-    float p[kBlock], m[kBlock], v[kBlock], d[kBlock];
+    std::vector<float> buffer(4 * kBlock);
+    float* p = buffer.data();
+    float* m = p + kBlock;
+    float* v = m + kBlock;
+    float* d = v + kBlock;
     for (int64_t block = first_block; block < end_block; ++block) {
       const int64_t start = block * kBlock;
       const int64_t count = std::min(kBlock, numel - start);
