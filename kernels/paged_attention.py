@@ -128,6 +128,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     decode query carrying its row's block table and its own context length."""
     rows, q_heads, tokens, head_dim = q.shape
     flat_q = q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim)
-    tables = block_tables.repeat_interleave(tokens, dim=0)
+    # One query per row (decode) uses the tables as they are.
+    tables = block_tables if tokens == 1 else block_tables.repeat_interleave(tokens, dim=0)
     out = paged_attention_triton(flat_q, k_cache, v_cache, tables, context_lens.reshape(-1))
     return out.view(rows, tokens, q_heads, head_dim).transpose(1, 2)

@@ -80,8 +80,9 @@ def _check_optimizer(optimizer, steps: int, lrs) -> None:
         if group.get("foreach") and any(p.device.type == "cpu" for p in group["params"]):
             raise ValueError("zero_grad_adamw_ matches the single-tensor CPU path; "
                              "AdamW(foreach=True) on CPU is not supported")
+        runs_foreach = _runs_foreach(group)
         folded = [p for p in group["params"]
-                  if p.device.type == "cpu" or (p.device.type == "cuda" and _runs_foreach(group))]
+                  if p.device.type == "cpu" or (p.device.type == "cuda" and runs_foreach)]
         for param in folded:
             if param.dtype not in (torch.float32, torch.bfloat16):
                 raise ValueError(f"zero_grad_adamw_ supports float32 and bfloat16 parameters, "

@@ -40,11 +40,10 @@ import torch
 
 from rlvr_fast.engine.paged_kv import PagedSequences
 from rlvr_fast.engine.sampler import FINISH_CAP, FINISH_EOS, SamplingParams, next_tokens
+from rlvr_fast.ledger import EARLY_EOS_GT104_MIN_LENGTH
 
 EARLY_EOS_MODES = ("terminal_dup", "root_resample", "midpoint")
 FINISH_SPLIT = "split"
-# Early-EOS roots longer than this are counted as their own midpoint category (seed §4.2).
-EARLY_EOS_LONG = 104
 
 
 @dataclass
@@ -222,7 +221,9 @@ def plan_branches(root: list[int], reason: str, b: int, mode: str, newline: froz
     if split is None:
         return BranchPlan("tau_zero", 0, [None] + [[] for _ in range(b - 1)],
                          [list(root)] + [[] for _ in range(b - 1)], [reason] + [""] * (b - 1))
-    category = "early_eos_gt104" if len(root) > EARLY_EOS_LONG else "midpoint_fallback"
+    # Long early-EOS roots are counted as their own midpoint category (seed §4.2).
+    category = ("early_eos_gt104" if len(root) >= EARLY_EOS_GT104_MIN_LENGTH
+                else "midpoint_fallback")
     return BranchPlan(category, split, [None] + [root[:split]] * (b - 1),
                      [list(root)] + [[] for _ in range(b - 1)], [reason] + [""] * (b - 1))
 

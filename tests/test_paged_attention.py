@@ -35,7 +35,7 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
         seq = manager.allocate(length)
         k = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE)
         v = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE)
-        storage.write(0, manager.block_table(seq), torch.arange(length, device=DEVICE), k, v)
+        storage.write_slots(0, manager.token_slots([seq], length).view(-1).to(DEVICE), k, v)
         contiguous.append((k, v))
         tables.append(manager.block_table(seq))
     width = max(len(t) for t in tables)
@@ -68,7 +68,7 @@ def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_hea
         seq = manager.allocate(total)
         k = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
         v = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
-        storage.write(0, manager.block_table(seq), torch.arange(total, device=DEVICE), k, v)
+        storage.write_slots(0, manager.token_slots([seq], total).view(-1).to(DEVICE), k, v)
         seqs.append(seq)
         full.append((k, v))
     q = torch.randn(len(seqs), q_heads, width, head_dim, generator=generator).to(DEVICE)
@@ -91,12 +91,12 @@ def test_copy_on_write_keeps_the_parent_intact():
     parent = manager.allocate(6)
     prefix = torch.arange(12.0).view(6, 1, 2)
     for layer in range(2):
-        storage.write(layer, manager.block_table(parent), torch.arange(6), prefix, -prefix)
+        storage.write_slots(layer, manager.token_slots([parent], 6).view(-1), prefix, -prefix)
     child = manager.fork(parent)
     storage.copy_blocks(manager.append(child, 1))
     new = torch.full((1, 1, 2), 99.0)
     for layer in range(2):
-        storage.write(layer, manager.block_table(child), torch.tensor([6]), new, new)
+        storage.write_slots(layer, manager.token_slots([child], 7)[0, 6:], new, new)
     parent_block = manager.block_table(parent)[1]
     child_block = manager.block_table(child)[1]
     assert parent_block != child_block

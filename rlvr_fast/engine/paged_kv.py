@@ -17,25 +17,23 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from rlvr_fast.engine.attention import attention
 from rlvr_fast.engine.kv_cache import CachePositions
-from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
+from rlvr_fast.ops.paged_attention import paged_prefill_attention
 
 
 @dataclass
 class AttentionPlan:
     """One forward pass's paged attention inputs, shared by every layer; query (r, t) sees the
-    first context_lens[r, t] tokens of row r. CUDA: block tables [R, M] int32 for the Triton
-    kernel. CPU: the slots of each row's first ``width`` tokens [R, width] (one C++ call), which
-    the C++ kernel reads through (float32) or the torch reference gathers (other dtypes, with
-    the key mask [R, 1, T, width], None when every query sees all ``width`` keys)."""
+    first context_lens[r, t] tokens of row r. Float32 on CPU: the slots of each row's first
+    ``width`` tokens [R, width] (one C++ call), which the C++ kernel reads through. Otherwise
+    block tables [R, M] int32 for ``paged_prefill_attention`` (Triton, or the torch reference
+    for other CPU dtypes)."""
 
     context_lens: torch.Tensor
     block_tables: torch.Tensor | None = None
     slots: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
 
 
 class PagedKVStorage:
@@ -78,58 +76,25 @@ class PagedKVStorage:
         """What every layer of one forward pass attends with (see ``AttentionPlan``);
         ``lengths`` are the rows' cached token counts after this pass, as Python ints (so
         planning needs no device sync)."""
-        if self.use_triton:
-            # The kernel's block loop bound is a compile-time constant: round the table width up
-            # to a power of two so a growing batch compiles a handful of variants, not one per
-            # block count (columns past a row's length are never read).
-            blocks = -(-max(lengths) // self.block_size)
-            width = 1 << max(blocks - 1, 0).bit_length()
-            tables = manager.block_tables(seq_ids, width)
-            return AttentionPlan(context_lens, tables.to(self.data.device))
-        width = max(lengths)
-        slots = manager.token_slots(seq_ids, width)
-        if self.data.dtype == torch.float32 or (context_lens.shape[1] == 1
-                                                and min(lengths) == width):
-            # The C++ kernel reads context_lens itself; rows of one length (a GRPO group
-            # decoding in step) need no key mask, which lets SDPA take its unmasked kernel.
-            return AttentionPlan(context_lens, slots=slots)
-        positions = torch.arange(width)
-        mask = positions[None, None, :] < context_lens[:, :, None]  # [R, T, width]
-        return AttentionPlan(context_lens, slots=slots, mask=mask[:, None])
+        if not self.use_triton and self.data.dtype == torch.float32:
+            return AttentionPlan(context_lens, slots=manager.token_slots(seq_ids, max(lengths)))
+        # The Triton kernel's block loop bound is a compile-time constant: round the table width
+        # up to a power of two so a growing batch compiles a handful of variants, not one per
+        # block count (columns past a row's length are never read).
+        blocks = -(-max(lengths) // self.block_size)
+        tables = manager.block_tables(seq_ids, 1 << max(blocks - 1, 0).bit_length())
+        return AttentionPlan(context_lens, block_tables=tables.to(self.data.device))
 
     def attend(self, layer: int, q: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """q [R, Hq, T, D] against the cached keys of each row; query (r, t) sees the first
         ``plan.context_lens[r, t]`` tokens."""
-        if self.use_triton:
-            if q.shape[2] == 1:
-                out = paged_attention(q[:, :, 0], self.keys(layer), self.values(layer),
-                                      plan.block_tables, plan.context_lens[:, 0],
-                                      backend="triton", check=False)
-                return out.unsqueeze(2)
-            return paged_prefill_attention(q, self.keys(layer), self.values(layer),
-                                           plan.block_tables, plan.context_lens,
-                                           backend="triton", check=False)
-        if self.data.dtype == torch.float32:
+        if plan.slots is not None:
             return self._cpu_kernel(q, self.keys(layer), self.values(layer), plan.slots,
                                     plan.context_lens)
-        rows, q_heads = q.shape[:2]
-        kv_heads, head_dim = self.data.shape[-2:]
-        flat = self.data.shape[2] * self.block_size
-        slots = plan.slots.view(-1)
-        k = self.data[layer, 0].view(flat, kv_heads, head_dim).index_select(0, slots)
-        v = self.data[layer, 1].view(flat, kv_heads, head_dim).index_select(0, slots)
-        k = k.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
-        v = v.view(rows, -1, kv_heads, head_dim).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask,
-                                              enable_gqa=q_heads != kv_heads)
-
-    def write(self, layer: int, block_table: torch.Tensor, positions: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [T, Hkv, D] of one sequence at token positions [T] (int64)."""
-        blocks = block_table.to(positions.device).long()[positions // self.block_size]
-        offsets = positions % self.block_size
-        self.data[layer, 0, blocks, offsets] = k
-        self.data[layer, 1, blocks, offsets] = v
+        return paged_prefill_attention(q, self.keys(layer), self.values(layer),
+                                       plan.block_tables, plan.context_lens,
+                                       backend="triton" if self.use_triton else "torch",
+                                       check=False)
 
 
 class PagedKVCache(CachePositions):
@@ -169,14 +134,12 @@ class PagedKVCache(CachePositions):
     def open_columns(self, valid: torch.Tensor) -> torch.Tensor:
         """Prefill: allocate each row's prompt tokens; key validity is the batch's own."""
         self.lengths = valid.sum(dim=1).tolist()
-        self.seq_ids = [self.manager.allocate(n) for n in self.lengths]
+        self.seq_ids = [self.manager.allocate(0) for _ in self.lengths]
+        # Slots of every real prompt token, row after row: the order of valid's True entries.
+        _, slots = self.manager.append_many(self.seq_ids, self.lengths)
+        self._slots = slots.to(self.device)
         self.seq_lens = torch.tensor(self.lengths, device=self.device)
         self._track_peak()
-        # Slots of every real prompt token, in the row-major order of valid's True entries
-        # (left padding: row r's n_r tokens are its first n_r positions).
-        slots = self.manager.token_slots(self.seq_ids, max(self.lengths))
-        real = torch.arange(slots.shape[1])[None, :] < torch.tensor(self.lengths)[:, None]
-        self._slots = slots[real].to(self.device)
         self._prefill_valid = valid
         return valid
 
