@@ -37,16 +37,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """Gather every row's blocks into [B, Hkv, M * block_size, D], hide the slots past each
     row's length, and run dense attention: one batched gather per call, no Python loop."""
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    tables = block_tables.long()
-    k = k_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
-    v = v_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
-    valid = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v,
-                                         attn_mask=valid[:, None, None, :],
-                                         enable_gqa=q_heads != kv_heads)
-    return out[:, :, 0]
+    return paged_prefill_attention_reference(q[:, :, None], k_cache, v_cache, block_tables,
+                                             seq_lens[:, None])[:, :, 0]
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
@@ -61,6 +53,10 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
     v = v_cache[tables].reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
     positions = torch.arange(k.shape[2], device=q.device)
     valid = positions[None, None, :] < context_lens[:, :, None]  # [R, T, L]
+    # Slots no query may see hold whatever the cache held (never written, or another
+    # sequence's); a masked score is -inf, but 0 * NaN is still NaN, so zero them.
+    seen = valid.any(dim=1)[:, None, :, None]  # [R, 1, L, 1]
+    k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None],
                                           enable_gqa=q_heads != kv_heads)
 
@@ -85,9 +81,11 @@ if triton is not None:
         b_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         b_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         b_acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-        # The loop bound is read at run time, so a row costs its own length whatever the width
-        # of the block table (a CUDA graph captures one fixed width).
-        for i_blk in range(0, tl.cdiv(b_len, BLOCK_SIZE)):
+        # The loop ends at the row's own length, read at run time, whatever the width of the
+        # block table (a CUDA graph captures one fixed width). A while loop, because the
+        # interpreter cannot take a loaded value as a range() bound.
+        i_blk = 0
+        while i_blk * BLOCK_SIZE < b_len:
             o_tok = i_blk * BLOCK_SIZE + o_s
             m_tok = o_tok < b_len
             b_block = tl.load(p_tables + i_b * stride_tb + i_blk).to(tl.int64)
@@ -102,6 +100,7 @@ if triton is not None:
             b_sum = b_sum * b_alpha + tl.sum(b_p, axis=1)
             b_acc = b_acc * b_alpha[:, None] + tl.sum(b_p[:, :, None] * b_v[None, :, :], axis=1)
             b_max = b_new_max
+            i_blk += 1
         tl.store(p_out + p_qo, (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty),
                  mask=m_g[:, None])
 

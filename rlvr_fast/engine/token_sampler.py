@@ -26,7 +26,7 @@ _POSITION_MULTIPLIER = 0xD1B54A32D192ED03 - 2**64
 _RANK_MULTIPLIER = 0x8CB92BA72F3D8DD7 - 2**64
 _MIX_1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX_2 = 0x94D049BB133111EB - 2**64
-_UNIFORM_BITS = 24  # a float32 mantissa: every u = (k + 0.5) / 2^24 is exact
+_UNIFORM_BITS = 23  # (k + 0.5) / 2^23 needs 24 significant bits: exact in float32
 _ranks: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
