@@ -114,13 +114,13 @@ def test_copy_on_write_keeps_the_parent_intact():
     _, slots = manager.append_many([parent], [6])
     prefix = torch.arange(12.0).view(1, 1, 6, 2)  # [R, Hkv, T, D]
     for layer in range(2):
-        store_kv(storage.data[layer], prefix, -prefix, slots)
+        store_kv(storage.layers[layer], prefix, -prefix, slots)
     child = manager.fork(parent)
     copies, slots = manager.append_batch([child], 1)
     storage.copy_blocks(copies)
     new = torch.full((1, 1, 1, 2), 99.0)
     for layer in range(2):
-        store_kv(storage.data[layer], new, new, slots.view(-1))
+        store_kv(storage.layers[layer], new, new, slots.view(-1))
     parent_block = manager.block_table(parent)[1]
     child_block = manager.block_table(child)[1]
     assert parent_block != child_block

@@ -128,3 +128,48 @@ def test_derived_seeds_are_distinct_and_non_negative():
 def test_bad_sampling_params_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("vocab", [2, 211, 384, 5000])
+def test_cpp_draws_equal_the_reference(vocab):
+    """The C++ sampler computes the same rule and the same streams: the same token in every row
+    but where float32 rounding of exp or log decides a near tie (none expected at this size)."""
+    generator = torch.Generator().manual_seed(vocab)
+    rows = 2000
+    logits = torch.randn(rows, vocab, generator=generator) * 3
+    seeds = torch.randint(0, 2**62, (rows,), generator=generator)
+    positions = torch.randint(0, 4096, (rows,), generator=generator)
+    for temperature, top_p in ((0.8, 0.9), (1.0, 1.0), (0.5, 0.3)):
+        reference = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False)
+        fast = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False,
+                             backend="cpp")
+        assert (fast != reference).sum() <= rows // 500
+
+
+@pytest.mark.parametrize("top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}),
+                                        (1.0, {0, 1, 2, 3})])
+def test_cpp_draws_only_the_kept_tokens_in_proportion(top_p, kept):
+    probs = [0.5, 0.3, 0.15, 0.05]
+    draws = 20000
+    logits = torch.tensor([probs]).log().expand(draws, -1).contiguous()
+    tokens = sample_tokens(logits, torch.arange(draws), torch.zeros(draws, dtype=torch.long), 1.0,
+                           top_p, greedy=False, backend="cpp")
+    counts = torch.bincount(tokens, minlength=4).tolist()
+    expected = seed_reference_filter(probs, top_p)
+    assert {t for t, c in enumerate(counts) if c} == kept
+    for token, p in expected.items():
+        assert abs(counts[token] - draws * p) < 5 * math.sqrt(draws * p * (1 - p)) + 1e-9
+
+
+def test_cpp_sampler_refuses_bad_input():
+    from rlvr_fast._C import sample_top_p_cpu
+
+    with pytest.raises(RuntimeError, match="float32 CPU tensor"):
+        sample_top_p_cpu(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long),
+                         torch.zeros(2, dtype=torch.long), 1.0, 0.9)
+    with pytest.raises(RuntimeError, match="int64 \\[B\\]"):
+        sample_top_p_cpu(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long),
+                         torch.zeros(2, dtype=torch.long), 1.0, 0.9)
+    with pytest.raises(RuntimeError, match="temperature > 0"):
+        sample_top_p_cpu(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long),
+                         torch.zeros(2, dtype=torch.long), 0.0, 0.9)

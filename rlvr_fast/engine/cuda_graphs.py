@@ -71,7 +71,7 @@ class DecodeGraphs:
     def _step(self, bucket: int, greedy: bool) -> torch.Tensor:
         positions = self.inputs[POSITIONS, :bucket]
         context = ForwardContext(
-            positions=positions[:, None], kv_cache=self.storage.data,
+            positions=positions[:, None], kv_cache=self.storage.layers,
             slot_mapping=self.inputs[SLOTS, :bucket], context_lens=positions[:, None] + 1,
             block_tables=self.block_tables[:bucket], backend=self.backend)
         logits = self.model.infer(self.inputs[TOKEN_IDS, :bucket, None], context)

@@ -133,6 +133,7 @@ class RolloutEngine:
         self.scheduler.release(seq)
 
     # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
     def run(self, seqs: Iterable[Sequence], params: SamplingParams, *,
             generator: torch.Generator | None = None,
             on_finish: Callable[[Sequence], None] | None = None) -> list[Sequence]:
@@ -201,6 +202,7 @@ class RolloutEngine:
         if on_finish is not None:
             on_finish(seq)
 
+    @torch.inference_mode()
     def _prefill_alone(self, seq: Sequence) -> None:
         """Run a sequence's pending tokens now and keep its next-token logits (to fork it)."""
         needed = self.scheduler.blocks_needed(seq)

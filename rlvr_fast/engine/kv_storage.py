@@ -13,6 +13,7 @@ import os
 import torch
 
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.context import LayerCache
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -50,6 +51,9 @@ class PagedKVStorage:
                                  config.num_key_value_heads, config.head_dim),
                                 dtype=dtype, device=device)
         self.data[:, :, num_blocks].zero_()
+        slots_shape = (-1,) + tuple(self.data.shape[-2:])
+        self.layers = [LayerCache(keys, values, keys.view(slots_shape), values.view(slots_shape))
+                       for keys, values in zip(self.data[:, 0], self.data[:, 1])]
 
     @property
     def scratch_block(self) -> int:

@@ -16,7 +16,7 @@ import torch
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.engine.scheduler import Batch
 from rlvr_fast.engine.sequence import Sequence
-from rlvr_fast.engine.token_sampler import SamplingParams, sample_tokens
+from rlvr_fast.engine.token_sampler import SamplingParams, default_sampler_backend, sample_tokens
 from rlvr_fast.models.context import ForwardContext
 
 
@@ -28,6 +28,7 @@ class ModelRunner:
         self.backend = backend
         self.graphs = graphs
         self.device = storage.data.device
+        self.sampler = default_sampler_backend(self.device)
 
     def prefill(self, batch: Batch) -> torch.Tensor:
         """Run every row's pending tokens; logits [R, V] after each row's last one."""
@@ -47,7 +48,7 @@ class ModelRunner:
         slot_mapping[valid.flatten()] = batch.slots
         fresh = bool((starts == 0).all())
         context = ForwardContext(
-            positions=self._to_device(positions), kv_cache=self.storage.data,
+            positions=self._to_device(positions), kv_cache=self.storage.layers,
             slot_mapping=self._to_device(slot_mapping),
             context_lens=None if fresh else self._to_device(positions + 1),
             block_tables=None if fresh else self._tables(rows), fresh=fresh,
@@ -77,24 +78,28 @@ class ModelRunner:
     def decode_eager(self, inputs: "DecodeInputs", params: SamplingParams) -> torch.Tensor:
         positions = self._to_device(inputs.positions)
         context = ForwardContext(
-            positions=positions[:, None], kv_cache=self.storage.data,
+            positions=positions[:, None], kv_cache=self.storage.layers,
             slot_mapping=self._to_device(inputs.slots), context_lens=positions[:, None] + 1,
             block_tables=self._to_device(inputs.block_tables), backend=self.backend)
         logits = self.model.infer(self._to_device(inputs.token_ids)[:, None], context)
         return sample_tokens(logits, self._to_device(inputs.seeds), positions + 1,
-                             params.temperature, params.top_p, greedy=params.is_greedy)
+                             params.temperature, params.top_p, greedy=params.is_greedy,
+                             backend=self.sampler)
 
     def draw(self, logits: torch.Tensor, rows: list[Sequence], params: SamplingParams
              ) -> torch.Tensor:
         """Next tokens [R] of rows whose next-token logits [R, V] are known."""
         positions = torch.tensor([len(seq.token_ids) for seq in rows])
         return sample_tokens(logits, self._to_device(seeds_of(rows)), self._to_device(positions),
-                             params.temperature, params.top_p, greedy=params.is_greedy)
+                             params.temperature, params.top_p, greedy=params.is_greedy,
+                             backend=self.sampler)
 
     def _tables(self, rows: list[Sequence]) -> torch.Tensor:
         return self._to_device(self.manager.block_tables([seq.block_id for seq in rows], 0))
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":  # skips a no-op dispatch: CPU decode is dispatch-bound
+            return tensor
         return tensor.to(self.device, non_blocking=True)
 
 

@@ -94,14 +94,32 @@ def top_p_probs(logits: torch.Tensor, temperature, top_p) -> tuple[torch.Tensor,
     return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
 
 
+def default_sampler_backend(device: torch.device) -> str:
+    """"cpp" on CPU (one C++ call per step, ``csrc/sampling.cpp``), else "torch" (the
+    reference's device ops, which a CUDA graph captures)."""
+    return "cpp" if device.type == "cpu" else "torch"
+
+
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                  temperature, top_p, *, greedy: bool) -> torch.Tensor:
+                  temperature, top_p, *, greedy: bool, backend: str = "torch") -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64, on logits' device).
 
     ``seeds`` [B] int64 is each sequence's stream and ``positions`` [B] int64 the index in the
-    sequence of the token being drawn; both ignored when greedy."""
+    sequence of the token being drawn; both ignored when greedy. ``backend`` "torch" (any
+    device; temperature and top_p may be 0-d tensors) or "cpp" (CPU, float temperature and
+    top_p; equal to "torch" up to float32 rounding)."""
     if greedy:
         return logits.argmax(dim=-1)
+    if backend == "cpp":
+        from rlvr_fast._C import sample_top_p_cpu  # built by setup.py
+
+        return sample_top_p_cpu(logits.float(), seeds, positions, temperature, top_p)
+    return sample_tokens_reference(logits, seeds, positions, temperature, top_p)
+
+
+def sample_tokens_reference(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                            temperature, top_p) -> torch.Tensor:
+    """The sampled draw in torch ops, the definition the C++ version follows."""
     kept, ids = top_p_probs(logits, temperature, top_p)
     exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))
     choice = (kept / exponential).argmax(dim=-1, keepdim=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlvr_fast.models.context import ForwardContext
+from rlvr_fast.models.context import ForwardContext, LayerCache
 from rlvr_fast.ops.paged_attention import paged_prefill_attention
 
 
@@ -23,13 +23,14 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def store_kv(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def store_kv(cache: LayerCache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write k, v [R, Hkv, T, D] into one layer's storage [2, blocks, block_size, Hkv, D] at
-    slot_mapping [R * T] (row-major over (r, t))."""
-    slots_shape = (-1,) + tuple(kv_layer.shape[-2:])
-    kv_layer[0].view(slots_shape).index_copy_(0, slot_mapping, k.transpose(1, 2).reshape(slots_shape))
-    kv_layer[1].view(slots_shape).index_copy_(0, slot_mapping, v.transpose(1, 2).reshape(slots_shape))
+    """Write k, v [R, Hkv, T, D] into one layer's cache at slot_mapping [R * T] (row-major over
+    (r, t))."""
+    slots_shape = cache.key_slots.shape
+    cache.key_slots.index_copy_(0, slot_mapping, k.transpose(1, 2).reshape(-1, *slots_shape[1:]))
+    cache.value_slots.index_copy_(0, slot_mapping,
+                                  v.transpose(1, 2).reshape(-1, *slots_shape[1:]))
 
 
 def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -37,9 +38,9 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """q [R, Hq, T, D], k / v [R, Hkv, T, D] of this pass's tokens -> [R, Hq, T, D]."""
     if context.kv_cache is None:
         return dense_attention(q, k, v, context.mask)
-    kv_layer = context.kv_cache[layer]
-    store_kv(kv_layer, k, v, context.slot_mapping)
+    cache = context.kv_cache[layer]
+    store_kv(cache, k, v, context.slot_mapping)
     if context.fresh:
         return dense_attention(q, k, v, None)
-    return paged_prefill_attention(q, kv_layer[0], kv_layer[1], context.block_tables,
+    return paged_prefill_attention(q, cache.keys, cache.values, context.block_tables,
                                    context.context_lens, backend=context.backend, check=False)

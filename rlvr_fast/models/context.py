@@ -8,8 +8,19 @@ it: the model never holds or receives a cache object. Shapes: R rows of T input 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+
+
+class LayerCache(NamedTuple):
+    """One layer's paged keys and values [blocks, block_size, Hkv, D], and the same memory
+    viewed by slot [blocks * block_size, Hkv, D] (made once, not per pass)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    key_slots: torch.Tensor
+    value_slots: torch.Tensor
 
 
 @dataclass
@@ -18,8 +29,8 @@ class ForwardContext:
 
     Cache-free pass (``kv_cache`` None): ``mask`` [R, 1, T, T] bool, or None for causal.
 
-    Paged pass: ``kv_cache`` [layers, 2, blocks, block_size, Hkv, D] is the engine's storage;
-    every layer stores the keys and values of the R * T input tokens at ``slot_mapping`` [R * T]
+    Paged pass: ``kv_cache`` is the engine's storage, a ``LayerCache`` per layer; every layer
+    stores the keys and values of the R * T input tokens at ``slot_mapping`` [R * T]
     int64 (padding tokens go to a scratch slot no sequence owns), then attends. ``fresh``: no row
     had cached tokens before this pass, so attention runs causally within the pass (rows are
     right-padded) and never reads the cache; otherwise query (r, t) attends to the first
@@ -32,7 +43,7 @@ class ForwardContext:
 
     positions: torch.Tensor
     mask: torch.Tensor | None = None
-    kv_cache: torch.Tensor | None = None
+    kv_cache: list[LayerCache] | None = None
     slot_mapping: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None

@@ -27,6 +27,16 @@ from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.context import ForwardContext
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's order: normalise over the last dim in fp32, round to the input dtype,
+    then scale (``weight`` broadcasts against x). Written out because on CPU F.rms_norm
+    dispatches to the same ops plus a slower wrapper."""
+    # The dtype checks skip two no-op casts per call in fp32: decode on a CPU is dispatch-bound.
+    x32 = x if x.dtype == torch.float32 else x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (normed if x.dtype == torch.float32 else normed.to(x.dtype))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -34,11 +44,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Hugging Face's order: normalise in fp32, round to the input dtype, then scale. Written
-        # out because on CPU F.rms_norm dispatches to the same ops plus a slower wrapper.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -57,11 +63,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] int64 -> cos, sin [B, T, 1, D] in ``dtype`` (Hugging Face's order:
-        angles in fp32, then cos / sin, then the cast)."""
+        """positions [B, T] int64 -> cos, signed sin [B, T, 1, D] in ``dtype`` (Hugging Face's
+        order: angles in fp32, then cos / sin, then the cast). The sin's first half is negated,
+        which folds rotate-half's sign into it (see ``apply_rope``)."""
         angles = positions.unsqueeze(-1).float() * self.inv_freq(positions.device)
-        angles = torch.cat((angles, angles), dim=-1).unsqueeze(2)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos = torch.cat((angles, angles), dim=-1).unsqueeze(2).cos()
+        sin = angles.sin()
+        return cos.to(dtype), torch.cat((-sin, sin), dim=-1).unsqueeze(2).to(dtype)
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq:
@@ -70,13 +78,11 @@ class RotaryEmbedding(nn.Module):
         return self._inv_freq[device]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1): here
+    as x * cos + (x2, x1) * (-sin1, sin2), one roll instead of a split, a negation and a cat,
+    and equal to it bit for bit (negating a factor is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -100,8 +106,10 @@ class Attention(nn.Module):
         heads = self.qkv_proj(x).view(batch, seq, -1, self.head_dim)  # [B, T, Hq + 2Hkv, D]
         qk, v = heads[:, :, :self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads:]
         if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, :, :self.num_heads]),
-                            self.k_norm(qk[:, :, self.num_heads:])), dim=2)
+            # Every head normalised on its own: q and k heads in one pass, each with its weight.
+            weight = torch.cat((self.q_norm.weight.expand(self.num_heads, -1),
+                                self.k_norm.weight.expand(self.num_kv_heads, -1)))
+            qk = rms_norm(qk, weight, self.q_norm.eps)
         # q and k share one RoPE pass: half the element-wise launches of rotating them apart.
         qk = apply_rope(qk, cos, sin).transpose(1, 2)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
