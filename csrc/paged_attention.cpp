@@ -142,8 +142,12 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
   const int64_t group = q_heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   // One task per (row, query head, query token); q and out are [R, Hq, T, D]. Consecutive tasks
-  // share a row, so each thread fills that row's slots once.
-  at::parallel_for(0, rows * q_heads * tokens, 1, [&](int64_t first, int64_t last) {
+  // share a row, so each thread fills that row's slots once. A thread's share should be worth
+  // waking it for: short contexts of small heads run inline.
+  const int64_t longest = std::max<int64_t>(
+      1, rows ? *std::max_element(row_length.begin(), row_length.end()) : 1);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (longest * dim));
+  at::parallel_for(0, rows * q_heads * tokens, grain, [&](int64_t first, int64_t last) {
     std::vector<float> scores(width);
     std::vector<int64_t> slots(width);
     int64_t slots_row = -1;

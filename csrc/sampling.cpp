@@ -96,7 +96,9 @@ torch::Tensor sample_top_p_cpu(torch::Tensor logits, torch::Tensor seeds, torch:
   const int64_t* seed = seeds.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();
   int64_t* out = tokens.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+  // A thread's share should be worth waking it for: rows of a small vocabulary run inline.
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / vocab);
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
     std::vector<float> probs(vocab);
     std::vector<int64_t> order(vocab);
     for (int64_t row = first; row < last; ++row) {
