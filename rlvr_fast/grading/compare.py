@@ -1,7 +1,7 @@
 """Our own answer-equivalence pipeline over normalised, parsed answers.
 
 Stages, cheapest first: string equality after normalisation; numeric equality of plain
-numbers (exact, see ``numeric``); sympy equivalence of scalars, through ``sympy_equal`` (the
+numbers (see ``numeric``); sympy equivalence of scalars, through ``sympy_equal`` (the
 worker's, or None in the caller, which only records that sympy would be needed).  Compound
 answers compare item by item with the same stages: ordered kinds position by position,
 unordered kinds as sets (each item has an equal item on the other side; repeats collapse),
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from rlvr_fast.grading.latex_sympy import latex_to_sympy_source
 from rlvr_fast.grading.normalisation import normalize
-from rlvr_fast.grading.numeric import has_zero_denominator, numbers_close, parse_number
+from rlvr_fast.grading.numeric import has_zero_denominator, numbers_equal, parse_number
 from rlvr_fast.grading.structure import UNORDERED_KINDS, Answer, parse_answer
 
 SympyEqual = Callable[[str, str], bool]
@@ -66,9 +66,8 @@ def compare_answers(pred: str, gold: str, sympy_equal: SympyEqual | None) -> Out
 
 def _plain_scalars(first: str, second: str) -> Outcome | None:
     """The outcome for two scalars that are plain numbers or words; None when sympy may help."""
-    first_number, second_number = parse_number(first), parse_number(second)
-    if first_number is not None and second_number is not None:
-        if numbers_close(first_number, second_number):
+    if (equal := numbers_equal(first, second)) is not None:
+        if equal:
             return Outcome(True, "equal as numbers")
         return Outcome(False, "different numbers", definite=True)
     first_is_word, second_is_word = bool(_WORD.fullmatch(first)), bool(_WORD.fullmatch(second))

@@ -4,8 +4,10 @@
 ``parse_expr`` (``\\frac``, ``\\sqrt``, ``\\sqrt[n]``, ``^``, ``\\cdot``, ``\\times``, ``\\div``,
 ``\\pi``, ``e``, ``\\infty``, ``\\ln``/``\\log``/``\\exp``/``\\sin``/``\\cos``/``\\tan``, implicit
 multiplication); None for anything it does not support.  ``sympy_sources_equal`` parses two
-such sources with a whitelist namespace and compares them: constants numerically with the
-numeric stage's tolerance, others by ``simplify(a - b) == 0`` or ``a.equals(b)``.  An
+such sources with a whitelist namespace and compares them: constants numerically at 30
+digits, with the numeric stage's tolerance when either side holds a decimal and to 1e-20
+when both are exact (so ``2^{30}`` is not ``1073741825``); others by ``simplify(a - b) == 0``
+or ``a.equals(b)``.  An
 undefined value (``zoo``, ``nan``) equals nothing.  Any sympy failure means "not equal".
 """
 
@@ -21,6 +23,8 @@ from rlvr_fast.grading.tex import CONTROL_WORD, read_argument
 if TYPE_CHECKING:
     import sympy
 
+# Two exact constants that agree to this relative precision at 30 digits are equal.
+_EXACT_REL_TOL = 1e-20
 # Longer scalars are not worth a sympy call: real answers are short, and long ones are slow.
 MAX_SYMPY_CHARS = 200
 
@@ -180,7 +184,12 @@ def _parse_sympy(source: str) -> sympy.Basic:
 
 
 def _constants_close(first: sympy.Expr, second: sympy.Expr) -> bool:
-    first_value, second_value = complex(first.evalf(30)), complex(second.evalf(30))
-    if not (cmath.isfinite(first_value) and cmath.isfinite(second_value)):
+    import sympy
+
+    first_value, second_value = first.evalf(30), second.evalf(30)
+    if not (first_value.is_finite and second_value.is_finite):
         return False  # equal infinities were already caught by structural equality
-    return cmath.isclose(first_value, second_value, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    if first.has(sympy.Float) or second.has(sympy.Float):
+        return cmath.isclose(complex(first_value), complex(second_value), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    difference, scale = abs(first_value - second_value), max(abs(first_value), abs(second_value))
+    return bool(difference <= _EXACT_REL_TOL * scale)

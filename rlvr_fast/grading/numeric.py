@@ -2,8 +2,9 @@
 
 ``parse_number`` reads integers, decimals, ``a/b``, ``\\frac{a}{b}`` of those and mixed
 numbers (``2\\frac{1}{4}`` is 9/4: a whole number directly followed by a proper fraction) as
-exact ``Fraction``s.  Two numbers are equal with ``math.isclose`` semantics (relative 1e-6,
-absolute 1e-9), computed exactly.  A literal zero denominator (``\\frac{1}{0}``, ``1/0``) makes
+exact ``Fraction``s.  ``numbers_equal``: two numbers written exactly (integers, fractions) must
+be equal; when either is a decimal (a rounded value, ``0.333333``) they are equal with
+``math.isclose`` semantics (relative 1e-6, absolute 1e-9), computed exactly.  A literal zero denominator (``\\frac{1}{0}``, ``1/0``) makes
 an answer undefined: it equals nothing, itself included.
 """
 
@@ -26,6 +27,7 @@ _MIXED_NUMBER = re.compile(r"([-+]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}", re.ASCII)
 _ZERO = re.compile(r"[-+]?(?:0+\.?0*|\.0+)", re.ASCII)
 _SLASH_ZERO = re.compile(r"/[-+]?(?:0+\.?0*|\.0+)(?![\d.])", re.ASCII)
 _FRAC = re.compile(r"\\frac(?![a-zA-Z])")
+_DECIMAL_MARK = re.compile(r"[.eE]")
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -51,6 +53,16 @@ def _mixed_number(sign: str, whole: str, numerator: str, denominator: str) -> Fr
         return None  # "2\frac{5}{3}" is a product, not a mixed number
     value = int(whole) + fraction
     return -value if sign == "-" else value
+
+
+def numbers_equal(first: str, second: str) -> bool | None:
+    """Whether two plain numbers are equal (see module doc); None unless both are numbers."""
+    first_value, second_value = parse_number(first), parse_number(second)
+    if first_value is None or second_value is None:
+        return None
+    if _DECIMAL_MARK.search(first) or _DECIMAL_MARK.search(second):
+        return numbers_close(first_value, second_value)
+    return first_value == second_value
 
 
 def numbers_close(first: Fraction, second: Fraction) -> bool:
