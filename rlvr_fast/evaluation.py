@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine.sampler import FINISH_CAP, SamplingParams, sample
-from rlvr_fast.grading import extract_boxed, grade, passes_gate
+from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
 
 
 @dataclass
@@ -86,12 +86,13 @@ def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
             chunk = problems[start:start + batch_size]
             out = sample(policy, [render_prompt(p.question) for p in chunk], params,
                          generator=generator)
-            for problem, text, length, reason in zip(chunk, out.texts, out.lengths,
-                                                     out.finish_reasons):
-                extracted = extract_boxed(text)
+            extracted_answers = [extract_boxed(text) for text in out.texts]
+            grades = grade_many(extracted_answers, [p.answer for p in chunk])
+            for problem, text, extracted, correct, length, reason in zip(
+                    chunk, out.texts, extracted_answers, grades, out.lengths, out.finish_reasons):
                 items.append(ItemGrade(
                     id=problem.id, answer=problem.answer, extracted=extracted,
-                    correct=grade(extracted, problem.answer), length=length,
+                    correct=correct, length=length,
                     cap_hit=reason == FINISH_CAP, derivation=passes_gate(text),
                     level=problem.level, response=text))
             bar.update(len(chunk))

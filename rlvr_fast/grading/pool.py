@@ -1,8 +1,9 @@
 """Grading worker processes behind per-call deadlines, safe to use from any number of threads.
 
-* Workers are forked from a forkserver that imported this package (sympy, math-verify) once:
-  a new worker is ready in well under a second, never inherits a caller's threads or CUDA
-  state, and a script that grades needs the usual ``if __name__ == "__main__":`` guard.
+* Workers are forked from a forkserver that imported this package and warmed sympy and
+  math-verify once (``forkserver_preload``): a new worker is ready in about 0.05 s, never
+  inherits a caller's threads or CUDA state, and a script that grades needs the usual
+  ``if __name__ == "__main__":`` guard.
 * Each worker serves one call at a time.  One spare worker is kept ready (started in the
   background) while the pool is below ``max_workers``, so a growing number of threads and
   a worker killed after a timeout are replaced in the background, not on the next caller.
@@ -27,16 +28,17 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
-from rlvr_fast.grading import worker as worker_module
 from rlvr_fast.grading.worker import READY, serve
 
 GRACE_S = 0.25
-# A worker forks in well under a second, but the forkserver's first start imports torch,
-# sympy and math-verify, which takes seconds on a loaded machine.
+# A worker forks in well under a second, but the forkserver's first start imports torch
+# (through rlvr_fast/__init__), sympy and math-verify, which takes seconds on a loaded machine.
 START_TIMEOUT_S = 120.0
 SPARES = 1
 DEFAULT_MAX_WORKERS = max(4, os.cpu_count() or 1) + SPARES
 
+# A module name, not an import: importing it warms sympy and math-verify, in the forkserver only.
+_FORKSERVER_PRELOAD = "rlvr_fast.grading.forkserver_preload"
 Reply = tuple[bool, str]
 _START_FAILED = (
     "the grading worker process failed to start; a script that calls grade() needs an "
@@ -246,7 +248,7 @@ def _context() -> BaseContext:
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # Global to the process, and only read when the forkserver first starts.
-    context.set_forkserver_preload([worker_module.__name__])
+    context.set_forkserver_preload([_FORKSERVER_PRELOAD])
     return context
 
 

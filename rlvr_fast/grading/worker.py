@@ -29,8 +29,7 @@ class OutOfTime(BaseException):
 def serve(conn: Connection) -> None:
     """Worker main loop: answer requests until the parent hangs up."""
     signal.signal(signal.SIGALRM, _raise_out_of_time)
-    quiet_math_verify()
-    _warm_up()
+    warm_up()
     conn.send(READY)
     while True:
         try:
@@ -69,7 +68,8 @@ def _raise_out_of_time(signum: int, frame: object) -> None:
     raise OutOfTime
 
 
-def _warm_up() -> None:
-    # The first sympy and math-verify calls build caches and grammars; pay that before READY.
+def warm_up() -> None:
+    """Build sympy's and math-verify's caches and grammars (the first calls are slow)."""
+    quiet_math_verify()
     judge_fully("ours", "\\frac{x}{2}", "0.5x")
     judge_fully("math_verify", "\\sqrt{8}", "2\\sqrt{2}")
