@@ -59,7 +59,8 @@ def test_grading_synthetic(benchmark, role):
 
     def run(texts, golds):
         if role == "eager":
-            verdicts = [grade_response(text, gold, min_chars=GATE) for text, gold in zip(texts, golds)]
+            verdicts = [grade_response(text, gold, min_chars=GATE)
+                        for text, gold in zip(texts, golds)]
         else:
             verdicts = grade_many([final_answer(text, min_chars=GATE) for text in texts], golds)
         assert sum(verdicts) == len(texts) // 4  # only the right derivations
@@ -84,4 +85,4 @@ def test_grading_worker(benchmark, role):
         assert all(verdicts), [p for p, v in zip(preds, verdicts) if not v]
 
     mark(benchmark, "grading-worker", role, work=WORKER_ITEMS, unit="items")
-    benchmark.pedantic(run, setup=setup, rounds=3, warmup_rounds=1)
+    benchmark.pedantic(run, setup=setup, rounds=5, warmup_rounds=1)

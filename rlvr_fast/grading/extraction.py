@@ -26,7 +26,7 @@ _SHORTHAND_TOKEN = re.compile(r"[^\s$]+")
 
 
 def extract_boxed(text: str, *, max_chars: int | None = None) -> str | None:
-    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` in ``text``, or None (see module doc)."""
+    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` in ``text``, or None (module doc)."""
     start, command = max((text.rfind(command), command) for command in BOX_COMMANDS)
     if start < 0:
         return None

@@ -140,7 +140,8 @@ def _judge_in_caller(pred: str | None, gold: str, mode: str) -> Verdict | None:
         return Verdict(False, "no answer")
     for side, text in (("answer", pred), ("gold answer", gold)):
         if len(text) > MAX_ANSWER_CHARS:
-            return Verdict(False, f"{side} has {len(text):,} chars, over the {MAX_ANSWER_CHARS:,} cap")
+            cap = f"over the {MAX_ANSWER_CHARS:,} cap"
+            return Verdict(False, f"{side} has {len(text):,} chars, {cap}")
     if mode == "math_verify":
         return None
     outcome = compare_answers(pred, gold, sympy_equal=None)
@@ -166,7 +167,9 @@ def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown grading mode {mode!r}; valid: {', '.join(MODES)}")
     if mode != "ours" and not _math_verify_installed():
-        raise RuntimeError(f"grading mode {mode!r} needs the math-verify package (pip install math-verify)")
+        raise RuntimeError(
+            f"grading mode {mode!r} needs the math-verify package (pip install math-verify)"
+        )
 
 
 @functools.cache

@@ -190,6 +190,8 @@ def _constants_close(first: sympy.Expr, second: sympy.Expr) -> bool:
     if not (first_value.is_finite and second_value.is_finite):
         return False  # equal infinities were already caught by structural equality
     if first.has(sympy.Float) or second.has(sympy.Float):
-        return cmath.isclose(complex(first_value), complex(second_value), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        return cmath.isclose(
+            complex(first_value), complex(second_value), rel_tol=REL_TOL, abs_tol=ABS_TOL
+        )
     difference, scale = abs(first_value - second_value), max(abs(first_value), abs(second_value))
     return bool(difference <= _EXACT_REL_TOL * scale)

@@ -4,8 +4,9 @@
 numbers (``2\\frac{1}{4}`` is 9/4: a whole number directly followed by a proper fraction) as
 exact ``Fraction``s.  ``numbers_equal``: two numbers written exactly (integers, fractions) must
 be equal; when either is a decimal (a rounded value, ``0.333333``) they are equal with
-``math.isclose`` semantics (relative 1e-6, absolute 1e-9), computed exactly.  A literal zero denominator (``\\frac{1}{0}``, ``1/0``) makes
-an answer undefined: it equals nothing, itself included.
+``math.isclose`` semantics (relative 1e-6, absolute 1e-9), computed exactly.  A literal zero
+denominator (``\\frac{1}{0}``, ``1/0``) makes an answer undefined: it equals nothing, itself
+included.
 """
 
 from __future__ import annotations

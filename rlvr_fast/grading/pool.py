@@ -8,9 +8,9 @@
   background) while the pool is below ``max_workers``, so a growing number of threads and
   a worker killed after a timeout are replaced in the background, not on the next caller.
 * ``judge(request, timeout)``: the call may take ``timeout`` seconds from when it asks,
-  waiting for a free worker included; the worker stops its own work at the deadline, and
-  one that has not answered ``GRACE_S`` later is killed.  So no call outlives its budget by
-  more than ``GRACE_S`` plus a kill.
+  waiting for a free worker included; the worker stops its own work at the deadline (and is
+  replaced), and one that has not answered ``GRACE_S`` later is killed.  So no call outlives
+  its budget by more than ``GRACE_S`` plus a kill.
 * Not charged to any deadline: the pool's first start (the forkserver and first worker,
   seconds) and ``reserve(n)``, which starts n workers before a batch.
 """
@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
-from rlvr_fast.grading.worker import READY, serve
+from rlvr_fast.grading.worker import OUT_OF_TIME, READY, serve
 
 GRACE_S = 0.25
 # A worker forks in well under a second, but the forkserver's first start imports torch
@@ -55,15 +55,16 @@ class WorkerPool:
         self._reset_state()
 
     def judge(self, request: tuple[str, str, str], timeout: float) -> Reply | None:
-        """The worker's ``(equal, reason)``, or None when it did not come within ``timeout``."""
+        """The worker's ``(equal, reason)``; None, or ``OUT_OF_TIME`` as the reason, when the
+        call ran out of its ``timeout``."""
         self._wait_for_first_worker()
         deadline = time.monotonic() + timeout
         worker = self._acquire(deadline)
         if worker is None:
             return None
         reply = worker.ask(request, deadline)
-        if reply is None:
-            self._discard(worker)
+        if reply is None or reply[1] == OUT_OF_TIME:
+            self._discard(worker)  # a worker that ran out of time exits after its reply
         else:
             self._release(worker)
         return reply
@@ -128,7 +129,9 @@ class WorkerPool:
                 raise RuntimeError(self._start_error)
             remaining = give_up - time.monotonic()
             if remaining <= 0:
-                raise RuntimeError(f"grading workers not ready after {START_TIMEOUT_S:g} s ({what})")
+                raise RuntimeError(
+                    f"grading workers not ready after {START_TIMEOUT_S:g} s ({what})"
+                )
             self._cond.wait(remaining)
 
     def _acquire(self, deadline: float) -> _Worker | None:

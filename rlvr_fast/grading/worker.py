@@ -3,9 +3,10 @@
 A request is ``(mode, pred, gold, seconds)``; the reply is ``(equal, reason)``.  The worker runs
 our pipeline with sympy, then math-verify when the mode asks for it and our False is not
 definite, all under one ``SIGALRM`` timer of ``seconds``: when it fires, pure-Python work
-(sympy, math-verify) stops and the reply is ``(False, OUT_OF_TIME)``, so the worker lives on.
-Work stuck in C (``9^{9^{9^{9}}}``, ``(10^6)!``) cannot be interrupted that way; the caller
-kills the worker after a short grace period instead.
+(sympy, math-verify) stops, the reply is ``(False, OUT_OF_TIME)`` and the worker exits (what
+it was interrupted in may have left broken state behind; the pool forks a fresh one).  Work
+stuck in C cannot be interrupted that way; the caller kills the worker after a short grace
+period instead.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def serve(conn: Connection) -> None:
             mode, pred, gold, seconds = conn.recv()
         except (EOFError, OSError):
             return
-        conn.send(judge_within(mode, pred, gold, seconds))
+        reply = judge_within(mode, pred, gold, seconds)
+        conn.send(reply)
+        if reply[1] == OUT_OF_TIME:
+            return  # an interrupted sympy or parser may have left broken state: never reuse it
 
 
 def judge_within(mode: str, pred: str, gold: str, seconds: float) -> tuple[bool, str]:
@@ -61,7 +65,9 @@ def judge_fully(mode: str, pred: str, gold: str) -> tuple[bool, str]:
             return outcome.equal, outcome.reason
     if math_verify_equal(pred, gold):
         return True, "equal by math-verify"
-    return False, "not equivalent" if mode == "math_verify" else "not equivalent (nor by math-verify)"
+    if mode == "math_verify":
+        return False, "not equivalent"
+    return False, "not equivalent (nor by math-verify)"
 
 
 def _raise_out_of_time(signum: int, frame: object) -> None:
