@@ -6,13 +6,16 @@ What is implemented here, exactly (one job per module):
   seed's 30-char gate), ``final_answer`` (gate, then the last box under the size cap).
 * ``normalisation`` -- one canonical spelling of an answer (the list is in its docstring).
 * ``structure`` -- tuples, intervals, sets, unions, solution lists, matrices, labelled items.
-* ``numeric`` -- exact plain numbers (``math.isclose`` semantics: relative 1e-6, absolute
-  1e-9), mixed numbers, undefined values (a zero denominator equals nothing).
+* ``numeric`` -- plain numbers: exactly written ones compare exactly, decimals with
+  ``math.isclose`` semantics (relative 1e-6, absolute 1e-9); mixed numbers; undefined values
+  (a zero denominator equals nothing).
 * ``latex_sympy`` -- our LaTeX -> sympy converter and sympy equivalence.
 * ``compare`` -- our pipeline: normalised strings, then numbers, then sympy, item by item.
 * ``second_opinion`` -- math-verify, asked when our pipeline says a non-definite False.
-* ``worker`` / ``pool`` -- worker processes that run sympy and math-verify under a deadline;
-  a pool of them keeps every caller, from any thread, within ``timeout`` + 0.25 s.
+* ``worker`` / ``pool`` / ``forkserver_preload`` -- worker processes that run sympy and
+  math-verify under a deadline, forked warm; a pool of them keeps every caller, from any
+  thread, within ``timeout`` + 0.25 s.
+* ``tex`` -- TeX scanning (braced groups, macro arguments) shared by the modules above.
 * ``grader`` -- ``grade`` / ``judge`` (one extracted answer), ``grade_response`` /
   ``judge_response`` (a full response), ``grade_many`` / ``judge_many`` (a batch over
   ``workers`` workers).  ``judge*`` return a ``Verdict`` with its reason.
