@@ -1,13 +1,39 @@
 """Shared benchmark harness: every fast path runs beside its eager reference in the same session.
 
 A benchmark marks itself with ``mark(benchmark, group, role, work=..., unit=...)``; role is
-"eager" (the reference) or "fast". At the end of a timed run (``make bench``) the summary prints,
-per group, each side's mean time, throughput (work / s), memory traffic (``extra_info["bytes"]``
-per call, as GB/s) where a benchmark states it, and the eager/fast speed ratio. Under
-``--benchmark-disable`` (CI's smoke check) each benchmark body simply runs once.
+"eager" (the reference) or "fast". At the end of a timed run (``pytest benchmarks --benchmark``,
+``make bench``) the summary prints, per group, each side's mean time, throughput (work / s),
+memory traffic (``extra_info["bytes"]`` per call, as GB/s) where a benchmark states it, and the
+eager/fast speed ratio. ``--benchmark`` times the benchmarks only (``--benchmark-only``) and
+writes pytest-benchmark's JSON to ``benchmarks/results/benchmarks-STAMP.json`` unless
+``--benchmark-json`` names a file. Under ``--benchmark-disable`` (CI's smoke check) each
+benchmark body simply runs once.
 """
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--benchmark", action="store_true",
+                     help="time every benchmark beside its eager reference, print the ratio "
+                          "table and write the JSON to benchmarks/results/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark reads its options
+def pytest_configure(config):
+    if not config.getoption("benchmark"):
+        return
+    config.option.benchmark_only = True
+    if config.option.benchmark_json is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        config.option.benchmark_json = RESULTS / f"benchmarks-{stamp}.json"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
