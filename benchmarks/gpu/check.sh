@@ -31,8 +31,8 @@ declare -A TITLE=([env]="environment, install, checkpoint" [tests]="CUDA tests (
                   [e2e]="end to end: baseline and stopped_tree"
                   [decode]="decode at Qwen3-0.6B shape: engine vs generate"
                   [ops]="fused ops vs eager" [profile]="Nsight Systems profile, 3 steps")
-declare -A CAP_SECONDS=([env]=180 [tests]=100 [e2e]=250 [decode]=90 [ops]=60 [profile]=45)
-E2E_ARM_SECONDS=(150 90)  # baseline, stopped_tree; their sum stays under CAP_SECONDS[e2e]
+declare -A CAP_SECONDS=([env]=180 [tests]=100 [e2e]=230 [decode]=120 [ops]=60 [profile]=45)
+E2E_ARM_SECONDS=(140 80)  # baseline, stopped_tree; their sum stays under CAP_SECONDS[e2e]
 # A stage's exit status besides 0 and a timeout's 124 / 137.
 SKIPPED=3  # nothing to run here (the stage's headline says why)
 PARTIAL=4  # ran, but part of it stopped at its time limit
@@ -41,10 +41,12 @@ configure() {
   if (( DRY_RUN )); then
     DEVICE=cpu DTYPE=fp32 STEPS=2 CHECKPOINT_CONFIG=tiny PIP_DRY_RUN=--dry-run
     DECODE_SELECT=decode_cpu OPS_SELECT="10M or paged or tree"
+    TINY_ROLLOUTS=(--set max_new_tokens=128 --set t_min=32 --set t_max=64)
     export CUDA_VISIBLE_DEVICES=
   else
     DEVICE=cuda DTYPE=bf16 STEPS=50 CHECKPOINT_CONFIG=qwen3-0.6b PIP_DRY_RUN=
     DECODE_SELECT=decode_cuda OPS_SELECT="not cpu"
+    TINY_ROLLOUTS=()
   fi
   MODEL=$WORK/model
   export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -66,7 +68,8 @@ headline() {  # one line for the summary table
 
 train_command() {  # ARM OUT_DIR STEPS: sets TRAIN, one rlvr-fast run as the study's, no evaluation
   TRAIN=(python3 -m rlvr_fast.cli train --arm "$1" --model "$MODEL" --device "$DEVICE"
-         --dtype "$DTYPE" --steps "$3" --out "$2" --quiet --set checkpoint_every="$3")
+         --dtype "$DTYPE" --steps "$3" --out "$2" --quiet --set checkpoint_every="$3"
+         "${TINY_ROLLOUTS[@]}")
   rm -rf "$2"
 }
 
@@ -76,9 +79,9 @@ stage_env() {
   if command -v nvidia-smi > /dev/null; then run nvidia-smi || rc=1
   else echo "nvidia-smi: not on this machine"; fi
   if compgen -G ".whl/*.whl" > /dev/null; then
-    run python3 -m pip install -q --no-index --no-deps .whl/*.whl || rc=1
+    run python3 -m pip install $PIP_DRY_RUN --no-index --no-deps .whl/*.whl || rc=1
   fi
-  run python3 -m pip install -q $PIP_DRY_RUN --no-deps --no-build-isolation -e . || rc=1
+  run python3 -m pip install $PIP_DRY_RUN --no-deps --no-build-isolation -e . || rc=1
   run python3 benchmarks/gpu/environment.py --device "$DEVICE" | tee "$WORK/env.out" || rc=1
   run python3 scripts/make_checkpoint.py --config "$CHECKPOINT_CONFIG" --out "$MODEL" \
     --device "$DEVICE" | tee "$WORK/checkpoint.out" || rc=1
@@ -97,8 +100,12 @@ stage_tests() {
   run python3 -m pytest "${args[@]}" 2>&1 | tee "$WORK/tests.out"
   local rc=${PIPESTATUS[0]}
   headline "$(grep -v '^$' "$WORK/tests.out" | tail -n 1 | tr -d '=')"
-  { echo '```'; sed -n '/short test summary info/,$p' "$WORK/tests.out" | grep -v '^$'
-    grep -v '^$' "$WORK/tests.out" | tail -n 1; echo '```'; } > "$WORK/tests.md"
+  # pytest's short summary (failures, errors, skips) ends with its final line.
+  { echo '```'
+    if grep -q 'short test summary info' "$WORK/tests.out"; then
+      sed -n '/short test summary info/,$p' "$WORK/tests.out" | grep -v '^$'
+    else grep -v '^$' "$WORK/tests.out" | tail -n 1; fi
+    echo '```'; } > "$WORK/tests.md"
   return "$rc"
 }
 
@@ -108,11 +115,14 @@ e2e_arm() {  # ARM CAP [TRAIN ARGS...]
   shift 2
   train_command "$arm" "$WORK/runs/$arm" "$STEPS"
   start=$(date +%s)
-  run timeout -k 5 "$limit" "${TRAIN[@]}" "$@"
-  code=$?
+  run timeout -k 5 "$limit" "${TRAIN[@]}" "$@" 2>&1 | tee "$WORK/$arm.out"
+  code=${PIPESTATUS[0]}
   python3 benchmarks/gpu/run_report.py "$WORK/runs/$arm" --exit-code "$code" \
     --wall-seconds "$(( $(date +%s) - start ))" --limit-seconds "$limit" \
     --headline "$WORK/e2e.headline" | tee -a "$WORK/e2e.md"
+  if (( code != 0 && code != 124 && code != 137 )); then
+    { echo '```'; tail -n 8 "$WORK/$arm.out"; echo '```'; echo; } >> "$WORK/e2e.md"
+  fi
   return "$code"
 }
 
@@ -141,8 +151,9 @@ bench_stage() {  # PYTEST ARGS...: benchmarks beside their eager references, tim
   local speedups
   speedups=$(grep -o 'speed-up [0-9.]*x' "$WORK/$STAGE.out" | cut -d' ' -f2 | paste -sd' ')
   headline "speed-ups ${speedups:-none}; $(grep -v '^$' "$WORK/$STAGE.out" | tail -n 1 | tr -d '=')"
-  { echo '```'; sed -n '/fast path vs eager/,$p' "$WORK/$STAGE.out" | grep -v '^$'
-    echo '```'; } > "$WORK/$STAGE.md"
+  # The ratio table and the counts conftest prints, up to pytest-benchmark's own tables.
+  { echo '```'; sed -n '/fast path vs eager/,/^---/p' "$WORK/$STAGE.out" | grep -v '^---'
+    grep -v '^$' "$WORK/$STAGE.out" | tail -n 1; echo '```'; } > "$WORK/$STAGE.md"
   return "$rc"
 }
 
@@ -216,7 +227,7 @@ run_stage() {  # INDEX NAME: run one stage under its limit; append its section t
     echo
   } >> "$RESULTS/results.md"
   local figures=""
-  [[ -f $WORK/$name.headline ]] && figures=$(paste -sd';' "$WORK/$name.headline")
+  [[ -f $WORK/$name.headline ]] && figures=$(sed ':a;N;$!ba;s/\n/; /g' "$WORK/$name.headline")
   echo "| $index | ${TITLE[$name]} | $status | $seconds | ${figures//|/\\|} |" >> "$WORK/summary"
 }
 
@@ -237,6 +248,7 @@ main() {
   mkdir -p "$RESULTS" || exit 2
   RESULTS=$(cd "$RESULTS" && pwd)
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-work.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
   DEADLINE=$(( $(date +%s) + BUDGET_SECONDS ))
   FAILURES=0
   export DRY_RUN WORK DEADLINE
@@ -263,7 +275,7 @@ main() {
   { echo "## Summary"; echo; cat "$WORK/summary"; } >> "$RESULTS/results.md"
   echo
   cat "$WORK/summary"
-  echo "wrote $RESULTS/results.md ($FAILURES stage(s) not ok); scratch files in $WORK"
+  echo "wrote $RESULTS/results.md ($FAILURES stage(s) not ok)"
   (( FAILURES == 0 ))
 }
 

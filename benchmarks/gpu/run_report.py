@@ -33,7 +33,8 @@ def how_it_ended(exit_code: int, steps_run: int, steps: int, limit: float | None
     if exit_code == 0 and steps_run == steps:
         return "finished"
     if exit_code in TIMED_OUT:
-        return f"stopped at its {limit:.0f} s limit" if limit else "stopped by its time limit"
+        stopped = f"stopped at its {limit:.0f} s limit" if limit else "stopped by its time limit"
+        return stopped + (" while writing the final checkpoint" if steps_run == steps else "")
     return f"failed (exit {exit_code})"
 
 
@@ -61,9 +62,11 @@ def report(run_dir: Path, exit_code: int, wall: float, limit: float | None) -> t
     out += [f"| step time (all phases) | {step_time:.2f} | {step_time / len(records):.3f} |", ""]
     if len(per_step) > 1:
         rest = per_step[1:]
-        out.append(f"step 0: {per_step[0]:.2f} s (compiles kernels, captures CUDA graphs); "
-                   f"steps 1-{len(per_step) - 1}: mean {sum(rest) / len(rest):.3f} s, "
-                   f"min {min(rest):.3f}, max {max(rest):.3f}")
+        later = (f"step 1: {rest[0]:.3f} s" if len(rest) == 1 else
+                 f"steps 1-{len(rest)}: mean {sum(rest) / len(rest):.3f} s, "
+                 f"min {min(rest):.3f}, max {max(rest):.3f}")
+        out.append(f"step 0: {per_step[0]:.2f} s (its first kernel compiles and CUDA graph "
+                   f"captures included); {later}")
     lengths = [length for record in records for pair in record["pairs"] for length in pair[2:4]]
     categories = Counter(pair[6] for record in records for pair in record["pairs"])
     out.append(f"rollouts: {sum(n == cap for n in lengths)} of {len(lengths)} at the {cap}-token "
