@@ -33,9 +33,9 @@ declare -A TITLE=([env]="environment, install, checkpoint" [tests]="CUDA tests (
                   [ops]="fused ops vs eager" [profile]="Nsight Systems profile, 3 steps")
 declare -A CAP_SECONDS=([env]=180 [tests]=100 [e2e]=230 [decode]=120 [ops]=60 [profile]=45)
 E2E_ARM_SECONDS=(140 80)  # baseline, stopped_tree; their sum stays under CAP_SECONDS[e2e]
-# A stage's exit status besides 0 and a timeout's 124 / 137.
-SKIPPED=3  # nothing to run here (the stage's headline says why)
-PARTIAL=4  # ran, but part of it stopped at its time limit
+# A stage's own exit statuses, apart from pytest's (0-5) and a timeout's (124, 137).
+SKIPPED=90  # nothing to run here (the stage's headline says why)
+PARTIAL=91  # ran, but part of it stopped at its time limit
 
 configure() {
   if (( DRY_RUN )); then
@@ -128,11 +128,16 @@ e2e_arm() {  # ARM CAP [TRAIN ARGS...]
 
 stage_e2e() {
   local codes=()
-  echo "A random-weight model earns reward 0 on every rollout, so every group is homogeneous:" \
-    "baseline still runs a backward each step; stopped_tree runs with" \
-    "bifurcate_after_active=0, as its 3 warmup steps would never become active and no step" \
-    "would branch, and takes a zero-gradient AdamW step instead of a backward." > "$WORK/e2e.md"
-  echo >> "$WORK/e2e.md"
+  train_command ARM "$WORK/runs/ARM" "$STEPS"
+  {
+    echo "\`${TRAIN[*]/#$WORK/SCRATCH}\` with the checkpoint made in stage 0" \
+      "($CHECKPOINT_CONFIG shape)."
+    echo "A random-weight model earns reward 0 on every rollout, so every group is homogeneous:" \
+      "baseline still runs a backward each step; stopped_tree runs with" \
+      "bifurcate_after_active=0, as its 3 warmup steps would never become active and no step" \
+      "would branch, and takes a zero-gradient AdamW step instead of a backward."
+    echo
+  } > "$WORK/e2e.md"
   e2e_arm baseline "${E2E_ARM_SECONDS[0]}"
   codes+=($?)
   e2e_arm stopped_tree "${E2E_ARM_SECONDS[1]}" --set bifurcate_after_active=0
