@@ -42,7 +42,9 @@ configure() {
     DEVICE=cpu DTYPE=fp32 STEPS=2 CHECKPOINT_CONFIG=tiny PIP_DRY_RUN=--dry-run
     DECODE_SELECT=decode_cpu OPS_SELECT="10M or paged or tree"
     TINY_ROLLOUTS=(--set max_new_tokens=128 --set t_min=32 --set t_max=64)
-    export CUDA_VISIBLE_DEVICES=
+    # No figure of a dry run means anything; one thread per process keeps a shared CI machine
+    # from stalling in OpenMP waits.
+    export CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   else
     DEVICE=cuda DTYPE=bf16 STEPS=50 CHECKPOINT_CONFIG=qwen3-0.6b PIP_DRY_RUN=
     DECODE_SELECT=decode_cuda OPS_SELECT="not cpu"

@@ -55,7 +55,10 @@ def main() -> int:
               f"GiB, {properties.multi_processor_count} SMs, sm_{properties.major}{properties.minor}")
     else:
         print("CUDA: not available")
-    missing = missing_dependencies()
+    try:
+        missing = missing_dependencies()
+    except PackageNotFoundError:
+        missing = ["rlvr_fast itself (the install failed)"]
     for line in missing:
         print(f"MISSING runtime dependency: {line}")
     ok = not missing and (cuda or args.device == "cpu")
