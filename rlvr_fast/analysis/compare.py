@@ -220,13 +220,14 @@ def eval_grades(run: Run, name: str, ids: list[str], before: bool) -> EvalGrades
 
 def ledger_totals(run: Run) -> dict[str, float]:
     """Token counts and FLOPs summed over the run's ledger, seconds summed over its steps' phases,
-    and the number of steps and of steps with a backward pass."""
+    P, and the number of steps and of steps with a backward pass."""
     lines = run.ledger
     if not lines:
         raise CompareError(f"{run.path}: empty ledger")
     try:
         totals = {key: float(sum(line[key] for line in lines)) for key in TOKEN_FIELDS + FLOP_FIELDS}
         totals["seconds"] = float(sum(sum(line["seconds"].values()) for line in lines))
+        totals["params"] = float(lines[0]["params"])
         totals["steps"] = float(len(lines))
         totals["active_steps"] = float(sum(bool(line["active"]) for line in lines))
     except (KeyError, AttributeError, TypeError) as err:

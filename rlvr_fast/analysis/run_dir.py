@@ -60,6 +60,8 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
     ``runs/``); the result keeps the order given, sub-directories sorted by name."""
     found = []
     for path in paths:
+        if not path.exists():
+            raise RunDirError(f"{path}: no such directory")
         if is_run_dir(path):
             found.append(path)
             continue
@@ -138,7 +140,4 @@ class Run:
 
 def load_runs(paths: list[Path]) -> list[Run]:
     """The runs under ``paths`` (see ``find_run_dirs``), their config.json read and checked."""
-    missing = [p for p in paths if not p.exists()]
-    if missing:
-        raise RunDirError(f"{missing[0]}: no such directory")
     return [Run.open(path) for path in find_run_dirs(paths)]
