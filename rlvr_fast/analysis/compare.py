@@ -194,18 +194,13 @@ def summarise_arm(arm: str, runs: dict[int, Run], item_ids: dict[str, list[str]]
 
 
 def summarise_base(runs: list[Run], item_ids: dict[str, list[str]]) -> ArmSummary | None:
-    """The base model's row from the before-training evaluations: one run per seed (greedy
-    decoding of the same base model gives every run the same grades), on the eval sets every
-    such run saved."""
-    first_per_seed: dict[int, Run] = {}
-    for run in runs:
-        if run.eval_files(before=True):
-            first_per_seed.setdefault(run.seed, run)
-    if not first_per_seed:
+    """The base model's row from the first run that saved before-training evaluations: greedy
+    decoding of one base model grades every run's items the same."""
+    run = next((run for run in runs if run.eval_files(before=True)), None)
+    if run is None:
         return None
-    names = [name for name in item_ids
-             if all(name in run.eval_files(before=True) for run in first_per_seed.values())]
-    return summarise_arm(BASE_LABEL, first_per_seed, {n: item_ids[n] for n in names}, before=True)
+    names = {n: ids for n, ids in item_ids.items() if n in run.eval_files(before=True)}
+    return summarise_arm(BASE_LABEL, {run.seed: run}, names, before=True)
 
 
 def eval_grades(run: Run, name: str, ids: list[str], before: bool) -> EvalGrades:

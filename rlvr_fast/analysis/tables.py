@@ -2,7 +2,7 @@
 contrasts), or the same numbers as CSV or JSON records for other tools.
 
 Markdown cells follow the study: accuracy "46.07% ± 2.39% (44.4 / 45.0 / 48.8)" (mean ± SD over
-seeds, then each seed in %), a single value "14.80% (74/500)" when every seed agrees; AllCap
+seeds, then each seed in %), "14.80% (74/500)" for a single seed; AllCap
 "52.7 (53/47/58) / 51.7" (mean cap hits, per seed, then mean IncTrunc); tokens in thousands
 "gen [untrim] / pref [pad] / bwd_out / bwd_full"; compute "Out / Full / PadFull TFLOPs (s)";
 differences in percentage points with 95% CIs.
@@ -70,7 +70,7 @@ def accuracy_cell(arm: ArmSummary, eval_set: str, items: int) -> str:
     if eval_set not in arm.grades:
         return "—"
     accuracies = arm.per_seed(eval_set, lambda g: g.accuracy)
-    if len(set(accuracies)) == 1:
+    if len(accuracies) == 1:
         correct = int(round(accuracies[0] * items))
         return f"{100 * accuracies[0]:.2f}% ({correct}/{items})"
     return mean_sd_cell([100 * a for a in accuracies], "%")
