@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 
 from rlvr_fast.analysis.compare import compare_paths
-from rlvr_fast.analysis.run_dir import find_run_dirs
 from rlvr_fast.analysis.tables import FORMATS, render
-from rlvr_fast.analysis.verify import verify_run
+from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import DataError, load_problems, synthetic_problems
 from rlvr_fast.evaluation import evaluate
@@ -199,15 +198,9 @@ def run_eval(args) -> dict:
 
 
 def run_verify(args) -> bool:
-    """Print every run's PASS / FAIL lines; True when all pass."""
-    results = [verify_run(path) for path in find_run_dirs(args.runs)]
-    for result in results:
-        print("\n".join(result.lines()))
-    failed = [str(r.path) for r in results if not r.ok]
-    seconds = sum(r.seconds for r in results)
-    print(f"verify: {len(results) - len(failed)} of {len(results)} runs PASS in {seconds:.2f} s"
-          + (f"; FAIL: {', '.join(failed)}" if failed else ""))
-    return not failed
+    lines, ok = verify_paths(args.runs)
+    print("\n".join(lines))
+    return ok
 
 
 def run_compare(args) -> None:

@@ -207,14 +207,18 @@ def test_compare_csv_and_json_hold_the_same_numbers(sweep_dir, capsys):
 
 @pytest.mark.parametrize("change,message", [
     ("rename", "mixed eval sets"), ("drop_item", "unequal item lists"),
-    ("duplicate", "two runs of arm ra_flat with seed 1")])
+    ("duplicate", "two runs of arm ra_flat with seed 1"),
+    ("other_lr", "runs of arm ra_flat differ in lr (0.0001 in"),
+    ("unfinished", "unfinished run (no summary.json)")])
 def test_compare_refuses_runs_that_do_not_pair(sweep_dir, tmp_path, capsys, change, message):
     copy = tmp_path / "ra_flat_copy"
     shutil.copytree(sweep_dir / "runs" / "ra_flat_s1", copy)
     if change != "duplicate":
         meta = json.loads((copy / "config.json").read_text())
-        meta["config"]["seed"] = 3
+        meta["config"].update(seed=3, lr=1e-5 if change == "other_lr" else 1e-4)
         (copy / "config.json").write_text(json.dumps(meta))
+    if change == "unfinished":
+        (copy / "summary.json").unlink()
     if change == "rename":
         (copy / "evals" / "t.jsonl").rename(copy / "evals" / "u.jsonl")
     elif change == "drop_item":

@@ -129,13 +129,25 @@ def compare_runs(runs: list[Run], *, reference: str | None = None,
 
 
 def group_by_arm(runs: list[Run]) -> dict[str, dict[int, Run]]:
-    """arm -> seed -> run, arms in the order their first run was given, seeds sorted as given."""
+    """arm -> seed -> run, arms and seeds in the order given. The runs of one arm must be
+    finished and differ in their seed only, or they are not seeds of one arm."""
     by_arm: dict[str, dict[int, Run]] = {}
     for run in runs:
+        if not run.finished:
+            raise CompareError(f"{run.path}: unfinished run (no summary.json)")
         seeds = by_arm.setdefault(run.arm, {})
         if run.seed in seeds:
             raise CompareError(f"two runs of arm {run.arm} with seed {run.seed}: "
                                f"{seeds[run.seed].path} and {run.path}")
+        if seeds:
+            first = next(iter(seeds.values()))
+            differing = sorted(key for key in set(first.config) | set(run.config)
+                               if key != "seed" and first.config.get(key) != run.config.get(key))
+            if differing:
+                key = differing[0]
+                raise CompareError(f"runs of arm {run.arm} differ in {key} "
+                                   f"({first.config.get(key)!r} in {first.path}, "
+                                   f"{run.config.get(key)!r} in {run.path})")
         seeds[run.seed] = run
     return by_arm
 

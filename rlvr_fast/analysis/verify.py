@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_fast.analysis.run_dir import Run, RunDirError
+from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
 from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
 from rlvr_fast.ledger import (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY, LedgerError, StepRecord,
@@ -81,6 +81,18 @@ class RunVerification:
             if len(check.failures) > SHOWN_FAILURES:
                 lines.append(f"    ... and {len(check.failures) - SHOWN_FAILURES} more")
         return lines
+
+
+def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
+    """Every run under ``paths`` (run directories or directories of them): the PASS / FAIL
+    lines of each, a closing count, and whether all passed."""
+    results = [verify_run(path) for path in find_run_dirs(paths)]
+    lines = [line for result in results for line in result.lines()]
+    failed = [str(result.path) for result in results if not result.ok]
+    lines.append(f"verify: {len(results) - len(failed)} of {len(results)} runs PASS in "
+                 f"{sum(r.seconds for r in results):.2f} s"
+                 + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    return lines, not failed
 
 
 def verify_run(path: Path) -> RunVerification:
