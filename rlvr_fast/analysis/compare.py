@@ -4,9 +4,9 @@ and seed.
 Per arm and eval set: accuracy over seeds (mean ± SD and the per-seed values), AllCap (responses
 that hit the eval token cap) and IncTrunc (those of them graded incorrect); per arm: ledger token
 totals, Out / Full / PadFull TFLOPs and the step-summed seconds, each a mean over seeds. Per
-non-reference arm, eval set and metric (accuracy, cap-hit rate): paired per-seed differences
-against the reference arm, their mean, a two-level (seed x question) bootstrap 95% CI and a
-pooled-item bootstrap 95% CI (``rlvr_fast.stats``). Items are paired by id, so every run must
+non-reference arm, eval set and metric (accuracy, and the cap-hit rate where either arm hit the
+cap): paired per-seed differences against the reference arm, their mean, a two-level (seed x
+question) bootstrap 95% CI and a pooled-item bootstrap 95% CI (``rlvr_fast.stats``). Items are paired by id, so every run must
 have graded the same eval sets on the same items at the same cap; anything else is refused.
 Before-training evaluations, where runs saved them, give the "base model (0 updates)" row.
 """
@@ -123,9 +123,16 @@ def compare_runs(runs: list[Run], *, reference: str | None = None,
     reference_arm = next(a for a in arms if a.arm == reference)
     contrasts = [paired_contrast(arm, reference_arm, name, metric, resamples, seed)
                  for arm in arms if arm is not reference_arm
-                 for name in item_ids for metric in METRICS]
+                 for name in item_ids for metric in METRICS
+                 if metric == "accuracy" or any_cap_hit(arm, reference_arm, name)]
     return Comparison({name: len(ids) for name, ids in item_ids.items()}, eval_cap, arms, base,
                       reference if len(arms) > 1 else None, contrasts)
+
+
+def any_cap_hit(arm: ArmSummary, reference: ArmSummary, eval_set: str) -> bool:
+    """Cap-hit contrasts are listed only where a response of either arm hit the cap."""
+    return any(grades.cap_hits for summary in (arm, reference)
+               for grades in summary.grades[eval_set].values())
 
 
 def group_by_arm(runs: list[Run]) -> dict[str, dict[int, Run]]:

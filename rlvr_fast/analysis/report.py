@@ -38,6 +38,7 @@ from rlvr_fast.trainer import write_text_atomic
 SMOOTHING_STEPS = 5
 DPI = 120
 GATE_CHARS = 30
+LINE_STYLES = ("-", "--", ":", "-.")
 PAIR_CATEGORY_ORDER = FLAT_CATEGORIES + TREE_CATEGORIES
 PHASE_COLOURS = {"prefill": "#4c72b0", "generation": "#55a868", "backward": "#c44e52",
                  "padding": "#cccccc"}
@@ -164,8 +165,8 @@ def reward_figure(by_arm: dict[str, list[Run]]) -> Figure:
     for index, (arm, runs) in enumerate(by_arm.items()):
         rewards = per_step(runs, lambda line: float(np.mean(line["rewards"])))
         sigmas = per_step(runs, lambda line: float(line["sigma_r"]))
-        plot_over_steps(mean_axes, rewards, arm, f"C{index % 10}")
-        plot_over_steps(sigma_axes, sigmas, arm, f"C{index % 10}")
+        plot_over_steps(mean_axes, rewards, arm, index)
+        plot_over_steps(sigma_axes, sigmas, arm, index)
     mean_axes.set(title="Group reward mean per step", xlabel="training step",
                   ylabel="mean reward (fraction correct)", ylim=(-0.02, 1.02))
     sigma_axes.set(title="Group reward std σ_R per step", xlabel="training step",
@@ -181,8 +182,8 @@ def length_figure(by_arm: dict[str, list[Run]]) -> Figure:
         lengths = per_step(runs, lambda line: float(np.mean(line["lengths"])), rollouts=True)
         short = per_step(runs, lambda line: float(np.mean(
             [not passes_gate(text, GATE_CHARS) for text in line["texts"]])), rollouts=True)
-        plot_over_steps(length_axes, lengths, arm, f"C{index % 10}")
-        plot_over_steps(short_axes, 100 * short, arm, f"C{index % 10}")
+        plot_over_steps(length_axes, lengths, arm, index)
+        plot_over_steps(short_axes, 100 * short, arm, index)
     length_axes.set(title="Mean rollout length per step", xlabel="training step",
                     ylabel="tokens per rollout")
     short_axes.set(title=f"Short answers (< {GATE_CHARS} chars before \\boxed, or no box)",
@@ -203,12 +204,15 @@ def per_step(runs: list[Run], value, rollouts: bool = False) -> np.ndarray:
         raise RunDirError(f"{runs[0].arm}: unreadable step line ({err})") from None
 
 
-def plot_over_steps(axes, values: np.ndarray, label: str, colour: str) -> None:
+def plot_over_steps(axes, values: np.ndarray, label: str, index: int) -> None:
+    """Raw per-step values faint, their moving average bold; arms differ in colour and dash so
+    arms whose curves coincide stay visible."""
+    colour, dash = f"C{index % 10}", LINE_STYLES[index % len(LINE_STYLES)]
     steps = np.arange(len(values))
     axes.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
     window = min(SMOOTHING_STEPS, len(values))
     smoothed = np.convolve(values, np.ones(window) / window, mode="valid")
-    axes.plot(steps[window - 1:], smoothed, color=colour, linewidth=2,
+    axes.plot(steps[window - 1:], smoothed, color=colour, linestyle=dash, linewidth=2,
               label=f"{label} ({window}-step mean)")
 
 
