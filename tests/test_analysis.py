@@ -135,6 +135,17 @@ def test_verify_catches_an_edited_stage1_length_on_a_tree_step(tree_run, tmp_pat
     assert re.search(r"step 0 gen: recorded \d+, re-derived \d+", out)
 
 
+def test_verify_fails_a_run_without_recorded_versions(sweep_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(sweep_dir / "runs" / "ra_flat_s2", run)
+    meta = json.loads((run / "config.json").read_text())
+    del meta["versions"]["torch"]
+    (run / "config.json").write_text(json.dumps(meta))
+    assert main(["verify", str(run)]) == 1
+    assert "FAIL config: 1 problem(s)\n    config.json: version of torch not recorded" in \
+        capsys.readouterr().out
+
+
 def test_verify_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err

@@ -98,6 +98,11 @@ class Comparison:
     reference: str | None
     contrasts: list[Contrast]
 
+    @property
+    def rows(self) -> list[ArmSummary]:
+        """The base model (when runs saved before-training evaluations), then the arms."""
+        return ([self.base] if self.base else []) + self.arms
+
 
 def compare_paths(paths: list[Path], *, reference: str | None = None,
                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Comparison:

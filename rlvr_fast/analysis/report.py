@@ -135,9 +135,8 @@ def accuracy_figure(comparison: Comparison, resamples: int, seed: int) -> Figure
     figure = Figure(figsize=(max(6, 1.2 * len(comparison.arms) + 3) * len(names), 4.5),
                     layout="tight")
     axes_row = figure.subplots(1, len(names), squeeze=False)
-    summaries = ([comparison.base] if comparison.base else []) + comparison.arms
     for axes, name in zip(axes_row[0], names):
-        shown = [arm for arm in summaries if name in arm.grades]
+        shown = [arm for arm in comparison.rows if name in arm.grades]
         for x, arm in enumerate(shown):
             matrix = np.stack([arm.grades[name][s].correct for s in arm.seeds])
             mean = 100 * matrix.mean(axis=1).mean()

@@ -87,9 +87,9 @@ class Run:
         meta = read_json(path / "config.json")
         if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
             raise RunDirError(f"{path / 'config.json'}: no 'config' object")
-        for key in ("arm", "seed", "steps"):
-            if key not in meta["config"]:
-                raise RunDirError(f"{path / 'config.json'}: config lacks {key!r}")
+        for key, kind in (("arm", str), ("seed", int), ("steps", int)):
+            if not isinstance(meta["config"].get(key), kind):
+                raise RunDirError(f"{path / 'config.json'}: config has no {kind.__name__} {key!r}")
         return cls(path, meta)
 
     def _load(self, key: str, reader):

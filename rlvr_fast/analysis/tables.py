@@ -55,7 +55,7 @@ def arms_table(comparison: Comparison) -> str:
     header += ["Tokens k (gen [untrim] / pref [pad] / bwd_out / bwd_full)",
                "Compute (Out / Full / PadFull TFLOPs, step s)"]
     rows = []
-    for arm in ([comparison.base] if comparison.base else []) + comparison.arms:
+    for arm in comparison.rows:
         label = arm.arm if shared or arm.arm == BASE_LABEL else (
             f"{arm.arm} ({' / '.join(map(str, arm.seeds))})")
         row = [label]
@@ -148,7 +148,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def arm_records(comparison: Comparison) -> list[dict]:
     """One record per arm and eval set: rates as fractions, counts, ledger means over seeds."""
     records = []
-    for arm in ([comparison.base] if comparison.base else []) + comparison.arms:
+    for arm in comparison.rows:
         totals = ({key: arm.mean_total(key) for key in next(iter(arm.totals.values()))}
                   if arm.totals else {})
         for name in arm.grades:

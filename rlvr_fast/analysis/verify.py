@@ -134,10 +134,13 @@ def check_config(run: Run) -> tuple[Check, TrainConfig | None]:
                        for name in REQUIRED_VERSIONS if name not in versions]
     if "git_commit" not in run.meta:
         check.failures.append("config.json: git_commit not recorded")
-    commit = run.meta.get("git_commit") or "none (not a git checkout)"
+    if check.failures:
+        return check, None
+    commit = run.meta["git_commit"]
     check.detail = (f"arm {config.arm}, seed {config.seed}, {config.steps} steps, P = {params:,}; "
-                    + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; commit {commit[:12]}")
-    return check, (config if check.ok else None)
+                    + ", ".join(f"{k} {v}" for k, v in versions.items())
+                    + f"; commit {commit[:12] if commit else 'none (not a git checkout)'}")
+    return check, config
 
 
 def check_steps(run: Run, config: TrainConfig) -> Check:
