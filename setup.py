@@ -34,7 +34,7 @@ ext_modules, cmdclass = cpp_extension()
 setup(
     packages=find_packages(include=["rlvr_fast", "rlvr_fast.*"]) + ["rlvr_fast.kernels"],
     package_dir={"rlvr_fast.kernels": "kernels"},
-    package_data={"rlvr_fast": ["assets/tiny/*"]},
+    package_data={"rlvr_fast": ["assets/tiny/*", "assets/configs/*"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

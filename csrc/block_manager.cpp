@@ -121,9 +121,6 @@ class BlockManager {
   // tokens, row after row, as one flat int64 tensor [sum(counts)].
   std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_many(
       const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts) {
-    if (counts.size() != seq_ids.size()) {
-      throw pybind11::value_error("append_many: one count per sequence");
-    }
     return append_rows(seq_ids, counts, "append_many");
   }
 
@@ -162,28 +159,10 @@ class BlockManager {
     return tables;
   }
 
-  // Cache slot of each of the first `width` token positions of several sequences, int64
-  // [len(seq_ids), width]; positions past a sequence's end read slot 0 (callers mask them).
-  // This is the gather index of paged attention on CPU, built in one call per forward pass.
-  torch::Tensor token_slots(const std::vector<int64_t>& seq_ids, int64_t width) {
-    if (width < 0) {
-      throw pybind11::value_error("token_slots: width must be >= 0");
-    }
-    std::vector<const Sequence*> rows;
-    for (int64_t id : seq_ids) {
-      rows.push_back(&find(id));
-    }
-    auto slots = torch::zeros({static_cast<int64_t>(rows.size()), width}, torch::kInt64);
-    int64_t* out = slots.data_ptr<int64_t>();
-    for (const Sequence* seq : rows) {
-      const int64_t filled = std::min(width, seq->num_tokens);
-      for (int64_t pos = 0; pos < filled; ++pos) {
-        out[pos] = static_cast<int64_t>(seq->blocks[pos / block_size_]) * block_size_ +
-                   pos % block_size_;
-      }
-      out += width;
-    }
-    return slots;
+  // How many free blocks append_many(seq_ids, counts) would take (copy-on-write copies
+  // included), without changing anything: what a scheduler asks before admitting a batch.
+  int64_t blocks_needed(const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts) {
+    return count_needed(seq_ids, counts, "blocks_needed");
   }
 
   int64_t num_tokens(int64_t seq_id) { return find(seq_id).num_tokens; }
@@ -229,13 +208,39 @@ class BlockManager {
   // The all-or-nothing append of append_batch and append_many; `op` names the caller in errors.
   std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_rows(
       const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts, const char* op) {
-    // Count the blocks the whole batch needs, replaying the copy-on-write decisions in order:
-    // when two forks share a partial last block, the first copies it and the second then
-    // holds it alone.
+    require_free(count_needed(seq_ids, counts, op), op);
+    int64_t total = 0;
+    for (int64_t count : counts) {
+      total += count;
+    }
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    auto slots = torch::empty({total}, torch::kInt64);
+    int64_t* slot = slots.data_ptr<int64_t>();
+    for (size_t i = 0; i < seq_ids.size(); ++i) {
+      Sequence& seq = sequences_.find(seq_ids[i])->second;
+      const int64_t start = seq.num_tokens;
+      for (const auto& copy : append(seq_ids[i], counts[i])) {
+        copies.push_back(copy);
+      }
+      for (int64_t pos = start; pos < start + counts[i]; ++pos) {
+        *slot++ = static_cast<int64_t>(seq.blocks[pos / block_size_]) * block_size_ +
+                  pos % block_size_;
+      }
+    }
+    return {copies, slots};
+  }
+
+  // Free blocks that append(seq_ids[i], counts[i]) for every i in order would take, replaying
+  // the copy-on-write decisions in order: when two forks share a partial last block, the first
+  // copies it and the second then holds it alone.
+  int64_t count_needed(const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts,
+                       const char* op) {
+    if (counts.size() != seq_ids.size()) {
+      throw pybind11::value_error(std::string(op) + ": one count per sequence");
+    }
     std::unordered_map<int32_t, int64_t> released;
     std::unordered_map<int64_t, bool> seen;
     int64_t needed = 0;
-    int64_t total = 0;
     for (size_t i = 0; i < seq_ids.size(); ++i) {
       const int64_t id = seq_ids[i];
       if (counts[i] < 0) {
@@ -255,24 +260,8 @@ class BlockManager {
         }
       }
       needed += blocks_for(seq.num_tokens + counts[i]) - static_cast<int64_t>(seq.blocks.size());
-      total += counts[i];
     }
-    require_free(needed, op);
-    std::vector<std::pair<int32_t, int32_t>> copies;
-    auto slots = torch::empty({total}, torch::kInt64);
-    int64_t* slot = slots.data_ptr<int64_t>();
-    for (size_t i = 0; i < seq_ids.size(); ++i) {
-      Sequence& seq = sequences_.find(seq_ids[i])->second;
-      const int64_t start = seq.num_tokens;
-      for (const auto& copy : append(seq_ids[i], counts[i])) {
-        copies.push_back(copy);
-      }
-      for (int64_t pos = start; pos < start + counts[i]; ++pos) {
-        *slot++ = static_cast<int64_t>(seq.blocks[pos / block_size_]) * block_size_ +
-                  pos % block_size_;
-      }
-    }
-    return {copies, slots};
+    return needed;
   }
 
   int64_t blocks_for(int64_t num_tokens) const {
@@ -325,13 +314,13 @@ void register_block_manager(pybind11::module& m) {
            pybind11::arg("num_tokens") = 1)
       .def("append_many", &BlockManager::append_many, pybind11::arg("seq_ids"),
            pybind11::arg("counts"))
+      .def("blocks_needed", &BlockManager::blocks_needed, pybind11::arg("seq_ids"),
+           pybind11::arg("counts"))
       .def("fork", &BlockManager::fork, pybind11::arg("seq_id"), pybind11::arg("num_tokens") = -1)
       .def("free", &BlockManager::free, pybind11::arg("seq_id"))
       .def("block_table", &BlockManager::block_table, pybind11::arg("seq_id"))
       .def("block_tables", &BlockManager::block_tables, pybind11::arg("seq_ids"),
            pybind11::arg("min_width") = 0)
-      .def("token_slots", &BlockManager::token_slots, pybind11::arg("seq_ids"),
-           pybind11::arg("width"))
       .def("num_tokens", &BlockManager::num_tokens, pybind11::arg("seq_id"))
       .def("ref_count", &BlockManager::ref_count, pybind11::arg("block"))
       .def("num_free_blocks", &BlockManager::num_free_blocks)

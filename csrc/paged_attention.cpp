@@ -1,9 +1,9 @@
 // Paged attention on CPU reading keys and values in place: no gathered copy of a sequence's KV.
 //
-// q [R, Hq, T, D] float32; k_cache, v_cache [num_blocks, block_size, Hkv, D] float32; slots
-// [R, W] int64, the cache slot (block * block_size + offset) of each of row r's first W tokens;
-// context_lens [R, T] int64: query (r, t) attends to the first context_lens[r, t] tokens of row r
-// (decode: T = 1; prefill of a suffix: each query's own position + 1). Query head h reads KV
+// q [R, Hq, T, D] float32; k_cache, v_cache [num_blocks, block_size, Hkv, D] float32;
+// block_tables [R, M] int32, the blocks of row r in order (the same tables the Triton kernel
+// reads); context_lens [R, T] int64: query (r, t) attends to the first context_lens[r, t] tokens
+// of row r (decode: T = 1; prefill of a suffix: each query's own position + 1). Query head h reads KV
 // head h / (Hq / Hkv) (GQA); scale 1 / sqrt(D). Per (row, query, head): scores, max, exp,
 // normaliser and the weighted sum of values in float32; tasks run in parallel with
 // at::parallel_for. An AVX2 + FMA version is chosen at run time when D is a multiple of 8.
@@ -24,7 +24,7 @@ struct HeadTask {
   const float* q;         // [D]
   const float* keys;      // cache base, already offset to this KV head
   const float* values;    // likewise
-  const int64_t* slots;   // [W] of this row
+  const int64_t* slots;   // cache slot of each of this row's tokens
   int64_t length;         // keys to attend to
   int64_t slot_stride;    // floats between consecutive slots (Hkv * D)
   int64_t dim;            // D
@@ -83,32 +83,53 @@ __attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, flo
   }
 }
 
+// Cache slot (block * block_size + offset) of each of a row's first `length` tokens.
+void fill_slots(const int32_t* table, int64_t block_size, int64_t length, int64_t* slots) {
+  for (int64_t w = 0; w < length; ++w) {
+    slots[w] = static_cast<int64_t>(table[w / block_size]) * block_size + w % block_size;
+  }
+}
+
 torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                  torch::Tensor slots, torch::Tensor context_lens) {
+                                  torch::Tensor block_tables, torch::Tensor context_lens) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 4,
               "paged_attention_cpu: q must be a float32 CPU tensor [R, Hq, T, D]");
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
                   k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "paged_attention_cpu: k_cache and v_cache must be float32 [N, block_size, Hkv, D]");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
-              "paged_attention_cpu: slots and context_lens must be int64");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kLong,
+              "paged_attention_cpu: block_tables must be int32 and context_lens int64");
   const int64_t rows = q.size(0), q_heads = q.size(1), tokens = q.size(2), dim = q.size(3);
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1);
   const int64_t kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == dim && q_heads % kv_heads == 0,
               "paged_attention_cpu: head_dim mismatch or query heads not a multiple of KV heads");
-  TORCH_CHECK(slots.dim() == 2 && slots.size(0) == rows && context_lens.dim() == 2 &&
-                  context_lens.size(0) == rows && context_lens.size(1) == tokens,
-              "paged_attention_cpu: slots must be [R, W] and context_lens [R, T]");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == rows &&
+                  context_lens.dim() == 2 && context_lens.size(0) == rows &&
+                  context_lens.size(1) == tokens,
+              "paged_attention_cpu: block_tables must be [R, M] and context_lens [R, T]");
   q = q.contiguous();
   k_cache = k_cache.contiguous();
   v_cache = v_cache.contiguous();
-  slots = slots.contiguous();
+  block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();
-  const int64_t width = slots.size(1);
+  const int64_t width = block_tables.size(1) * block_size;
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows * tokens; ++i) {
-    TORCH_CHECK(lens[i] >= 1 && lens[i] <= width,
-                "paged_attention_cpu: every context length must lie in [1, W]");
+  // Each row's longest context, and every block it reads checked against the cache.
+  std::vector<int64_t> row_length(rows, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t length = lens[r * tokens + t];
+      TORCH_CHECK(length >= 1 && length <= width,
+                  "paged_attention_cpu: every context length must lie in [1, M * block_size]");
+      row_length[r] = std::max(row_length[r], length);
+    }
+    for (int64_t b = 0; b < (row_length[r] + block_size - 1) / block_size; ++b) {
+      const int32_t block = tables[r * block_tables.size(1) + b];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "paged_attention_cpu: block id ", block,
+                  " in row ", r, " is outside the cache (", num_blocks, " blocks)");
+    }
   }
   auto out = torch::empty_like(q);
   static const bool has_avx2_fma =
@@ -117,20 +138,31 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
   const float* q_data = q.data_ptr<float>();
   const float* k_data = k_cache.data_ptr<float>();
   const float* v_data = v_cache.data_ptr<float>();
-  const int64_t* slot_data = slots.data_ptr<int64_t>();
   float* out_data = out.data_ptr<float>();
   const int64_t group = q_heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  // One task per (row, query head, query token); q and out are [R, Hq, T, D].
-  at::parallel_for(0, rows * q_heads * tokens, 1, [&](int64_t first, int64_t last) {
+  // One task per (row, query head, query token); q and out are [R, Hq, T, D]. Consecutive tasks
+  // share a row, so each thread fills that row's slots once. A thread's share should be worth
+  // waking it for: short contexts of small heads run inline.
+  const int64_t longest = std::max<int64_t>(
+      1, rows ? *std::max_element(row_length.begin(), row_length.end()) : 1);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (longest * dim));
+  at::parallel_for(0, rows * q_heads * tokens, grain, [&](int64_t first, int64_t last) {
     std::vector<float> scores(width);
+    std::vector<int64_t> slots(width);
+    int64_t slots_row = -1;
     for (int64_t task = first; task < last; ++task) {
       const int64_t row = task / (q_heads * tokens);
       const int64_t head = task / tokens % q_heads;
       const int64_t token = task % tokens;
       const int64_t kv_head = head / group;
+      if (row != slots_row) {
+        fill_slots(tables + row * block_tables.size(1), block_size, row_length[row],
+                   slots.data());
+        slots_row = row;
+      }
       HeadTask t{q_data + task * dim, k_data + kv_head * dim, v_data + kv_head * dim,
-                 slot_data + row * width, lens[row * tokens + token], kv_heads * dim, dim, scale,
+                 slots.data(), lens[row * tokens + token], kv_heads * dim, dim, scale,
                  out_data + task * dim};
       attend_head(t, scores.data());
     }
@@ -142,7 +174,7 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
 
 void register_paged_attention(pybind11::module& m) {
   m.def("paged_attention_cpu", &paged_attention_cpu, pybind11::arg("q"),
-        pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("slots"),
+        pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("block_tables"),
         pybind11::arg("context_lens"),
-        "Paged attention on CPU, float32, reading keys and values in place through token slots");
+        "Paged attention on CPU, float32, reading keys and values in place through block tables");
 }

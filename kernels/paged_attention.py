@@ -11,10 +11,12 @@ values are already written to the sequence's blocks; query (r, t) attends to the
 ``context_lens[r, t]`` tokens of sequence r (its own position + 1 for a causal suffix). The same
 kernel serves it, one program per (query token, head), each query with its row's block table.
 
-The kernel runs one program per (sequence, query head): it walks the sequence's blocks, loads a
-[block_size, head_dim] tile of keys and values per block through the block table, and keeps an
-online-softmax running max, normaliser and weighted sum in fp32, so no gathered copy of the
-sequence's KV is ever made.
+The kernel runs one program per (sequence, KV head), serving the query heads that share that KV
+head together (GQA): it walks the sequence's blocks up to its length (a run-time loop bound),
+loads a [block_size, head_dim] tile of keys and values per block through the block table once for
+the whole group, and keeps an online-softmax running max, normaliser and weighted sum in fp32 per
+query head, so no gathered copy of the sequence's KV is ever made. block_size and head_dim must
+be powers of two.
 """
 
 from __future__ import annotations
@@ -35,16 +37,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """Gather every row's blocks into [B, Hkv, M * block_size, D], hide the slots past each
     row's length, and run dense attention: one batched gather per call, no Python loop."""
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    tables = block_tables.long()
-    k = k_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
-    v = v_cache[tables].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
-    valid = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v,
-                                         attn_mask=valid[:, None, None, :],
-                                         enable_gqa=q_heads != kv_heads)
-    return out[:, :, 0]
+    return paged_prefill_attention_reference(q[:, :, None], k_cache, v_cache, block_tables,
+                                             seq_lens[:, None])[:, :, 0]
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
@@ -59,6 +53,10 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
     v = v_cache[tables].reshape(rows, -1, kv_heads, head_dim).transpose(1, 2)
     positions = torch.arange(k.shape[2], device=q.device)
     valid = positions[None, None, :] < context_lens[:, :, None]  # [R, T, L]
+    # Slots no query may see hold whatever the cache held (never written, or another
+    # sequence's); a masked score is -inf, but 0 * NaN is still NaN, so zero them.
+    seen = valid.any(dim=1)[:, None, :, None]  # [R, 1, L, 1]
+    k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None],
                                           enable_gqa=q_heads != kv_heads)
 
@@ -68,36 +66,43 @@ if triton is not None:
     @triton.jit
     def _paged_attention_kernel(p_q, p_k, p_v, p_tables, p_lens, p_out, scale,
                                 stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-                                stride_tb, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                                HEAD_DIM: tl.constexpr, MAX_BLOCKS: tl.constexpr):
+                                stride_tb, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
         i_b = tl.program_id(0).to(tl.int64)
-        i_h = tl.program_id(1).to(tl.int64)
-        i_kv = i_h // GROUP
+        i_kv = tl.program_id(1).to(tl.int64)
+        o_g = tl.arange(0, GROUP_PAD)
+        m_g = o_g < GROUP
+        o_h = i_kv * GROUP + o_g  # the query heads that read KV head i_kv
         o_d = tl.arange(0, HEAD_DIM)
         o_s = tl.arange(0, BLOCK_SIZE)
-        b_q = tl.load(p_q + i_b * stride_qb + i_h * stride_qh + o_d).to(tl.float32)  # [D]
+        p_qo = i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
+        b_q = tl.load(p_q + p_qo, mask=m_g[:, None], other=0.0).to(tl.float32)  # [G, D]
         b_len = tl.load(p_lens + i_b)
-        b_max = tl.full([], float("-inf"), tl.float32)
-        b_sum = tl.full([], 0.0, tl.float32)
-        b_acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        for i_blk in range(0, MAX_BLOCKS):
+        b_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        b_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        b_acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        # The loop ends at the row's own length, read at run time, whatever the width of the
+        # block table (a CUDA graph captures one fixed width). A while loop, because the
+        # interpreter cannot take a loaded value as a range() bound.
+        i_blk = 0
+        while i_blk * BLOCK_SIZE < b_len:
             o_tok = i_blk * BLOCK_SIZE + o_s
             m_tok = o_tok < b_len
-            b_block = tl.load(p_tables + i_b * stride_tb + i_blk, mask=i_blk * BLOCK_SIZE < b_len,
-                              other=0).to(tl.int64)
+            b_block = tl.load(p_tables + i_b * stride_tb + i_blk).to(tl.int64)
             o_kv = b_block * stride_kb + o_s[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :]
             b_k = tl.load(p_k + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
             b_v = tl.load(p_v + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
-            b_s = tl.sum(b_k * b_q[None, :], axis=1) * scale  # [BS]
-            b_s = tl.where(m_tok, b_s, float("-inf"))
-            b_new_max = tl.maximum(b_max, tl.max(b_s, axis=0))
+            b_s = tl.sum(b_q[:, None, :] * b_k[None, :, :], axis=2) * scale  # [G, BS]
+            b_s = tl.where(m_tok[None, :], b_s, float("-inf"))
+            b_new_max = tl.maximum(b_max, tl.max(b_s, axis=1))  # [G]
             b_alpha = tl.exp(b_max - b_new_max)
-            b_p = tl.where(m_tok, tl.exp(b_s - b_new_max), 0.0)  # [BS]
-            b_sum = b_sum * b_alpha + tl.sum(b_p, axis=0)
-            b_acc = b_acc * b_alpha + tl.sum(b_p[:, None] * b_v, axis=0)
+            b_p = tl.exp(b_s - b_new_max[:, None])  # [G, BS]
+            b_sum = b_sum * b_alpha + tl.sum(b_p, axis=1)
+            b_acc = b_acc * b_alpha[:, None] + tl.sum(b_p[:, :, None] * b_v[None, :, :], axis=1)
             b_max = b_new_max
-        tl.store(p_out + i_b * stride_qb + i_h * stride_qh + o_d,
-                 (b_acc / b_sum).to(p_out.dtype.element_ty))
+            i_blk += 1
+        tl.store(p_out + p_qo, (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty),
+                 mask=m_g[:, None])
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -113,11 +118,12 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     block_tables = block_tables.contiguous()
     out = torch.empty_like(q)
-    _paged_attention_kernel[(batch, q_heads)](
+    group = q_heads // kv_heads
+    _paged_attention_kernel[(batch, kv_heads)](
         q, k_cache, v_cache, block_tables, seq_lens, out, 1.0 / math.sqrt(head_dim),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, MAX_BLOCKS=block_tables.shape[1])
+        block_tables.stride(0), GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
     return out
 
 

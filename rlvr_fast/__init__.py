@@ -10,7 +10,8 @@
 
 from rlvr_fast.data import DataError, Problem, load_problems, render_prompt, save_problems, \
     synthetic_problems, worked_solution
-from rlvr_fast.engine.sampler import SampleOutput, SamplingParams, generate, sample
+from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.generation import SampleOutput, generate, sample, sample_group
 from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.policy import Policy, load_policy
@@ -19,8 +20,8 @@ from rlvr_fast.trainer import GRPOTrainer, TrainConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataError", "GRPOTrainer", "ModelConfig", "Policy", "Problem", "SampleOutput", "SamplingParams",
-    "extract_boxed", "generate", "grade", "grade_response", "load_policy", "load_problems",
-    "passes_gate", "render_prompt", "sample", "save_problems", "synthetic_problems", "TrainConfig",
-    "worked_solution",
+    "DataError", "GRPOTrainer", "ModelConfig", "Policy", "Problem", "RolloutEngine",
+    "SampleOutput", "SamplingParams", "extract_boxed", "generate", "grade", "grade_response",
+    "load_policy", "load_problems", "passes_gate", "render_prompt", "sample", "sample_group",
+    "save_problems", "synthetic_problems", "TrainConfig", "worked_solution",
 ]

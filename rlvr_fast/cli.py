@@ -21,11 +21,14 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from rlvr_fast.analysis.compare import compare_paths
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import DataError, load_problems, synthetic_problems
+from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import CheckpointError
 from rlvr_fast.models.config import ConfigError
@@ -74,6 +77,17 @@ def parse_overrides(pairs: list[str]) -> dict:
     return overrides
 
 
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
+                        help="weights and KV cache: auto = bf16 on CUDA (the study's), fp32 on CPU")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="decode eagerly on CUDA instead of replaying CUDA graphs")
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
     parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
@@ -83,10 +97,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any TrainConfig field, e.g. --set lr=1e-4")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--untie", action="store_true",
                         help="give a tied LM head its own weights (the study's P counts it)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
     ev.add_argument("--eval", action="append", required=True, metavar="NAME=DATA")
     ev.add_argument("--max-new-tokens", type=int, default=2048)
-    ev.add_argument("--batch-size", type=int, default=64)
-    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--max-batch", type=int, default=256,
+                    help="sequences decoded at once (continuous batching)")
+    add_device_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
 
     runs_help = "run directories, or directories holding them (a sweep's runs/)"
@@ -138,12 +153,21 @@ def comma_list(text: str, kind, what: str) -> list:
         raise ValueError(f"{what} wants a comma-separated list, got {text!r}") from None
 
 
-def run_train(args) -> dict:
+def training_overrides(args) -> dict:
+    """--set pairs, and --no-cuda-graphs as the TrainConfig field it sets."""
     overrides = parse_overrides(args.set)
+    if args.no_cuda_graphs:
+        overrides["cuda_graphs"] = False
+    return overrides
+
+
+def run_train(args) -> dict:
+    overrides = training_overrides(args)
     config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
     train_data = load_data(args.train_data, limit=args.steps)
     eval_sets = parse_eval_sets(args.eval)
-    policy = load_policy(args.model, device=args.device, untie=args.untie)
+    policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype],
+                         untie=args.untie)
     trainer = GRPOTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
                           resume=args.resume, progress=not args.quiet,
                           profile_steps=args.profile)
@@ -168,7 +192,8 @@ def print_train_table(summary: dict) -> None:
     print("  tokens: " + ", ".join(f"{k} {int(totals.get(k, 0)):,}" for k in
                                    ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")))
     print(f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
-          f"{int(totals.get('decode_rows', 0)):,} rows (the seed's pref / untrim_gen above)")
+          f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
+          f"block copies (the seed's pref / untrim_gen above)")
     print("  TFLOPs: " + ", ".join(f"{label} {totals.get(k, 0) / 1e12:.4f}" for label, k in
                                    (("Out", "flops_out"), ("Full", "flops_full"),
                                     ("PadFull", "flops_pad_full"))))
@@ -181,11 +206,14 @@ def run_eval(args) -> dict:
     if (model_path / "final" / "config.json").is_file():
         model_path = model_path / "final"
     eval_sets = parse_eval_sets(args.eval)
-    policy = load_policy(args.model if args.model == "tiny" else model_path, device=args.device)
+    policy = load_policy(args.model if args.model == "tiny" else model_path, device=args.device,
+                         dtype=DTYPES[args.dtype])
+    engine = RolloutEngine.for_policy(policy, max_batch=args.max_batch,
+                                      cuda_graphs=not args.no_cuda_graphs)
     summaries = {}
     for name, problems in eval_sets.items():
         result = evaluate(policy, problems, max_new_tokens=args.max_new_tokens,
-                          batch_size=args.batch_size, desc=f"eval {name}")
+                          desc=f"eval {name}", engine=engine)
         summaries[name] = result.summary()
         print(f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
               f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}")
@@ -217,13 +245,13 @@ def run_report(args) -> None:
 
 def run_sweep(args) -> None:
     from rlvr_fast.analysis.sweep import plan_sweep, run_sweep as sweep
-    overrides = parse_overrides(args.set)
     plan = plan_sweep(comma_list(args.arms, str, "--arms"), comma_list(args.seeds, int, "--seeds"),
-                      args.out, steps=args.steps, **overrides)
+                      args.out, steps=args.steps, **training_overrides(args))
     train_data = load_data(args.train_data, limit=args.steps)
     eval_sets = parse_eval_sets(args.eval)
     tables = sweep(plan, args.out, train_data, eval_sets,
-                   lambda: load_policy(args.model, device=args.device, untie=args.untie),
+                   lambda: load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype],
+                                       untie=args.untie),
                    progress=not args.quiet)
     print(tables, end="")
     print(f"compare tables: {args.out / 'compare.md'}; report: {args.out / 'report' / 'report.md'}")

@@ -14,7 +14,8 @@ import torch
 from tqdm import tqdm
 
 from rlvr_fast.data import Problem, render_prompt
-from rlvr_fast.engine.sampler import FINISH_CAP, SamplingParams, sample
+from rlvr_fast.engine import FINISH_CAP, RolloutEngine, SamplingParams
+from rlvr_fast.generation import generate
 from rlvr_fast.grading import extract_boxed, grade, passes_gate
 
 
@@ -70,29 +71,29 @@ def _mean(values) -> float | None:
 
 
 def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
-             batch_size: int = 64, progress: bool = True, desc: str = "eval",
-             params: SamplingParams | None = None,
-             generator: torch.Generator | None = None) -> EvalResult:
+             progress: bool = True, desc: str = "eval", params: SamplingParams | None = None,
+             generator: torch.Generator | None = None,
+             engine: RolloutEngine | None = None) -> EvalResult:
     """Decode every problem's prompt once and grade the last boxed answer.
 
-    Greedy at ``max_new_tokens`` unless ``params`` (with ``generator``) asks for sampling.
+    Greedy at ``max_new_tokens`` unless ``params`` (with ``generator``) asks for sampling. The
+    whole set goes to the rollout engine (``engine``, default the policy's own) at once:
+    continuously batched, a finished item's place taken by the next waiting one.
     """
     if not problems:
         raise ValueError("evaluate: no problems")
-    items: list[ItemGrade] = []
     params = params or SamplingParams.greedy(max_new_tokens)
+    prompts = [policy.tokenizer.encode(render_prompt(p.question)) for p in problems]
     with tqdm(total=len(problems), desc=desc, unit="item", disable=not progress) as bar:
-        for start in range(0, len(problems), batch_size):
-            chunk = problems[start:start + batch_size]
-            out = sample(policy, [render_prompt(p.question) for p in chunk], params,
-                         generator=generator)
-            for problem, text, length, reason in zip(chunk, out.texts, out.lengths,
-                                                     out.finish_reasons):
-                extracted = extract_boxed(text)
-                items.append(ItemGrade(
-                    id=problem.id, answer=problem.answer, extracted=extracted,
-                    correct=grade(extracted, problem.answer), length=length,
-                    cap_hit=reason == FINISH_CAP, derivation=passes_gate(text),
-                    level=problem.level, response=text))
-            bar.update(len(chunk))
+        out = generate(engine or policy.engine(), prompts, params, generator=generator,
+                       on_finish=lambda _: bar.update(1))
+    texts = policy.tokenizer.decode_batch(out.tokens)
+    items = []
+    for problem, text, length, reason in zip(problems, texts, out.lengths, out.finish_reasons):
+        extracted = extract_boxed(text)
+        items.append(ItemGrade(
+            id=problem.id, answer=problem.answer, extracted=extracted,
+            correct=grade(extracted, problem.answer), length=length,
+            cap_hit=reason == FINISH_CAP, derivation=passes_gate(text), level=problem.level,
+            response=text))
     return EvalResult(items)

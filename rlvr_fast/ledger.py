@@ -17,17 +17,7 @@ Tree steps (``tree_step_record``): K pairs of B = 2 leaves, leaf order k-major. 
 K roots p^(k) from the prompt; |p^(k)| (``stage1_lengths``) counts the tokens it sampled for root
 k, trimmed after EOS but including the tail beyond the cut that is thrown away. Stage 2 samples
 the continuations of the *continued* branches, those with generation left to do, fixed by the
-pair's category:
-
-  category            pl0 = pl1                  branch 0                  branch 1
-  causal_non_eos      tau_k >= 1 (newline cut)   continued from tau_k      continued from tau_k
-  terminal_dup        T_EOS (root ended first)   the root, whole (L = pl)  the root, whole (L = pl)
-  tau_zero            0 (root_resample)          the root, whole (T_EOS)   continued from the prompt
-  midpoint_fallback   m, 1 <= m < T_EOS          the root, whole (T_EOS)   continued from m
-  early_eos_gt104     m, 1 <= m < T_EOS          the root, whole (T_EOS)   continued from m
-
-(early_eos_gt104 is a midpoint-sampler pair whose root ended with EOS after more than 104 tokens;
-the seed only counts these pairs, so we give them the midpoint_fallback layout.)
+pair's category (the table in ``rlvr_fast.pairs``).
 
   gen        = sum_k |p^(k)| + stage2_gen: every token sampled, once; stage2_gen is what Stage 2
                sampled, sum over continued branches of (L_kb - pl_kb).
@@ -40,18 +30,19 @@ S1_leaf = sum pl_b and S2_leaf = sum (L_b - pl_b). S2_leaf is *not* stage2_gen: 
 whole from Stage 1 (branch 0 of tau_zero, midpoint_fallback and early_eos_gt104 pairs) has
 L_b - pl_b tokens in S2_leaf that were sampled in Stage 1 and are counted in gen through |p^(k)|.
 
-Alongside the seed's formulas every record keeps what our engine executed (reported by the
-sampler, not derived): ``decode_rows`` (rows x decode steps), ``prefill_run`` (prefill tokens
-actually run; a paged cache that forks shared prefixes runs no Stage-2 prefill) and
-``peak_kv_blocks``. Flat records may leave the last two as None.
+Alongside the seed's formulas every record keeps what our engine executed, under the engine's
+own names (``rlvr_fast.engine.EngineCounters``, reported, not derived): ``prefill_run`` (prefill
+tokens actually run: |prompt| for a group that prefills its prompt once and forks it, no Stage-2
+prefill at all for forked trees), ``decode_rows`` (rows x decode steps), ``block_copies``,
+``peak_kv_blocks`` and ``preemptions``.
 
 ``check_conservation`` enforces the laws every line must satisfy; a violation is a bug in the
 trainer or the sampler, so writing raises instead of recording a wrong line. Laws on every step:
 one reward and one length per leaf, the tuples list exactly them; S1_leaf + S2_leaf = leaf;
 0 <= L_b - pl_b <= max_new_tokens - pl_b; bwd_out and bwd_full as above; homogeneous iff all
 rewards agree. Flat steps: one flat category, pl = 0, gen = leaf, pref = pad_pref = G L_p,
-untrim_gen = G max L_i, decode_rows = sum (L_i - 1) (the first token of a row comes from prefill;
-no decode after EOS). Tree steps: tree categories only; pl0 = pl1; the per-category layout of the
+untrim_gen = G max L_i, decode_rows = sum (L_i - 1) unless the engine preempted (the first token of
+a row comes from its prompt's logits; no decode after EOS). Tree steps: tree categories only; pl0 = pl1; the per-category layout of the
 table (terminal_dup: l0 = l1 = pl >= 1 and r0 = r1, one sequence graded twice; tau_zero: pl = 0;
 midpoint pairs: 1 <= pl < l0; early_eos_gt104: l0 > 104); the Stage-1 origin of every inherited
 token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal_dup:
@@ -68,21 +59,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-FLAT_CATEGORY = "flat"
-FLAT_WARMUP_CATEGORY = "flat_warmup"
-FLAT_CATEGORIES = (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY)
-# Tree categories -> the branches of the pair that Stage 2 continues (see the module table).
-CONTINUED_BRANCHES: dict[str, tuple[int, ...]] = {
-    "causal_non_eos": (0, 1),
-    "terminal_dup": (),
-    "tau_zero": (1,),
-    "midpoint_fallback": (1,),
-    "early_eos_gt104": (1,),
-}
-TREE_CATEGORIES = tuple(CONTINUED_BRANCHES)
-# Branch 0 of these pairs is the Stage-1 root kept whole, up to its EOS.
-ROOT_KEPT_WHOLE = ("tau_zero", "midpoint_fallback", "early_eos_gt104")
-EARLY_EOS_GT104_MIN_LENGTH = 105
+from rlvr_fast.engine.counters import EngineCounters
+from rlvr_fast.pairs import (EARLY_EOS_GT104_MIN_LENGTH, TREE_CATEGORIES, PairCategory,
+                             TreePair)
 
 
 class LedgerError(AssertionError):
@@ -114,8 +93,10 @@ class StepRecord:
     loss: float | None
     grad_norm: float | None
     seconds: dict[str, float] = field(default_factory=dict)
-    prefill_run: int | None = None
-    peak_kv_blocks: int | None = None
+    prefill_run: int = 0
+    block_copies: int = 0
+    peak_kv_blocks: int = 0
+    preemptions: int = 0
     stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
     stage2_gen: int | None = None            # tokens Stage 2 sampled; None on flat steps
 
@@ -144,15 +125,15 @@ class StepRecord:
 
 def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
                      active: bool, optimizer_step: bool, prompt_len: int, lengths: list[int],
-                     decode_rows: int, max_new_tokens: int, params: int, loss: float | None,
-                     grad_norm: float | None, seconds: dict[str, float],
-                     category: str = FLAT_CATEGORY, prefill_run: int | None = None,
-                     peak_kv_blocks: int | None = None) -> StepRecord:
-    if category not in FLAT_CATEGORIES:
-        raise ValueError(f"flat category must be one of {', '.join(FLAT_CATEGORIES)}, got {category!r}")
+                     executed: EngineCounters, max_new_tokens: int, params: int,
+                     loss: float | None, grad_norm: float | None, seconds: dict[str, float],
+                     category: PairCategory = PairCategory.FLAT) -> StepRecord:
+    category = PairCategory(category)
+    if not category.is_flat:
+        raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
     group = len(lengths)
     leaf = sum(lengths)
-    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category]
+    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category.value]
              for i in range(0, group - 1, 2)]
     return StepRecord(
         step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
@@ -160,29 +141,15 @@ def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         prompt_len=prompt_len, lengths=lengths, gen=leaf, pref=group * prompt_len,
         pad_pref=group * prompt_len, untrim_gen=group * max(lengths), leaf=leaf,
         bwd_out=leaf if active else 0, bwd_full=group * prompt_len + leaf if active else 0,
-        decode_rows=decode_rows, max_new_tokens=max_new_tokens, params=params, loss=loss,
-        grad_norm=grad_norm, seconds=seconds, prefill_run=prefill_run,
-        peak_kv_blocks=peak_kv_blocks)
-
-
-@dataclass(frozen=True)
-class TreePairLedger:
-    """What the sampler reports for pair k: its category (a key of CONTINUED_BRANCHES), the
-    prefix length both branches share (tau_k, T_EOS, 0 or the split m), the two leaf lengths, and
-    |p^(k)|, the tokens Stage 1 sampled for root k (trimmed after EOS, discarded tail included)."""
-
-    category: str
-    prefix_len: int
-    lengths: tuple[int, int]
-    stage1_len: int
+        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
+        seconds=seconds, **executed.to_json())
 
 
 def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
                      active: bool, optimizer_step: bool, prompt_len: int,
-                     pairs: Sequence[TreePairLedger], stage2_gen: int, prefill_run: int,
-                     decode_rows: int, peak_kv_blocks: int, max_new_tokens: int, params: int,
-                     loss: float | None, grad_norm: float | None,
-                     seconds: dict[str, float]) -> StepRecord:
+                     pairs: Sequence[TreePair], stage2_gen: int, executed: EngineCounters,
+                     max_new_tokens: int, params: int, loss: float | None,
+                     grad_norm: float | None, seconds: dict[str, float]) -> StepRecord:
     """The ledger line of a two-stage K x 2 tree step; rewards are per leaf, k-major (leaf 2k + b).
     stage2_gen is the number of tokens Stage 2 sampled, as the sampler counted it."""
     if not pairs:
@@ -190,13 +157,13 @@ def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma
     if len(rewards) != 2 * len(pairs):
         raise ValueError(f"need one reward per leaf ({2 * len(pairs)}), got {len(rewards)}")
     for pair in pairs:
-        if pair.category not in CONTINUED_BRANCHES:
-            raise ValueError(f"unknown tree category {pair.category!r} "
-                             f"(valid: {', '.join(TREE_CATEGORIES)})")
-        if len(pair.lengths) != 2:
+        if pair.category not in TREE_CATEGORIES:
+            raise ValueError(f"unknown tree category {str(pair.category)!r} "
+                             f"(valid: {', '.join(map(str, TREE_CATEGORIES))})")
+        if len(pair.leaves) != 2:
             raise ValueError(f"a pair has 2 leaves, got lengths {pair.lengths}")
     tuples = [[p.prefix_len, p.prefix_len, p.lengths[0], p.lengths[1], rewards[2 * k],
-               rewards[2 * k + 1], p.category] for k, p in enumerate(pairs)]
+               rewards[2 * k + 1], PairCategory(p.category).value] for k, p in enumerate(pairs)]
     lengths = [n for p in pairs for n in p.lengths]
     stage1_lengths = [p.stage1_len for p in pairs]
     leaf = sum(lengths)
@@ -207,15 +174,16 @@ def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         homogeneous=sigma_r == 0, active=active, optimizer_step=optimizer_step, pairs=tuples,
         prompt_len=prompt_len, lengths=lengths, gen=gen, pref=pref, pad_pref=pad_pref,
         untrim_gen=untrim_gen, leaf=leaf, bwd_out=leaf if active else 0,
-        bwd_full=len(lengths) * prompt_len + leaf if active else 0, decode_rows=decode_rows,
+        bwd_full=len(lengths) * prompt_len + leaf if active else 0,
         max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
-        seconds=seconds, prefill_run=prefill_run, peak_kv_blocks=peak_kv_blocks,
-        stage1_lengths=stage1_lengths, stage2_gen=stage2_gen)
+        seconds=seconds, stage1_lengths=stage1_lengths, stage2_gen=stage2_gen,
+        **executed.to_json())
 
 
 def continued_branches(pairs: list[list]) -> list[tuple[int, int]]:
     """(pl, L) of every branch Stage 2 continued, read off the tuples' categories."""
-    return [(pair[b], pair[2 + b]) for pair in pairs for b in CONTINUED_BRANCHES.get(pair[6], ())]
+    return [(pair[b], pair[2 + b]) for pair in pairs for b in (0, 1)
+            if pair[6] in TREE_CATEGORIES and PairCategory(pair[6]).continues(b)]
 
 
 def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen: int,
@@ -254,6 +222,9 @@ def check_conservation(record: StepRecord) -> None:
     require(record.bwd_full == expected_full,
             "bwd_full = (number of leaves) L_p + leaf on backward steps, else 0")
     require(record.homogeneous == (len(set(record.rewards)) == 1), "homogeneous iff sigma_R = 0")
+    for name in EngineCounters.__dataclass_fields__:
+        value = getattr(record, name)
+        require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
     if record.is_tree:
         _check_tree(record, require)
     else:
@@ -263,7 +234,7 @@ def check_conservation(record: StepRecord) -> None:
 def _check_flat(record: StepRecord, require) -> None:
     group = len(record.lengths)
     categories = {p[6] for p in record.pairs}
-    require(len(categories) == 1 and categories <= set(FLAT_CATEGORIES),
+    require(len(categories) == 1 and PairCategory(categories.pop()).is_flat,
             "a flat step has one flat category")
     require(record.stage2_gen is None, "flat steps have no Stage 2")
     require(all(p[0] == p[1] == 0 for p in record.pairs), "flat steps: pl = 0")
@@ -271,29 +242,29 @@ def _check_flat(record: StepRecord, require) -> None:
     require(record.pref == record.pad_pref == group * record.prompt_len,
             "flat steps: pref = pad_pref = G L_p")
     require(record.untrim_gen == group * max(record.lengths), "untrim_gen = G max L_i")
-    require(record.decode_rows == sum(n - 1 for n in record.lengths),
+    require(record.preemptions > 0 or record.decode_rows == sum(n - 1 for n in record.lengths),
             "decode work = sum(L_i - 1): no decode after EOS")
 
 
 def _check_tree(record: StepRecord, require) -> None:
     cap = record.max_new_tokens
     require(len(record.stage1_lengths) == len(record.pairs) >= 1, "one Stage-1 root per pair")
-    require(all(p[6] in CONTINUED_BRANCHES for p in record.pairs), "tree categories only")
+    require(all(p[6] in TREE_CATEGORIES for p in record.pairs), "tree categories only")
     for (pl0, pl1, l0, l1, r0, r1, category), root in zip(record.pairs, record.stage1_lengths):
         require(pl0 == pl1, "both branches of a pair share one prefix")
         require(1 <= root <= cap, "1 <= |p^(k)| <= max_new_tokens")
-        if category == "causal_non_eos":
+        if category == PairCategory.CAUSAL_NON_EOS:
             require(1 <= pl0 <= root, "causal_non_eos: 1 <= tau_k <= |p^(k)|")
-        elif category == "terminal_dup":
+        elif category == PairCategory.TERMINAL_DUP:
             require(1 <= pl0 == l0 == l1 == root, "terminal_dup: pl = L = |p^(k)| >= 1")
             require(r0 == r1, "terminal_dup: one sequence, one reward")
-        elif category == "tau_zero":
+        elif category == PairCategory.TAU_ZERO:
             require(pl0 == 0, "tau_zero: pl = 0")
         else:
             require(1 <= pl0 < l0, f"{category}: 1 <= pl < l0")
-        if category in ROOT_KEPT_WHOLE:
+        if PairCategory(category).root_kept_whole:
             require(l0 == root, f"{category}: branch 0 is the Stage-1 root, l0 = |p^(k)|")
-        if category == "early_eos_gt104":
+        if category == PairCategory.EARLY_EOS_GT104:
             require(l0 >= EARLY_EOS_GT104_MIN_LENGTH, "early_eos_gt104: l0 > 104")
     sampled = sum(length - pl for pl, length in continued_branches(record.pairs))
     require(record.stage2_gen == sampled, "stage2_gen = sum over continued branches of L - pl")
@@ -304,9 +275,6 @@ def _check_tree(record: StepRecord, require) -> None:
     require(record.pad_pref == pad_pref, "pad_pref = K L_p + B_cont max_cont (L_p + pl)")
     require(record.untrim_gen == untrim_gen,
             "untrim_gen = K max |p^(k)| + B_cont max_cont (L - pl)")
-    for name in ("prefill_run", "decode_rows", "peak_kv_blocks"):
-        value = getattr(record, name)
-        require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
 
 
 class LedgerWriter:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
@@ -29,6 +30,15 @@ class Policy:
     tokenizer: Tokenizer
     config: ModelConfig
     path: Path
+    _engine: RolloutEngine | None = field(default=None, repr=False, compare=False)
+
+    def engine(self) -> RolloutEngine:
+        """The policy's own ``RolloutEngine`` with default settings, made on first use and kept
+        (its KV cache is sized once). A trainer that wants other settings makes its own with
+        ``RolloutEngine.for_policy``."""
+        if self._engine is None:
+            self._engine = RolloutEngine.for_policy(self)
+        return self._engine
 
     @property
     def device(self) -> torch.device:

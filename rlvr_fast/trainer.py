@@ -1,10 +1,10 @@
 """Single-question GRPO (the study's §1), one loop that reads top-down.
 
 Per step, for the next training question x:
-  1. rollouts: G samples at temperature T, top-p, capped at max_new_tokens (finished rows leave
-     the batch at once); tree arms, once ``bifurcate_after_active`` active steps have run,
-     sample a K x B tree instead (``rlvr_fast.rollout.sample_tree``, Stage 2 forked on the
-     paged KV cache);
+  1. rollouts, on the run's one rollout engine: G samples at temperature T, top-p, capped at
+     max_new_tokens, the prompt prefilled once and forked G times (finished rows leave the batch
+     at once); tree arms, once ``bifurcate_after_active`` active steps have run, sample a K x B
+     tree instead (``rlvr_fast.rollout.sample_tree``, Stage 2 forked on the paged KV cache);
   2. rewards: R_i = 1 when the last boxed answer grades correct (and, with the derivation gate,
      ``\\boxed`` starts at or after gate_min_chars characters);
   3. credit: flat steps A_i = (R_i - mean R) / (std R + 1e-4), std with Bessel's correction as
@@ -41,13 +41,14 @@ from tqdm import tqdm
 from rlvr_fast.arms import ARMS, arm_settings
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
-from rlvr_fast.engine.sampler import SamplingParams, generate
+from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
 from rlvr_fast.evaluation import EvalResult, evaluate
+from rlvr_fast.generation import sample_group
 from rlvr_fast.grading import grade_response
-from rlvr_fast.ledger import (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY, LedgerWriter, TreePairLedger,
-                              flat_step_record, tree_step_record, truncate_jsonl)
+from rlvr_fast.ledger import LedgerWriter, flat_step_record, tree_step_record, truncate_jsonl
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
+from rlvr_fast.pairs import PairCategory
 from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
@@ -74,7 +75,8 @@ class TrainConfig:
     zero_var_step: str = "skip"
     gate_min_chars: int | None = None
     eval_max_new_tokens: int = 2048
-    eval_batch_size: int = 64
+    max_batch: int = 256
+    cuda_graphs: bool = True
     eval_before: bool = True
     checkpoint_every: int = 10
     fused_zero_grad_step: bool = True
@@ -114,7 +116,7 @@ class TrainConfig:
             (self.gate_min_chars is None or self.gate_min_chars >= 0,
              f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
             (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
-            (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1"),
+            (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
             (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
             (self.sampler in SAMPLERS, f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"),
             (self.early_eos_mode in EARLY_EOS_MODES, f"early_eos_mode must be one of "
@@ -145,7 +147,7 @@ class TrainConfig:
                     "sampler": (str,), "early_eos_mode": (str,),
                     "skip_zero_var": (bool,), "eval_before": (bool,),
                     "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
-                    "tree_reprefill": (bool,), "beta": numbers, "alpha": numbers,
+                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "beta": numbers, "alpha": numbers,
                     "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
                     "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
                     "gate_min_chars": (int, type(None))}
@@ -259,12 +261,11 @@ def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
 
 @dataclass
 class Rollouts:
-    """One step's completions (leaf order) and, for a tree step, the tree they came from."""
+    """One step's completions (leaf order), the work the engine executed for them and, for a
+    tree step, the tree they came from."""
 
     completions: list[list[int]]
-    decode_rows: int
-    prefill_run: int
-    peak_kv_blocks: int | None
+    executed: EngineCounters
     tree: TreeRollout | None = None
 
 
@@ -287,6 +288,9 @@ class GRPOTrainer:
                                            eps=config.eps, weight_decay=config.weight_decay)
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+        # One engine, one KV cache, for every rollout and evaluation of the run.
+        self.engine = RolloutEngine.for_policy(policy, max_batch=config.max_batch,
+                                               cuda_graphs=config.cuda_graphs)
         self.start_step = 0
         self.active_steps = 0
         self.ledger = None
@@ -309,8 +313,8 @@ class GRPOTrainer:
             if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                 profiler = self._stop_profiler(profiler)
             for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full",
-                        "prefill_run", "decode_rows", "flops_out", "flops_full",
-                        "flops_pad_full"):
+                        "prefill_run", "decode_rows", "block_copies", "preemptions",
+                        "flops_out", "flops_full", "flops_pad_full"):
                 totals[key] = totals.get(key, 0) + result.record[key]
             for phase, seconds in result.record["seconds"].items():
                 totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
@@ -379,17 +383,15 @@ class GRPOTrainer:
 
         common = dict(step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma,
                       active=active, optimizer_step=active or config.zero_var_step == "zero_grad",
-                      prompt_len=len(prompt_ids), decode_rows=rollouts.decode_rows,
-                      prefill_run=rollouts.prefill_run, peak_kv_blocks=rollouts.peak_kv_blocks,
+                      prompt_len=len(prompt_ids), executed=rollouts.executed,
                       max_new_tokens=config.max_new_tokens, params=self.num_params,
                       loss=loss_value, grad_norm=grad_norm, seconds=phase.seconds)
         if tree_step:
-            record = tree_step_record(
-                pairs=[TreePairLedger(p.category, p.prefix_len, tuple(p.lengths),
-                                      len(p.root_tokens)) for p in rollouts.tree.pairs],
-                stage2_gen=rollouts.tree.stage2_generated, **common)
+            record = tree_step_record(pairs=rollouts.tree.pairs,
+                                      stage2_gen=rollouts.tree.stage2_generated, **common)
         else:
-            category = FLAT_WARMUP_CATEGORY if config.sampler == "tree" else FLAT_CATEGORY
+            category = (PairCategory.FLAT_WARMUP if config.sampler == "tree"
+                        else PairCategory.FLAT)
             record = flat_step_record(lengths=lengths, category=category, **common)
         if self.ledger is not None:
             self.ledger.write(record)
@@ -398,21 +400,19 @@ class GRPOTrainer:
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
 
     def sample_flat(self, prompt_ids: list[int]) -> Rollouts:
-        out = generate(self.policy.model, [prompt_ids] * self.config.group_size, self.sampling,
-                       eos_token_ids=self.policy.tokenizer.eos_token_ids,
-                       pad_token_id=self.policy.tokenizer.pad_token_id, generator=self.generator)
-        return Rollouts(out.tokens, out.decode_tokens, out.prefill_tokens, out.peak_kv_blocks)
+        out = sample_group(self.engine, prompt_ids, self.config.group_size, self.sampling,
+                           generator=self.generator)
+        return Rollouts(out.tokens, out.counters)
 
     def sample_tree(self, prompt_ids: list[int]) -> Rollouts:
         config = self.config
-        tree = sample_tree(self.policy, prompt_ids, k=config.tree_k, b=config.tree_b,
-                           t_min=config.t_min, t_max=config.t_max,
+        tree = sample_tree(self.policy, prompt_ids, engine=self.engine, k=config.tree_k,
+                           b=config.tree_b, t_min=config.t_min, t_max=config.t_max,
                            max_new_tokens=config.max_new_tokens,
                            early_eos_mode=config.early_eos_mode, temperature=config.temperature,
                            top_p=config.top_p, generator=self.generator,
                            reprefill=config.tree_reprefill)
-        return Rollouts(tree.leaves, tree.decode_rows, tree.prefill_tokens, tree.peak_kv_blocks,
-                        tree)
+        return Rollouts(tree.leaves, tree.executed, tree)
 
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
@@ -448,8 +448,7 @@ class GRPOTrainer:
         for name, problems in self.eval_data.items():
             result: EvalResult = evaluate(
                 self.policy, problems, max_new_tokens=self.config.eval_max_new_tokens,
-                batch_size=self.config.eval_batch_size, progress=self.progress,
-                desc=f"eval {name} ({label})")
+                progress=self.progress, desc=f"eval {name} ({label})", engine=self.engine)
             summaries[name] = result.summary()
             if self.out_dir is not None:
                 # The final evaluation is evals/NAME.jsonl; the one before training sits beside it.
@@ -485,7 +484,7 @@ class GRPOTrainer:
                 "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
         if tree is not None:
             line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
-                        stage1_lengths=[len(p.root_tokens) for p in tree.pairs],
+                        stage1_lengths=[p.stage1_len for p in tree.pairs],
                         stage2_gen=tree.stage2_generated)
         with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
             file.write(json.dumps(line) + "\n")

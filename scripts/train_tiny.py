@@ -39,7 +39,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from rlvr_fast.data import render_prompt, synthetic_problems, worked_solution
-from rlvr_fast.engine.sampler import SamplingParams
+from rlvr_fast.engine import SamplingParams
 from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import replace_directory, save_model
 from rlvr_fast.models.config import ModelConfig

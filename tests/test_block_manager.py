@@ -86,18 +86,25 @@ def test_append_many_takes_a_count_per_sequence_all_or_nothing():
     manager.check_invariants()
 
 
-def test_token_slots_are_the_gather_index_of_each_sequence():
+def test_blocks_needed_counts_what_append_many_takes_without_changing_anything():
     manager = BlockManager(10, 4)
-    parent = manager.allocate(6)  # blocks 0, 1
-    child = manager.fork(parent, 3)
-    manager.append(child, 2)  # copy-on-write: block 0 -> 2, then positions 3, 4 (block 3)
-    table = manager.block_table(child).tolist()
-    expected = [table[p // 4] * 4 + p % 4 for p in range(5)]
-    assert manager.token_slots([parent, child], 7).tolist() == [
-        [0, 1, 2, 3, 4, 5, 0], expected + [0, 0]], "positions past the end read slot 0"
-    assert manager.token_slots([child], 2).tolist() == [expected[:2]]
-    with pytest.raises(ValueError, match="width must be >= 0"):
-        manager.token_slots([child], -1)
+    parent = manager.allocate(6)  # blocks 0, 1 (partial)
+    first, second = manager.fork(parent), manager.fork(parent)
+    free = manager.num_free_blocks()
+    # Each fork copies the shared partial block before appending into it ...
+    assert manager.blocks_needed([first, second], [1, 1]) == 2
+    # ... except the last holder, which by then owns it alone.
+    assert manager.blocks_needed([first, second, parent], [1, 1, 1]) == 2
+    assert manager.blocks_needed([second], [3]) == 1 + 1, "a copy, then a block for token 9"
+    assert manager.blocks_needed([first], [0]) == 0
+    assert manager.num_free_blocks() == free, "asking changes nothing"
+    copies, _ = manager.append_many([first, second], [1, 3])
+    assert free - manager.num_free_blocks() == 3 and len(copies) == 2
+    with pytest.raises(ValueError, match="appears twice"):
+        manager.blocks_needed([first, first], [1, 1])
+    with pytest.raises(ValueError, match="one count per sequence"):
+        manager.blocks_needed([first], [1, 1])
+    manager.check_invariants()
 
 
 def test_block_table_is_an_int32_tensor():

@@ -9,13 +9,20 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlvr_fast.ledger import (LedgerError, LedgerWriter, StepRecord, TreePairLedger,
-                              check_conservation, flat_step_record, tree_step_record)
+from rlvr_fast.engine import EngineCounters
+from rlvr_fast.ledger import (LedgerError, LedgerWriter, StepRecord, check_conservation,
+                              flat_step_record, tree_step_record)
+from rlvr_fast.pairs import TreePair
 
 PARAMS = 10
 COMMON = dict(step=7, question_id="q7", optimizer_step=True, max_new_tokens=512, params=PARAMS,
-              loss=0.5, grad_norm=1.0, seconds={"rollout": 1.0}, prefill_run=0, decode_rows=0,
-              peak_kv_blocks=0)
+              loss=0.5, grad_norm=1.0, seconds={"rollout": 1.0}, executed=EngineCounters())
+
+
+def pair(category: str, prefix_len: int, lengths: tuple[int, ...], stage1_len: int) -> TreePair:
+    """A tree pair with placeholder tokens: the ledger reads only lengths and categories."""
+    return TreePair(category, prefix_len, [7] * stage1_len, [[7] * n for n in lengths],
+                    ["eos"] * len(lengths))
 
 
 def tree_record(pairs, rewards, *, prompt_len, stage2_gen, active=True, **overrides):
@@ -26,10 +33,10 @@ def tree_record(pairs, rewards, *, prompt_len, stage2_gen, active=True, **overri
 
 
 def stopped_tree_step(**overrides):
-    pairs = [TreePairLedger("causal_non_eos", 120, (300, 200), 160),
-             TreePairLedger("causal_non_eos", 100, (512, 150), 140),
-             TreePairLedger("terminal_dup", 40, (40, 40), 40),
-             TreePairLedger("causal_non_eos", 150, (151, 400), 160)]
+    pairs = [pair("causal_non_eos", 120, (300, 200), 160),
+             pair("causal_non_eos", 100, (512, 150), 140),
+             pair("terminal_dup", 40, (40, 40), 40),
+             pair("causal_non_eos", 150, (151, 400), 160)]
     # Stage 2 sampled (300-120) + (200-120) + (512-100) + (150-100) + (151-150) + (400-150).
     fields = dict(pairs=pairs, rewards=[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], prompt_len=50,
                   stage2_gen=973)
@@ -55,8 +62,8 @@ def test_stopped_tree_step_causal_and_terminal_dup():
 
 
 def test_root_restart_step_tau_zero_on_a_skipped_homogeneous_group():
-    pairs = [TreePairLedger("causal_non_eos", 100, (200, 250), 160),
-             TreePairLedger("tau_zero", 0, (60, 300), 60)]
+    pairs = [pair("causal_non_eos", 100, (200, 250), 160),
+             pair("tau_zero", 0, (60, 300), 60)]
     # Branch 0 of the tau_zero pair is the 60-token root; Stage 2 sampled 100 + 150 + 300.
     record = tree_record(pairs, [0.0] * 4, prompt_len=30, stage2_gen=550, active=False)
     check_conservation(record)
@@ -71,9 +78,9 @@ def test_root_restart_step_tau_zero_on_a_skipped_homogeneous_group():
 
 
 def test_midpoint_step_midpoint_fallback_and_early_eos_gt104():
-    pairs = [TreePairLedger("midpoint_fallback", 40, (80, 240), 80),
-             TreePairLedger("early_eos_gt104", 100, (130, 110), 130),
-             TreePairLedger("causal_non_eos", 96, (97, 512), 160)]
+    pairs = [pair("midpoint_fallback", 40, (80, 240), 80),
+             pair("early_eos_gt104", 100, (130, 110), 130),
+             pair("causal_non_eos", 96, (97, 512), 160)]
     record = tree_record(pairs, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], prompt_len=20,
                          stage2_gen=200 + 10 + 1 + 416)
     check_conservation(record)
@@ -88,9 +95,10 @@ def test_midpoint_step_midpoint_fallback_and_early_eos_gt104():
 def test_flat_warmup_step_of_a_tree_arm():
     record = flat_step_record(step=0, question_id="q0", rewards=[1.0, 0.0, 0.0, 0.0], sigma_r=0.5,
                               active=True, optimizer_step=True, prompt_len=10,
-                              lengths=[5, 3, 4, 2], decode_rows=4 + 2 + 3 + 1, max_new_tokens=512,
-                              params=PARAMS, loss=0.1, grad_norm=1.0, seconds={},
-                              category="flat_warmup", prefill_run=40, peak_kv_blocks=3)
+                              lengths=[5, 3, 4, 2], max_new_tokens=512, params=PARAMS, loss=0.1,
+                              grad_norm=1.0, seconds={}, category="flat_warmup",
+                              executed=EngineCounters(prefill_run=40, decode_rows=4 + 2 + 3 + 1,
+                                                      peak_kv_blocks=3))
     check_conservation(record)
     assert record.pairs == [[0, 0, 5, 3, 1.0, 0.0, "flat_warmup"],
                             [0, 0, 4, 2, 0.0, 0.0, "flat_warmup"]]
@@ -117,16 +125,16 @@ def tree_pairs(draw):
         root = draw(st.integers(1, 160))
         tau = draw(st.integers(1, root))
         lengths = (draw(st.integers(tau, 512)), draw(st.integers(tau, 512)))
-        return TreePairLedger(category, tau, lengths, root)
+        return pair(category, tau, lengths, root)
     if category == "terminal_dup":
         eos = draw(st.integers(1, 160))
-        return TreePairLedger(category, eos, (eos, eos), eos)
+        return pair(category, eos, (eos, eos), eos)
     if category == "tau_zero":
         eos = draw(st.integers(1, 160))
-        return TreePairLedger(category, 0, (eos, draw(st.integers(1, 512))), eos)
+        return pair(category, 0, (eos, draw(st.integers(1, 512))), eos)
     eos = draw(st.integers(105 if category == "early_eos_gt104" else 2, 512))
     split = draw(st.integers(1, eos - 1))
-    return TreePairLedger(category, split, (eos, draw(st.integers(split, 512))), eos)
+    return pair(category, split, (eos, draw(st.integers(split, 512))), eos)
 
 
 @settings(max_examples=200, deadline=None)
@@ -153,18 +161,18 @@ def violates(record, law):
 
 
 @pytest.mark.parametrize("pair,law", [
-    (TreePairLedger("terminal_dup", 40, (40, 40), 41), "terminal_dup: pl = L"),
-    (TreePairLedger("terminal_dup", 40, (40, 41), 40), "terminal_dup: pl = L"),
-    (TreePairLedger("causal_non_eos", 150, (160, 160), 140), "1 <= tau_k <= \\|p\\^\\(k\\)\\|"),
-    (TreePairLedger("causal_non_eos", 0, (160, 160), 140), "1 <= tau_k"),
-    (TreePairLedger("tau_zero", 5, (60, 70), 60), "tau_zero: pl = 0"),
-    (TreePairLedger("tau_zero", 0, (60, 70), 70), "branch 0 is the Stage-1 root"),
-    (TreePairLedger("midpoint_fallback", 80, (80, 90), 80), "1 <= pl < l0"),
-    (TreePairLedger("midpoint_fallback", 40, (80, 90), 90), "branch 0 is the Stage-1 root"),
-    (TreePairLedger("early_eos_gt104", 50, (104, 90), 104), "l0 > 104"),
-    (TreePairLedger("causal_non_eos", 100, (613, 200), 160), "0 <= L_b - pl_b <= cap - pl_b"),
-    (TreePairLedger("causal_non_eos", 100, (99, 200), 160), "0 <= L_b - pl_b <= cap - pl_b"),
-    (TreePairLedger("causal_non_eos", 100, (200, 200), 513), "\\|p\\^\\(k\\)\\| <= max_new_tokens"),
+    (pair("terminal_dup", 40, (40, 40), 41), "terminal_dup: pl = L"),
+    (pair("terminal_dup", 40, (40, 41), 40), "terminal_dup: pl = L"),
+    (pair("causal_non_eos", 150, (160, 160), 140), "1 <= tau_k <= \\|p\\^\\(k\\)\\|"),
+    (pair("causal_non_eos", 0, (160, 160), 140), "1 <= tau_k"),
+    (pair("tau_zero", 5, (60, 70), 60), "tau_zero: pl = 0"),
+    (pair("tau_zero", 0, (60, 70), 70), "branch 0 is the Stage-1 root"),
+    (pair("midpoint_fallback", 80, (80, 90), 80), "1 <= pl < l0"),
+    (pair("midpoint_fallback", 40, (80, 90), 90), "branch 0 is the Stage-1 root"),
+    (pair("early_eos_gt104", 50, (104, 90), 104), "l0 > 104"),
+    (pair("causal_non_eos", 100, (613, 200), 160), "0 <= L_b - pl_b <= cap - pl_b"),
+    (pair("causal_non_eos", 100, (99, 200), 160), "0 <= L_b - pl_b <= cap - pl_b"),
+    (pair("causal_non_eos", 100, (200, 200), 513), "\\|p\\^\\(k\\)\\| <= max_new_tokens"),
 ])
 def test_pair_layouts_that_break_a_law_are_refused(pair, law):
     continued = {"causal_non_eos": (0, 1), "tau_zero": (1,), "midpoint_fallback": (1,),
@@ -174,7 +182,7 @@ def test_pair_layouts_that_break_a_law_are_refused(pair, law):
 
 
 def test_terminal_dup_leaves_are_one_sequence_with_one_reward():
-    violates(tree_record([TreePairLedger("terminal_dup", 40, (40, 40), 40)], [1.0, 0.0],
+    violates(tree_record([pair("terminal_dup", 40, (40, 40), 40)], [1.0, 0.0],
                          prompt_len=10, stage2_gen=0), "one sequence, one reward")
 
 
@@ -197,7 +205,8 @@ def test_categories_stay_on_their_side():
     record.pairs[0][6] = "flat"
     violates(record, "tree categories only")
     flat = flat_step_record(step=0, question_id="q", rewards=[1.0, 0.0], sigma_r=0.7, active=True,
-                            optimizer_step=True, prompt_len=3, lengths=[2, 1], decode_rows=1,
+                            optimizer_step=True, prompt_len=3, lengths=[2, 1],
+                            executed=EngineCounters(decode_rows=1),
                             max_new_tokens=8, params=1, loss=0.0, grad_norm=0.0, seconds={})
     flat.pairs[0][6] = "tau_zero"
     violates(flat, "one flat category")
@@ -206,16 +215,17 @@ def test_categories_stay_on_their_side():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(pairs=[]), "at least one pair"),
     (dict(rewards=[1.0, 0.0]), "one reward per leaf"),
-    (dict(pairs=[TreePairLedger("stopped", 1, (2, 2), 1)] * 4), "unknown tree category 'stopped'"),
-    (dict(pairs=[TreePairLedger("terminal_dup", 1, (1, 1, 1), 1)] * 4), "a pair has 2 leaves")])
+    (dict(pairs=[pair("stopped", 1, (2, 2), 1)] * 4), "unknown tree category 'stopped'"),
+    (dict(pairs=[pair("terminal_dup", 1, (1, 1, 1), 1)] * 4), "a pair has 2 leaves")])
 def test_tree_builder_refuses_malformed_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         stopped_tree_step(**kwargs)
 
 
 def test_flat_builder_refuses_a_tree_category():
-    with pytest.raises(ValueError, match="flat category must be one of flat, flat_warmup"):
+    with pytest.raises(ValueError, match="a flat step's category must be flat or flat_warmup"):
         flat_step_record(step=0, question_id="q", rewards=[1.0, 0.0], sigma_r=0.7, active=True,
-                         optimizer_step=True, prompt_len=3, lengths=[2, 1], decode_rows=1,
+                         optimizer_step=True, prompt_len=3, lengths=[2, 1],
+                         executed=EngineCounters(decode_rows=1),
                          max_new_tokens=8, params=1, loss=0.0, grad_norm=0.0, seconds={},
                          category="tau_zero")

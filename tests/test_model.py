@@ -1,26 +1,22 @@
-"""Model engine: parity with transformers, KV-cached decode vs full forward, checkpoints, config."""
+"""The model: parity with transformers, checkpoints, config (cached decoding: test_engine.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+import rlvr_fast
 from hf_models import random_hf_model
-from rlvr_fast.engine.kv_cache import KVCache
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
 from rlvr_fast.models.config import ConfigError, ModelConfig
 
-QWEN3_0_6B_BASE = {  # config.json of Qwen/Qwen3-0.6B-Base, the study's model
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "rope_scaling": None, "tie_word_embeddings": True, "attention_bias": False,
-    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643,
-}
+# config.json of Qwen/Qwen3-0.6B-Base, the study's model, as the package keeps it.
+QWEN3_0_6B_BASE = json.loads((Path(rlvr_fast.__file__).parent / "assets" / "configs"
+                              / "qwen3-0.6b-base.json").read_text())
 
 
 def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
@@ -70,44 +66,6 @@ def test_left_and_right_padding_score_alike(hf_qwen3):
         a = model(left, left_mask)[0, 4:]
         b = model(right, left_mask.flip(1))[0, :9]
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
-
-
-def test_cached_decode_equals_full_forward(hf_qwen3):
-    _, directory = hf_qwen3
-    model = load_model(directory)
-    lengths = [11, 3, 7]
-    ids, mask = left_padded_batch(211, lengths, seed=3)
-    continuation = torch.randint(1, 211, (3, 6))
-    cache = KVCache.for_model(model.config, 3, ids.shape[1] + 6, dtype=torch.float32, device="cpu")
-    with torch.no_grad():
-        steps = [model.prefill(ids, mask, cache)]
-        for t in range(5):
-            steps.append(model.decode(continuation[:, t], cache))
-        full = model(torch.cat([ids, continuation], 1), torch.cat([mask, torch.ones(3, 6, dtype=torch.long)], 1))
-    expected = full[:, ids.shape[1] - 1: ids.shape[1] + 5]
-    assert (torch.stack(steps, 1) - expected).abs().max() <= 1e-5
-
-
-def test_cache_drops_rows_without_disturbing_the_others(hf_qwen3):
-    _, directory = hf_qwen3
-    model = load_model(directory)
-    ids, mask = left_padded_batch(211, [5, 8, 6], seed=4)
-    cache = KVCache.for_model(model.config, 3, 16, dtype=torch.float32, device="cpu")
-    tokens = torch.tensor([7, 8, 9])
-    with torch.no_grad():
-        model.prefill(ids, mask, cache)
-        cache.keep_rows(torch.tensor([2, 0]))
-        kept = model.decode(tokens[[2, 0]], cache)
-        full = model(torch.cat([ids, tokens[:, None]], 1), torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1))
-    torch.testing.assert_close(kept, full[[2, 0], -1], rtol=0, atol=1e-5)
-
-
-def test_cache_overflow_is_a_clear_error(hf_qwen3):
-    _, directory = hf_qwen3
-    model = load_model(directory)
-    cache = KVCache.for_model(model.config, 1, 4, dtype=torch.float32, device="cpu")
-    with pytest.raises(RuntimeError, match="KV cache full"):
-        model.prefill(torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), cache)
 
 
 @pytest.mark.parametrize("tie", [False, True])

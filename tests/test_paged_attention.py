@@ -7,11 +7,30 @@ import torch
 import torch.nn.functional as F
 
 from rlvr_fast._C import BlockManager
-from rlvr_fast.engine.paged_kv import PagedKVStorage
+from rlvr_fast.engine.kv_storage import PagedKVStorage
+from rlvr_fast.models.attention import store_kv
+from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
 BACKENDS = ["torch", "triton", "cpp"] if not torch.cuda.is_available() else ["triton"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def empty_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
+    """k_cache, v_cache [N, block_size, Hkv, D] filled with NaN: a slot read before it is
+    written poisons the result."""
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    return (torch.full(shape, float("nan"), device=DEVICE),
+            torch.full(shape, float("nan"), device=DEVICE))
+
+
+def write_sequence(k_cache, v_cache, table, k, v) -> None:
+    """Store k, v [L, Hkv, D] as the first L tokens of the sequence with block table ``table``."""
+    block_size = k_cache.shape[1]
+    slots = torch.tensor([int(table[p // block_size]) * block_size + p % block_size
+                          for p in range(k.shape[0])], device=DEVICE)
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
 def contiguous_attention(q, keys, values):
@@ -28,14 +47,13 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
     generator = torch.Generator().manual_seed(0)
     lengths = [1, 7, 16, 33, 50]
     manager = BlockManager(64, block_size)
-    storage = PagedKVStorage(1, 64, block_size, kv_heads, head_dim, dtype=torch.float32,
-                             device=DEVICE)
+    k_cache, v_cache = empty_cache(64, block_size, kv_heads, head_dim)
     contiguous, tables = [], []
     for length in lengths:
         seq = manager.allocate(length)
         k = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE)
         v = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE)
-        storage.write_slots(0, manager.token_slots([seq], length).view(-1).to(DEVICE), k, v)
+        write_sequence(k_cache, v_cache, manager.block_table(seq), k, v)
         contiguous.append((k, v))
         tables.append(manager.block_table(seq))
     width = max(len(t) for t in tables)
@@ -43,7 +61,7 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
     for row, table in enumerate(tables):
         block_tables[row, :len(table)] = table
     q = torch.randn(len(lengths), q_heads, head_dim, generator=generator).to(DEVICE)
-    out = paged_attention(q, storage.keys(0), storage.values(0), block_tables.to(DEVICE),
+    out = paged_attention(q, k_cache, v_cache, block_tables.to(DEVICE),
                           torch.tensor(lengths, device=DEVICE), backend=backend)
     for row, (k, v) in enumerate(contiguous):
         torch.testing.assert_close(out[row], contiguous_attention(q[row], k, v),
@@ -60,24 +78,22 @@ def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_hea
     head_dim, prefixes, suffixes = 32, [0, 5, 16, 21], [3, 9, 1, 6]
     width = max(suffixes)
     manager = BlockManager(64, block_size)
-    storage = PagedKVStorage(1, 64, block_size, kv_heads, head_dim, dtype=torch.float32,
-                             device=DEVICE)
+    k_cache, v_cache = empty_cache(64, block_size, kv_heads, head_dim)
     seqs, full = [], []
     for prefix, suffix in zip(prefixes, suffixes):
         total = prefix + suffix
         seq = manager.allocate(total)
         k = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
         v = torch.randn(total, kv_heads, head_dim, generator=generator).to(DEVICE)
-        storage.write_slots(0, manager.token_slots([seq], total).view(-1).to(DEVICE), k, v)
+        write_sequence(k_cache, v_cache, manager.block_table(seq), k, v)
         seqs.append(seq)
         full.append((k, v))
     q = torch.randn(len(seqs), q_heads, width, head_dim, generator=generator).to(DEVICE)
     context = torch.ones(len(seqs), width, dtype=torch.long)
     for row, (prefix, suffix) in enumerate(zip(prefixes, suffixes)):
         context[row, :suffix] = torch.arange(prefix + 1, prefix + suffix + 1)
-    out = paged_prefill_attention(q, storage.keys(0), storage.values(0),
-                                  manager.block_tables(seqs).to(DEVICE), context.to(DEVICE),
-                                  backend=backend)
+    out = paged_prefill_attention(q, k_cache, v_cache, manager.block_tables(seqs).to(DEVICE),
+                                  context.to(DEVICE), backend=backend)
     for row, ((k, v), prefix, suffix) in enumerate(zip(full, prefixes, suffixes)):
         for t in range(suffix):
             end = prefix + t + 1
@@ -86,24 +102,46 @@ def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_hea
 
 
 def test_copy_on_write_keeps_the_parent_intact():
+    """The engine's storage: a fork appends into the shared partial block, the block is copied
+    in every layer first, the child's new token lands in the copy and the parent's block is
+    untouched."""
+    config = ModelConfig.from_hf_dict(dict(
+        model_type="qwen3", vocab_size=8, hidden_size=8, intermediate_size=8,
+        num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1, head_dim=2))
     manager = BlockManager(8, 4)
-    storage = PagedKVStorage(2, 8, 4, 1, 2, dtype=torch.float32, device="cpu")
-    parent = manager.allocate(6)
-    prefix = torch.arange(12.0).view(6, 1, 2)
+    storage = PagedKVStorage(config, 8, 4, dtype=torch.float32, device=torch.device("cpu"))
+    parent = manager.allocate(0)
+    _, slots = manager.append_many([parent], [6])
+    prefix = torch.arange(12.0).view(1, 1, 6, 2)  # [R, Hkv, T, D]
     for layer in range(2):
-        storage.write_slots(layer, manager.token_slots([parent], 6).view(-1), prefix, -prefix)
+        store_kv(storage.layers[layer], prefix, -prefix, slots)
     child = manager.fork(parent)
-    storage.copy_blocks(manager.append(child, 1))
-    new = torch.full((1, 1, 2), 99.0)
+    copies, slots = manager.append_batch([child], 1)
+    storage.copy_blocks(copies)
+    new = torch.full((1, 1, 1, 2), 99.0)
     for layer in range(2):
-        storage.write_slots(layer, manager.token_slots([child], 7)[0, 6:], new, new)
+        store_kv(storage.layers[layer], new, new, slots.view(-1))
     parent_block = manager.block_table(parent)[1]
     child_block = manager.block_table(child)[1]
     assert parent_block != child_block
     for layer in range(2):
-        assert torch.equal(storage.keys(layer)[child_block, :2], prefix[4:6])
-        assert torch.equal(storage.keys(layer)[child_block, 2], new[0])
-        assert not (storage.keys(layer)[parent_block] == 99).any()
+        keys = storage.data[layer, 0]
+        assert torch.equal(keys[child_block, :2], prefix[0, :, 4:6].transpose(0, 1))
+        assert torch.equal(keys[child_block, 2], new[0, :, 0])
+        assert torch.equal(storage.data[layer, 1, child_block, :2],
+                           -prefix[0, :, 4:6].transpose(0, 1))
+        assert not (keys[parent_block] == 99).any()
+    assert torch.equal(storage.data[:, :, storage.scratch_block],
+                       torch.zeros_like(storage.data[:, :, 0])), "the scratch block starts zeroed"
+
+
+def test_cpp_kernel_refuses_a_block_outside_the_cache():
+    from rlvr_fast._C import paged_attention_cpu
+
+    k_cache = torch.zeros(4, 16, 1, 8)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        paged_attention_cpu(torch.randn(1, 2, 1, 8), k_cache, k_cache,
+                            torch.tensor([[4]], dtype=torch.int32), torch.tensor([[3]]))
 
 
 @pytest.mark.parametrize("change,message", [

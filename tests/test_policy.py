@@ -10,7 +10,8 @@ import torch
 
 from rlvr_fast import demo
 from rlvr_fast.data import render_prompt, synthetic_problems
-from rlvr_fast.engine.sampler import SamplingParams, sample
+from rlvr_fast.engine import SamplingParams
+from rlvr_fast.generation import sample
 from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import CheckpointError
 from rlvr_fast.policy import TINY_MODEL_DIR, load_policy

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlvr_fast.data import render_prompt, synthetic_problems
+from rlvr_fast.engine import FINISH_EOS, FINISH_STOP, RolloutEngine
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.policy import load_policy
@@ -30,13 +31,16 @@ def coin_model() -> Qwen3ForCausalLM:
     return model
 
 
+def coin_engine() -> RolloutEngine:
+    return RolloutEngine(coin_model(), eos_token_ids=[EOS], kv_blocks=64, block_size=4)
+
+
 def eos_frequency_per_branch(mode: str, trees: int) -> list[float]:
-    model, generator = coin_model(), torch.Generator().manual_seed(7)
+    engine, generator = coin_engine(), torch.Generator().manual_seed(7)
     hits = [0, 0]
     for _ in range(trees):
-        out = sample_tree_ids(model, [NEWLINE], eos_token_ids=[EOS], newline_token_ids=[NEWLINE],
-                              k=4, b=2, t_min=1, t_max=1, max_new_tokens=4,
-                              early_eos_mode=mode, generator=generator)
+        out = sample_tree_ids(engine, [NEWLINE], newline_token_ids=[NEWLINE], k=4, b=2, t_min=1,
+                              t_max=1, max_new_tokens=4, early_eos_mode=mode, generator=generator)
         for pair in out.pairs:
             for branch, leaf in enumerate(pair.leaves):
                 hits[branch] += leaf == [EOS]
@@ -59,12 +63,12 @@ def test_root_restart_biases_the_second_branch_to_p_squared():
 
 
 def test_prefix_lengths_of_the_coin_policy_match_the_seed():
-    model, generator = coin_model(), torch.Generator().manual_seed(3)
+    engine, generator = coin_engine(), torch.Generator().manual_seed(3)
     for mode, early in (("terminal_dup", 1), ("root_resample", 0)):
         for _ in range(20):
-            out = sample_tree_ids(model, [NEWLINE], eos_token_ids=[EOS],
-                                  newline_token_ids=[NEWLINE], t_min=1, t_max=1,
-                                  max_new_tokens=4, early_eos_mode=mode, generator=generator)
+            out = sample_tree_ids(engine, [NEWLINE], newline_token_ids=[NEWLINE], t_min=1,
+                                  t_max=1, max_new_tokens=4, early_eos_mode=mode,
+                                  generator=generator)
             for pair in out.pairs:
                 eos_first = pair.root_tokens == [EOS]
                 assert pair.prefix_len == (early if eos_first else 1)
@@ -74,24 +78,24 @@ def test_prefix_lengths_of_the_coin_policy_match_the_seed():
 
 def test_plan_branches_follows_each_rule():
     newline = frozenset({NEWLINE})
-    split = plan_branches([5, 6, NEWLINE], "split", 2, "terminal_dup", newline, 32)
+    split = plan_branches([5, 6, NEWLINE], FINISH_STOP, 2, "terminal_dup", newline, 32)
     assert (split.category, split.prefix_len, split.prefixes) == (
         "causal_non_eos", 3, [[5, 6, NEWLINE], [5, 6, NEWLINE]])
-    terminal = plan_branches([5, EOS], "eos", 2, "terminal_dup", newline, 32)
+    terminal = plan_branches([5, EOS], FINISH_EOS, 2, "terminal_dup", newline, 32)
     assert (terminal.category, terminal.prefix_len, terminal.prefixes, terminal.leaves) == (
         "terminal_dup", 2, [None, None], [[5, EOS], [5, EOS]])
-    restart = plan_branches([5, EOS], "eos", 2, "root_resample", newline, 32)
+    restart = plan_branches([5, EOS], FINISH_EOS, 2, "root_resample", newline, 32)
     assert (restart.category, restart.prefix_len, restart.prefixes, restart.leaves[0]) == (
         "tau_zero", 0, [None, []], [5, EOS])
     long_root = [5] * 10 + [NEWLINE] + [5] * 10 + [NEWLINE] + [5] * 12 + [EOS]  # 35 tokens
-    midpoint = plan_branches(long_root, "eos", 2, "midpoint", newline, 32)
+    midpoint = plan_branches(long_root, FINISH_EOS, 2, "midpoint", newline, 32)
     assert (midpoint.category, midpoint.prefix_len) == ("midpoint_fallback", 22)
     assert midpoint.prefixes == [None, long_root[:22]] and midpoint.leaves[0] == long_root
     longer = [5] * 60 + [NEWLINE] + [5] * 50 + [EOS]
-    assert plan_branches(longer, "eos", 2, "midpoint", newline, 32).category == "early_eos_gt104"
-    short = plan_branches([5, NEWLINE, 5, EOS], "eos", 2, "midpoint", newline, 32)
+    assert plan_branches(longer, FINISH_EOS, 2, "midpoint", newline, 32).category == "early_eos_gt104"
+    short = plan_branches([5, NEWLINE, 5, EOS], FINISH_EOS, 2, "midpoint", newline, 32)
     assert (short.category, short.prefix_len) == ("tau_zero", 0), "too short to split"
-    no_newline = plan_branches([5] * 40 + [EOS], "eos", 2, "midpoint", newline, 32)
+    no_newline = plan_branches([5] * 40 + [EOS], FINISH_EOS, 2, "midpoint", newline, 32)
     assert no_newline.category == "tau_zero"
 
 
@@ -110,27 +114,31 @@ def tiny():
 
 @pytest.mark.parametrize("mode", ["terminal_dup", "root_resample", "midpoint"])
 def test_fork_path_samples_what_re_prefill_samples(tiny, mode):
-    """Same generator, same tokens; forking runs no Stage-2 prefill, copies at most one block
-    per root and per branch, and holds fewer KV blocks at its peak."""
+    """Same generator, same tokens; forking runs one prompt prefill and no Stage-2 prefill,
+    copies at most one block per root and per branch, holds no more KV blocks at its peak, and
+    gives every block back."""
     problems = synthetic_problems("train", 2)
+    engine = RolloutEngine.for_policy(tiny, kv_blocks=256)
     for seed, problem in enumerate(problems):
         prompt = tiny.tokenizer.encode(render_prompt(problem.question))
-        runs = [sample_tree(tiny, prompt, t_min=6, t_max=12, max_new_tokens=40, early_eos_mode=mode,
-                            generator=torch.Generator().manual_seed(seed), reprefill=reprefill)
+        runs = [sample_tree(tiny, prompt, engine=engine, t_min=6, t_max=12, max_new_tokens=40,
+                            early_eos_mode=mode, generator=torch.Generator().manual_seed(seed),
+                            reprefill=reprefill)
                 for reprefill in (False, True)]
         forked, reprefilled = runs
         assert forked.leaves == reprefilled.leaves
         assert [p.category for p in forked.pairs] == [p.category for p in reprefilled.pairs]
-        assert forked.stage2_prefill_tokens == 0
-        assert forked.stage1_prefill_tokens == len(prompt)
-        assert reprefilled.stage1_prefill_tokens == 4 * len(prompt)
+        assert forked.stage2.prefill_run == 0
+        assert forked.stage1.prefill_run == len(prompt)
+        assert reprefilled.stage1.prefill_run == 4 * len(prompt)
         continued = sum(sum(p.continued) for p in forked.pairs)
-        assert reprefilled.stage2_prefill_tokens == sum(
+        assert reprefilled.stage2.prefill_run == sum(
             len(prompt) + (p.prefix_len if p.category != "tau_zero" else 0)
             for p in forked.pairs for c in p.continued if c)
-        assert forked.block_copies <= 4 + continued
-        assert forked.peak_kv_blocks <= reprefilled.peak_kv_blocks
+        assert forked.executed.block_copies <= 4 + continued
+        assert forked.executed.peak_kv_blocks <= reprefilled.executed.peak_kv_blocks
         assert forked.stage1_generated == sum(len(p.root_tokens) for p in forked.pairs)
+        assert engine.blocks_in_use == 0
         for pair in forked.pairs:
             for leaf in pair.leaves:
                 assert leaf[:pair.prefix_len] == pair.root_tokens[:pair.prefix_len]

@@ -149,7 +149,7 @@ def test_per_token_weights_reach_the_loss(hf_qwen3):
 def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
     """Flat warmup steps until ``bifurcate_after_active`` steps ran a backward pass, then trees
     whose ledger lines carry the per-pair categories and no Stage-2 prefill."""
-    problems = synthetic_problems("train", 6, seed=5)
+    problems = synthetic_problems("train", 6, seed=7)
     config = TrainConfig.from_arm("stopped_tree", steps=6,
                                   **dict(TREE_FAST, bifurcate_after_active=1, gate_min_chars=None))
     GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()

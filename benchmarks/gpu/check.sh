@@ -10,9 +10,10 @@ mkdir -p "$results_dir"
 pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
 
 CUDA_TESTS=(tests/test_weighted_nll.py tests/test_paged_attention.py tests/test_zero_grad_adamw.py
-            tests/test_sampler.py)
-CUDA_BENCHMARKS=(benchmarks/bench_weighted_nll.py benchmarks/bench_zero_grad_adamw.py
-                 benchmarks/bench_paged_kv.py benchmarks/bench_tree_rollout.py)
+            tests/test_engine.py)
+CUDA_BENCHMARKS=(benchmarks/bench_engine.py benchmarks/bench_weighted_nll.py
+                 benchmarks/bench_zero_grad_adamw.py benchmarks/bench_paged_attention.py
+                 benchmarks/bench_tree_rollout.py)
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo "uncommitted")

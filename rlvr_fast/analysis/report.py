@@ -31,7 +31,7 @@ from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
 from rlvr_fast.analysis.tables import markdown
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.ledger import FLAT_CATEGORIES, FLAT_CATEGORY, TREE_CATEGORIES
+from rlvr_fast.pairs import PairCategory
 from rlvr_fast.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
 from rlvr_fast.trainer import write_text_atomic
 
@@ -39,7 +39,7 @@ SMOOTHING_STEPS = 5
 DPI = 120
 GATE_CHARS = 30
 LINE_STYLES = ("-", "--", ":", "-.")
-PAIR_CATEGORY_ORDER = FLAT_CATEGORIES + TREE_CATEGORIES
+PAIR_CATEGORY_ORDER = [category.value for category in PairCategory]
 PHASE_COLOURS = {"prefill": "#4c72b0", "generation": "#55a868", "backward": "#c44e52",
                  "padding": "#cccccc"}
 
@@ -91,7 +91,7 @@ def draw_figures(runs: list[Run], comparison: Comparison, directory: Path, resam
     figures.append(save(compute_figure(comparison), directory, "compute.png",
                         "Training tokens and FLOPs per arm, by phase"))
     categories = pair_categories(by_arm)
-    if any(name != FLAT_CATEGORY for counts in categories.values() for name in counts):
+    if any(name != PairCategory.FLAT for counts in categories.values() for name in counts):
         figures.append(save(tree_pairs_figure(categories), directory, "tree_pairs.png",
                             "Tree pair categories per arm (mean pairs per run)"))
     return figures

@@ -32,18 +32,19 @@ import torch
 from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
 from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
-from rlvr_fast.ledger import (FLAT_CATEGORY, FLAT_WARMUP_CATEGORY, LedgerError, StepRecord,
-                              TreePairLedger, check_conservation, flat_step_record,
+from rlvr_fast.engine import EngineCounters
+from rlvr_fast.ledger import (LedgerError, StepRecord, check_conservation, flat_step_record,
                               tree_step_record)
+from rlvr_fast.pairs import PairCategory, TreePair
 from rlvr_fast.trainer import TrainConfig
 
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
-# gradient norm and the engine's executed counts) are only bounded, by the conservation laws.
+# gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the
+# conservation laws.
 DERIVED_FIELDS = ("step", "question_id", "rewards", "sigma_r", "homogeneous", "active",
                   "optimizer_step", "pairs", "prompt_len", "lengths", "gen", "pref", "pad_pref",
                   "untrim_gen", "leaf", "bwd_out", "bwd_full", "max_new_tokens", "params",
                   "stage1_lengths", "stage2_gen", "flops_out", "flops_full", "flops_pad_full")
-ENGINE_COUNTERS = ("decode_rows", "prefill_run", "peak_kv_blocks")
 REQUIRED_VERSIONS = ("rlvr_fast", "torch")
 SHOWN_FAILURES = 10
 
@@ -197,13 +198,14 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
                for text in texts]
     sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
     active = not (sigma == 0 and config.skip_zero_var)
+    executed = EngineCounters(**{f.name: recorded.get(f.name)
+                                 for f in dataclasses.fields(EngineCounters)})
     common = dict(step=rollout["step"], question_id=rollout["question_id"], rewards=rewards,
                   sigma_r=sigma, active=active,
                   optimizer_step=active or config.zero_var_step == "zero_grad",
                   prompt_len=rollout["prompt_len"], max_new_tokens=config.max_new_tokens,
                   params=params, loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
-                  seconds=recorded.get("seconds", {}),
-                  **{name: recorded.get(name) for name in ENGINE_COUNTERS})
+                  seconds=recorded.get("seconds", {}), executed=executed)
     lengths = rollout["lengths"]
     if len(lengths) != len(texts):
         raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
@@ -212,9 +214,12 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
         raise ValueError(f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
                          f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one")
     if not tree_step:
-        category = FLAT_WARMUP_CATEGORY if config.sampler == "tree" else FLAT_CATEGORY
+        category = PairCategory.FLAT_WARMUP if config.sampler == "tree" else PairCategory.FLAT
         return flat_step_record(lengths=lengths, category=category, **common)
-    pairs = [TreePairLedger(category, prefix_len, (lengths[2 * k], lengths[2 * k + 1]), root)
+    # The ledger reads only the lengths of a pair's token lists, and rollouts.jsonl keeps the
+    # lengths, not the tokens: the lists below stand in with zeros of those lengths.
+    pairs = [TreePair(PairCategory(category), prefix_len, root_tokens=[0] * root,
+                      leaves=[[0] * lengths[2 * k], [0] * lengths[2 * k + 1]], finish_reasons=[])
              for k, (category, prefix_len, root) in enumerate(zip(
                  rollout["categories"], rollout["prefix_lens"], rollout["stage1_lengths"],
                  strict=True))]

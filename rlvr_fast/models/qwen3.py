@@ -8,8 +8,9 @@ Entry points:
 - ``forward(input_ids, attention_mask)``: full sequence (training / scoring); returns logits
   ``[B, T, V]`` or, with ``return_hidden=True``, the final hidden states ``[B, T, H]`` for the
   fused loss op, which multiplies them by ``lm_head.weight`` chunk by chunk.
-- ``prefill(input_ids, attention_mask, cache)`` and ``decode(token_ids, cache)``: incremental
-  decoding on a ``KVCache``; both return logits of the last position only ``[B, V]``.
+- ``infer(input_ids, context)``: one pass of the rollout engine (prefill or decode) on its paged
+  KV cache, described by a ``ForwardContext``; returns the logits of each row's last real token
+  ``[R, V]``. The model holds no cache: each layer reads the context.
 
 Numerics follow the Hugging Face implementation: RMSNorm in fp32, RoPE cos/sin computed in fp32 and
 cast to the activation dtype, rotate-half RoPE with the config's theta, softmax scale 1/sqrt(D).
@@ -21,9 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlvr_fast.engine.attention import attention
-from rlvr_fast.engine.kv_cache import KVCache
+from rlvr_fast.models.attention import attend
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.context import ForwardContext
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's order: normalise over the last dim in fp32, round to the input dtype,
+    then scale (``weight`` broadcasts against x). Written out because on CPU F.rms_norm
+    dispatches to the same ops plus a slower wrapper."""
+    # The dtype checks skip two no-op casts per call in fp32: decode on a CPU is dispatch-bound.
+    x32 = x if x.dtype == torch.float32 else x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (normed if x.dtype == torch.float32 else normed.to(x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -33,54 +44,45 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Hugging Face's order: normalise in fp32, round to the input dtype, then scale. Written
-        # out because on CPU F.rms_norm dispatches to the same ops plus a slower wrapper.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables indexed by absolute position, grown on demand.
+    """cos/sin of each position, computed from the positions in every pass.
 
-    Kept as plain fp32 attributes rather than buffers so ``model.to(bfloat16)`` cannot round the
-    frequencies and a meta-device build needs no re-initialisation.
+    The inverse frequencies are a plain fp32 attribute, made once per device, rather than a
+    buffer, so ``model.to(bfloat16)`` cannot round them; nothing here grows or is replaced
+    during a run, which a captured CUDA graph relies on.
     """
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
-        self._cos = self._sin = None
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
-    def forward(self, positions: torch.Tensor, max_positions: int,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] int64, all < ``max_positions`` -> cos, sin [B, T, 1, D] in ``dtype``.
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] int64 -> cos, signed sin [B, T, 1, D] in ``dtype`` (Hugging Face's
+        order: angles in fp32, then cos / sin, then the cast). The sin's first half is negated,
+        which folds rotate-half's sign into it (see ``apply_rope``)."""
+        angles = positions.unsqueeze(-1).float() * self.inv_freq(positions.device)
+        cos = torch.cat((angles, angles), dim=-1).unsqueeze(2).cos()
+        sin = angles.sin()
+        return cos.to(dtype), torch.cat((-sin, sin), dim=-1).unsqueeze(2).to(dtype)
 
-        The bound comes from the caller (sequence or cache length) so that no device sync is
-        needed to read ``positions.max()``.
-        """
-        if self._cos is None or self._cos.shape[0] < max_positions or self._cos.device != positions.device:
-            current = 0 if self._cos is None else self._cos.shape[0]
-            self._build(max(max_positions, 2 * current, 256), positions.device)
-        return (self._cos[positions].unsqueeze(2).to(dtype),
-                self._sin[positions].unsqueeze(2).to(dtype))
-
-    def _build(self, size: int, device: torch.device) -> None:
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
-        inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))
-        steps = torch.arange(size, device=device, dtype=torch.float32)
-        table = (steps[:, None] * inv_freq[None, :]).repeat(1, 2)
-        self._cos, self._sin = table.cos(), table.sin()
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+            self._inv_freq[device] = 1.0 / (self.theta ** (exponents / self.head_dim))
+        return self._inv_freq[device]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1): here
+    as x * cos + (x2, x1) * (-sin1, sin2), one roll instead of a split, a negation and a cat,
+    and equal to it bit for bit (negating a factor is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -99,21 +101,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+                context: ForwardContext) -> torch.Tensor:
         batch, seq, _ = x.shape
         heads = self.qkv_proj(x).view(batch, seq, -1, self.head_dim)  # [B, T, Hq + 2Hkv, D]
         qk, v = heads[:, :, :self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads:]
         if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, :, :self.num_heads]),
-                            self.k_norm(qk[:, :, self.num_heads:])), dim=2)
+            # Every head normalised on its own: q and k heads in one pass, each with its weight.
+            weight = torch.cat((self.q_norm.weight.expand(self.num_heads, -1),
+                                self.k_norm.weight.expand(self.num_kv_heads, -1)))
+            qk = rms_norm(qk, weight, self.q_norm.eps)
         # q and k share one RoPE pass: half the element-wise launches of rotating them apart.
         qk = apply_rope(qk, cos, sin).transpose(1, 2)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        v = v.transpose(1, 2)
-        if cache is None:
-            out = attention(q, k, v, mask)
-        else:
-            out = cache.attend(self.layer_idx, q, k, v, mask)
+        out = attend(self.layer_idx, q, k, v.transpose(1, 2), context)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.q_size))
 
 
@@ -136,8 +136,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, context):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -149,14 +149,11 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        # Positions never exceed the column index, which is bounded by the cache length.
-        max_positions = input_ids.shape[1] + (cache.length if cache is not None else 0)
-        cos, sin = self.rotary(positions, max_positions, x.dtype)
+        cos, sin = self.rotary(context.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, cache)
+            x = layer(x, cos, sin, context)
         return self.norm(x)
 
 
@@ -190,30 +187,23 @@ class Qwen3ForCausalLM(nn.Module):
         """
         if attention_mask is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-            mask = None
+            context = ForwardContext(positions)
         else:
-            positions = positions_from_mask(attention_mask)
-            mask = causal_padding_mask(attention_mask.bool(), input_ids.shape[1])
-        hidden = self.model(input_ids, positions, mask)
+            context = ForwardContext(positions_from_mask(attention_mask),
+                                     mask=causal_padding_mask(attention_mask.bool(),
+                                                              input_ids.shape[1]))
+        hidden = self.model(input_ids, context)
         return hidden if return_hidden else self.lm_head(hidden)
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
-        """Run left-padded prompts [B, T] into an empty cache; logits of the last column [B, V]."""
-        valid = attention_mask.bool()
-        positions = positions_from_mask(attention_mask)
-        mask = cache.open_columns(valid)
-        mask = causal_padding_mask(mask, input_ids.shape[1])
-        hidden = self.model(input_ids, positions, mask, cache)
-        cache.advance(input_ids.shape[1], next_positions=positions[:, -1] + 1)
-        return self.lm_head(hidden[:, -1])
-
-    def decode(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One token per row [B] appended to the cache; logits [B, V]."""
-        positions = cache.next_positions.unsqueeze(1)
-        hidden = self.model(token_ids.unsqueeze(1), positions, cache.decode_mask(), cache)
-        cache.advance(1)
-        return self.lm_head(hidden[:, -1])
+    def infer(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """One rollout-engine pass over input_ids [R, T]: logits [R, V] of each row's last real
+        token (``context.logits_index``; the only token when T = 1)."""
+        hidden = self.model(input_ids, context)
+        if context.logits_index is None:
+            last = hidden[:, -1]
+        else:
+            last = hidden.flatten(0, 1).index_select(0, context.logits_index)
+        return self.lm_head(last)
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """``paged_attention``: one decode query per sequence against a paged KV cache;
 ``paged_prefill_attention``: a suffix of new tokens per sequence on top of its cached blocks.
 
-CUDA tensors use the Triton kernel; float32 CPU tensors the C++ kernel (``csrc/paged_attention.cpp``,
-reads blocks in place), other CPU tensors the torch reference (gather); ``backend=`` overrides
-(tests run the Triton kernel on CPU under TRITON_INTERPRET=1). Shapes and semantics are
-documented in ``rlvr_fast.kernels.paged_attention``.
+CUDA tensors use the Triton kernel; float32 CPU tensors the C++ kernel
+(``csrc/paged_attention.cpp``); both read the blocks in place through the block tables. Other
+CPU tensors use the torch reference (gather). ``default_backend`` is the one switch: the rollout
+engine resolves it once per run; ``backend=`` overrides it (tests run the Triton kernel on CPU
+under TRITON_INTERPRET=1). Shapes and semantics are documented in
+``rlvr_fast.kernels.paged_attention``.
 """
 
 from __future__ import annotations
@@ -16,21 +18,15 @@ from rlvr_fast.kernels.paged_attention import (
     paged_prefill_attention_triton)
 
 
-
 def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens):
-    """The C++ CPU kernel, given block tables: it reads through token slots, built here."""
-    from rlvr_fast._C import paged_attention_cpu
+    from rlvr_fast._C import paged_attention_cpu  # built with the block manager
 
-    block_size = k_cache.shape[1]
-    positions = torch.arange(block_tables.shape[1] * block_size, device=q.device)
-    slots = block_tables.long()[:, positions // block_size] * block_size + positions % block_size
-    return paged_attention_cpu(q, k_cache, v_cache, slots, context_lens.long())
+    return paged_attention_cpu(q, k_cache, v_cache, block_tables, context_lens.long())
 
 
 def paged_attention_cpp(q, k_cache, v_cache, block_tables, seq_lens):
-    out = paged_prefill_attention_cpp(q[:, :, None], k_cache, v_cache, block_tables,
-                                      seq_lens[:, None])
-    return out[:, :, 0]
+    return paged_prefill_attention_cpp(q[:, :, None], k_cache, v_cache, block_tables,
+                                       seq_lens[:, None])[:, :, 0]
 
 
 BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton,
@@ -39,10 +35,11 @@ PREFILL_BACKENDS = {"torch": paged_prefill_attention_reference,
                     "triton": paged_prefill_attention_triton, "cpp": paged_prefill_attention_cpp}
 
 
-def default_backend(q: torch.Tensor, k_cache: torch.Tensor) -> str:
-    if q.is_cuda:
+def default_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """The paged-attention backend for a cache on ``device`` holding ``dtype``."""
+    if device.type == "cuda":
         return "triton"
-    return "cpp" if q.dtype == k_cache.dtype == torch.float32 else "torch"
+    return "cpp" if dtype == torch.float32 else "torch"
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -52,9 +49,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     int32; seq_lens [B] (each >= 1 and <= M * block_size). Returns [B, Hq, D] in q's dtype.
 
     ``check=False`` skips the input checks (they read seq_lens, a device sync on CUDA); the
-    paged cache, which builds its own inputs, uses it on every decode step.
+    rollout engine, which builds its own inputs, uses it on every pass.
     """
-    backend = backend or default_backend(q, k_cache)
+    backend = backend or default_backend(q.device, k_cache.dtype)
     if check:
         _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend)
     return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
@@ -66,7 +63,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """q [R, Hq, T, D] (T new tokens per row, their keys and values already in the cache);
     block_tables [R, M] int32; context_lens [R, T]: query (r, t) attends to the first
     context_lens[r, t] tokens of row r (each >= 1). Returns [R, Hq, T, D] in q's dtype."""
-    backend = backend or default_backend(q, k_cache)
+    backend = backend or default_backend(q.device, k_cache.dtype)
     if check:
         if q.dim() != 4 or context_lens.shape != (q.shape[0], q.shape[2]):
             raise ValueError(f"q must be [R, Hq, T, D] and context_lens [R, T], got "

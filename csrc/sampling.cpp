@@ -1,0 +1,121 @@
+// Next-token draws on CPU with the study's temperature + top-p rule, one call per decode step:
+// the C++ twin of rlvr_fast.engine.token_sampler.sample_tokens_reference (the torch ops the GPU
+// runs), which a tiny model on a CPU would otherwise pay ~25 operator dispatches for.
+//
+// Per row: p = softmax(logits / T) in float32; ranks by p descending (ties: lower token id
+// first); rank r is kept while the mass of the ranks before it is < top_p (rank 0 always);
+// the token is the kept rank maximising p_r / E_r, E_r = -log u_r, where u_r is the same
+// splitmix64 hash of (seed, position, r) the torch version computes. Rows run in parallel.
+// Equal to the torch version up to float32 rounding of exp / log (not bitwise): a draw can
+// differ only where two ranks' p / E are within an ulp.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+constexpr uint64_t kSeedMultiplier = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kPositionMultiplier = 0xD1B54A32D192ED03ULL;
+constexpr uint64_t kRankMultiplier = 0x8CB92BA72F3D8DD7ULL;
+constexpr uint64_t kMix1 = 0xBF58476D1CE4E5B9ULL;
+constexpr uint64_t kMix2 = 0x94D049BB133111EBULL;
+constexpr int kUniformBits = 23;
+
+float uniform(uint64_t key, uint64_t rank) {
+  uint64_t x = key + rank * kRankMultiplier;
+  x = (x ^ (x >> 30)) * kMix1;
+  x = (x ^ (x >> 27)) * kMix2;
+  x ^= x >> 31;
+  return (static_cast<float>(x >> (64 - kUniformBits)) + 0.5f) *
+         (1.0f / static_cast<float>(1 << kUniformBits));
+}
+
+int64_t draw_row(const float* logits, int64_t vocab, float temperature, float top_p,
+                 uint64_t key, std::vector<float>& probs, std::vector<int64_t>& order) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) {
+    probs[i] = logits[i] / temperature;
+    top = std::max(top, probs[i]);
+  }
+  float sum = 0.0f;
+  for (int64_t i = 0; i < vocab; ++i) {
+    probs[i] = std::exp(probs[i] - top);
+    sum += probs[i];
+  }
+  for (int64_t i = 0; i < vocab; ++i) {
+    probs[i] /= sum;
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+  });
+  // The mass before rank r as torch computes it: an inclusive cumulative sum accumulated in
+  // double and stored as float, minus p_r.
+  double cumulative = 0.0;
+  float best = -1.0f;
+  int64_t token = order[0];
+  for (int64_t rank = 0; rank < vocab; ++rank) {
+    const float p = probs[order[rank]];
+    cumulative += p;
+    if (rank > 0 && static_cast<float>(cumulative) - p >= top_p) {
+      break;
+    }
+    const float score = p / -std::log(uniform(key, static_cast<uint64_t>(rank)));
+    if (score > best) {
+      best = score;
+      token = order[rank];
+    }
+  }
+  return token;
+}
+
+torch::Tensor sample_top_p_cpu(torch::Tensor logits, torch::Tensor seeds, torch::Tensor positions,
+                               double temperature, double top_p) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2,
+              "sample_top_p_cpu: logits must be a float32 CPU tensor [B, V]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab >= 1, "sample_top_p_cpu: empty vocabulary");
+  TORCH_CHECK(seeds.scalar_type() == at::kLong && positions.scalar_type() == at::kLong &&
+                  seeds.dim() == 1 && positions.dim() == 1 && seeds.size(0) == rows &&
+                  positions.size(0) == rows,
+              "sample_top_p_cpu: seeds and positions must be int64 [B]");
+  TORCH_CHECK(temperature > 0 && top_p > 0 && top_p <= 1,
+              "sample_top_p_cpu: need temperature > 0 and top_p in (0, 1]");
+  logits = logits.contiguous();
+  seeds = seeds.contiguous();
+  positions = positions.contiguous();
+  auto tokens = torch::empty({rows}, torch::kLong);
+  const float* data = logits.data_ptr<float>();
+  const int64_t* seed = seeds.data_ptr<int64_t>();
+  const int64_t* position = positions.data_ptr<int64_t>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  // A thread's share should be worth waking it for: rows of a small vocabulary run inline.
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / vocab);
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
+    std::vector<float> probs(vocab);
+    std::vector<int64_t> order(vocab);
+    for (int64_t row = first; row < last; ++row) {
+      // The key of the torch version: seed * A + position * B, wrapping modulo 2^64.
+      const uint64_t key = static_cast<uint64_t>(seed[row]) * kSeedMultiplier +
+                           static_cast<uint64_t>(position[row]) * kPositionMultiplier;
+      out[row] = draw_row(data + row * vocab, vocab, static_cast<float>(temperature),
+                          static_cast<float>(top_p), key, probs, order);
+    }
+  });
+  return tokens;
+}
+
+}  // namespace
+
+void register_sampling(pybind11::module& m) {
+  m.def("sample_top_p_cpu", &sample_top_p_cpu, pybind11::arg("logits"), pybind11::arg("seeds"),
+        pybind11::arg("positions"), pybind11::arg("temperature"), pybind11::arg("top_p"),
+        "Temperature + top-p draws, one per row, from per-row hashed streams (float32, CPU)");
+}
