@@ -31,7 +31,7 @@ demo: install
 # compare + report (tables in runs/sweep-demo/compare.md, figures in runs/sweep-demo/report/).
 # Run it again to finish an interrupted sweep; finished runs are skipped. One OpenMP thread: the
 # embedded model's operators are too small to gain from a second one, and on a shared 2-core
-# machine a thread waiting for a busy core stalls every operator (15 steps: 9 s vs 78 s).
+# machine a thread waiting for a busy core stalls every operator (15 steps: 8-10 s vs 38-62 s).
 SWEEP_DEMO_OUT ?= runs/sweep-demo
 sweep-demo: install
 	OMP_NUM_THREADS=1 $(BIN)/rlvr-fast sweep --arms baseline,zg_flat,ra_flat --seeds 42,101 --steps 50 \
