@@ -16,7 +16,7 @@ from tqdm import tqdm
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import FINISH_CAP, RolloutEngine, SamplingParams
 from rlvr_fast.generation import generate
-from rlvr_fast.grading import extract_boxed, grade, passes_gate
+from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
 
 
 @dataclass
@@ -88,12 +88,13 @@ def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
         out = generate(engine or policy.engine(), prompts, params, generator=generator,
                        on_finish=lambda _: bar.update(1))
     texts = policy.tokenizer.decode_batch(out.tokens)
+    extracted_answers = [extract_boxed(text) for text in texts]
+    grades = grade_many(extracted_answers, [p.answer for p in problems])
     items = []
-    for problem, text, length, reason in zip(problems, texts, out.lengths, out.finish_reasons):
-        extracted = extract_boxed(text)
+    for problem, text, extracted, correct, length, reason in zip(
+            problems, texts, extracted_answers, grades, out.lengths, out.finish_reasons):
         items.append(ItemGrade(
-            id=problem.id, answer=problem.answer, extracted=extracted,
-            correct=grade(extracted, problem.answer), length=length,
-            cap_hit=reason == FINISH_CAP, derivation=passes_gate(text), level=problem.level,
-            response=text))
+            id=problem.id, answer=problem.answer, extracted=extracted, correct=correct,
+            length=length, cap_hit=reason == FINISH_CAP, derivation=passes_gate(text),
+            level=problem.level, response=text))
     return EvalResult(items)

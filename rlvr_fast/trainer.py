@@ -44,7 +44,7 @@ from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
 from rlvr_fast.evaluation import EvalResult, evaluate
 from rlvr_fast.generation import sample_group
-from rlvr_fast.grading import grade_response
+from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.ledger import LedgerWriter, flat_step_record, tree_step_record, truncate_jsonl
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
@@ -344,8 +344,8 @@ class GRPOTrainer:
             rollouts = self.sample_tree(prompt_ids) if tree_step else self.sample_flat(prompt_ids)
         with phase("reward"):
             texts = self.policy.tokenizer.decode_batch(rollouts.completions)
-            rewards = [float(grade_response(t, problem.answer, min_chars=config.gate_min_chars))
-                       for t in texts]
+            answers = [final_answer(t, min_chars=config.gate_min_chars) for t in texts]
+            rewards = [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
             lengths = [len(c) for c in rollouts.completions]
             if tree_step:
                 tree = rollouts.tree

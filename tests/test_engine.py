@@ -76,6 +76,31 @@ def test_fork_shares_the_prompt_and_its_logits(model):
     assert all_free(engine)
 
 
+def test_extend_and_batched_prefill_give_the_full_forward_logits(model):
+    """A shared prefix prefilled once, forked three times, each branch extended by its own
+    question and all three prefilled in passes of at most 8 tokens: each next-token logits row
+    equals the full forward of prefix + question; a sequence holding its logits costs nothing."""
+    engine = make_engine(model, max_prefill_tokens=8)
+    prefix = engine.add(PROMPTS[2])
+    branches = engine.fork(prefix, n=3)
+    engine.free(prefix)
+    questions = [[30, 31, 32], [40], [50, 51, 52, 53, 54]]
+    for branch, question in zip(branches, questions):
+        engine.extend(branch, question)
+    before = engine.counters.prefill_run
+    logits = engine.prefill(branches)
+    assert engine.counters.prefill_run - before == sum(map(len, questions)), "suffixes only"
+    for row, question in enumerate(questions):
+        expected = full_forward_logits(model, PROMPTS[2] + question)[-1]
+        torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-5)
+        assert branches[row].completion == [] and branches[row].holds_logits
+    assert torch.equal(engine.prefill(branches[:1]), logits[:1])
+    assert engine.counters.prefill_run - before == sum(map(len, questions))
+    engine.run(branches, SamplingParams.greedy(3))
+    assert [b.completion[0] for b in branches] == logits.argmax(-1).tolist()
+    assert all_free(engine)
+
+
 def test_a_prefix_fork_of_a_finished_sequence_decodes_its_last_token(model, monkeypatch):
     """Fork a finished, cached sequence at a shorter length: the branch shares all but the
     prefix's last token, runs that token as one decode row, and draws from the same logits a
@@ -201,7 +226,7 @@ def test_run_and_fork_refuse_misuse(model):
         engine.fork(seq, len(seq.token_ids) + 1)
     with pytest.raises(ValueError, match="2 seeds needed"):
         engine.fork(seq, n=2, seeds=[1])
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="needs at least one token"):
         engine.add([])
     with pytest.raises(ValueError, match="token ids must lie in"):
         engine.add([211])

@@ -55,7 +55,7 @@ def test_immediate_eos_costs_no_decode(hf_qwen3):
 def test_empty_prompts_are_refused(engine):
     with pytest.raises(ValueError, match="no prompts"):
         generate(engine, [], SamplingParams())
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="needs at least one token"):
         generate(engine, [[1], []], SamplingParams())
 
 

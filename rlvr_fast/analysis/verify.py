@@ -31,7 +31,7 @@ import torch
 
 from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
-from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
+from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
 from rlvr_fast.engine import EngineCounters
 from rlvr_fast.ledger import (LedgerError, StepRecord, check_conservation, flat_step_record,
                               tree_step_record)
@@ -194,8 +194,8 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
     steps before it. Engine counts, timings, loss and gradient norm are copied from ``recorded``:
     nothing on disk determines them."""
     texts = rollout["texts"]
-    rewards = [float(grade_response(text, rollout["answer"], min_chars=config.gate_min_chars))
-               for text in texts]
+    answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
+    rewards = [float(ok) for ok in grade_many(answers, [rollout["answer"]] * len(answers))]
     sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
     active = not (sigma == 0 and config.skip_zero_var)
     executed = EngineCounters(**{f.name: recorded.get(f.name)
@@ -272,8 +272,7 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
         label = "evals/before/" if before else "evals/"
         for name, items in evals.items():
             where = f"{label}{name}.jsonl"
-            for number, item in enumerate(items, start=1):
-                check.failures += item_mismatches(f"{where}:{number}", item, cap)
+            check.failures += eval_file_mismatches(where, items, cap)
             counted.append(f"{where} {len(items)}")
             if name in summary.get(summary_key, {}):
                 check.failures += summary_mismatches(f"summary.json {summary_key}.{name}",
@@ -285,15 +284,28 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
     return check
 
 
-def item_mismatches(where: str, item: dict, cap: int) -> list[str]:
+def eval_file_mismatches(where: str, items: list[dict], cap: int) -> list[str]:
+    """Every item of one eval file re-graded the way ``evaluate`` grades: the last box of the
+    response, graded in one batch against the item's answer."""
     try:
-        response, answer = item["response"], item["answer"]
-        extracted = extract_boxed(response)
-        derived = {"extracted": extracted, "correct": grade(extracted, answer),
-                   "derivation": passes_gate(response)}
+        responses = [item["response"] for item in items]
+        answers = [item["answer"] for item in items]
+        extracted = [extract_boxed(response) for response in responses]
+    except (KeyError, TypeError) as err:
+        return [f"{where}: cannot re-grade ({_describe(err)})"]
+    mismatches = []
+    for number, (item, response, answer, correct) in enumerate(
+            zip(items, responses, extracted, grade_many(extracted, answers)), start=1):
+        derived = {"extracted": answer, "correct": correct, "derivation": passes_gate(response)}
+        mismatches += item_mismatches(f"{where}:{number}", item, derived, cap)
+    return mismatches
+
+
+def item_mismatches(where: str, item: dict, derived: dict, cap: int) -> list[str]:
+    try:
         recorded = {name: item[name] for name in derived}
         length, cap_hit = item["length"], item["cap_hit"]
-    except (KeyError, TypeError) as err:
+    except KeyError as err:
         return [f"{where}: cannot re-grade ({_describe(err)})"]
     item_id = item.get("id")
     mismatches = [f"{where} item {item_id} {name}: recorded {recorded[name]!r}, re-graded "

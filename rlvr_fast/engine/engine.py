@@ -12,7 +12,9 @@ groups, evaluation, trees, parallel paths) build on three verbs and one loop:
 
 ``fork(seq, num_tokens)`` branches any sequence at any length, sharing the blocks of its first
 ``num_tokens - 1`` tokens (all of them, and its next-token logits, when the sequence holds them),
-so a branch costs no prefill and at most one copy-on-write block copy. ``run`` prefills what is
+so a branch costs no prefill and at most one copy-on-write block copy. ``extend(seq, ids)``
+appends prompt tokens to a sequence (a judge's question after a shared prefix), and
+``prefill(seqs)`` runs what is pending now and returns the next-token logits, batched. ``run`` prefills what is
 pending, decodes every running sequence one token per step, retires a sequence the moment it
 emits EOS, reaches its cap or meets its planner's stop rule, and admits waiting sequences as
 blocks free up; when the cache fills it preempts and later recomputes, and a sequence that cannot
@@ -89,13 +91,17 @@ class RolloutEngine:
             max_new_tokens: int | None = None, stop: StopRule | None = None,
             keep_cache: bool = False) -> Sequence:
         """A sequence of ``prompt_ids`` (nothing runs until it is forked or run)."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ValueError("add: a prompt needs at least one token")
-        if min(prompt) < 0 or max(prompt) >= self.model.config.vocab_size:
-            raise ValueError(f"add: token ids must lie in [0, {self.model.config.vocab_size})")
+        prompt = self._checked_tokens(prompt_ids, "add")
         return Sequence(prompt, len(prompt), seed=seed, max_new_tokens=max_new_tokens, stop=stop,
                         keep_cache=keep_cache)
+
+    def _checked_tokens(self, token_ids: Seq[int], op: str) -> list[int]:
+        tokens = [int(t) for t in token_ids]
+        if not tokens:
+            raise ValueError(f"{op}: needs at least one token")
+        if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
+            raise ValueError(f"{op}: token ids must lie in [0, {self.model.config.vocab_size})")
+        return tokens
 
     def fork(self, seq: Sequence, num_tokens: int | None = None, n: int = 1, *,
              seeds: Seq[int] | None = None, max_new_tokens: int | None = None,
@@ -112,7 +118,7 @@ class RolloutEngine:
         if seeds is not None and len(seeds) != n:
             raise ValueError(f"fork: {n} seeds needed, got {len(seeds)}")
         if seq.num_cached == 0 or seq.num_pending > 1:
-            self._prefill_alone(seq)
+            self.prefill([seq])
         whole = num_tokens == total and seq.holds_logits
         shared = num_tokens if whole else num_tokens - 1
         children = []
@@ -124,6 +130,62 @@ class RolloutEngine:
                              logits=seq.logits if whole else None)
             children.append(child)
         return children
+
+    def extend(self, seq: Sequence, token_ids: Seq[int]) -> None:
+        """Append prompt tokens to a sequence that is not being run (a judge's question after a
+        shared prefix, say): they run in its next pass, and its completion starts after them."""
+        if seq.status in (Status.WAITING, Status.RUNNING):
+            raise ValueError("extend: the sequence is being run")
+        seq.token_ids.extend(self._checked_tokens(token_ids, "extend"))
+        seq.start = len(seq.token_ids)
+        seq.logits = None
+        seq.status, seq.finish_reason = Status.IDLE, None
+
+    @torch.inference_mode()
+    def prefill(self, seqs: Iterable[Sequence]) -> torch.Tensor:
+        """Run the pending tokens of sequences that are not being run, now, in as few passes as
+        ``max_prefill_tokens`` and the free blocks allow; returns each one's next-token logits
+        [n, V] and keeps them on the sequence (its forks draw from them with no pass)."""
+        seqs = list(seqs)
+        if any(seq.status in (Status.WAITING, Status.RUNNING) for seq in seqs):
+            raise ValueError("prefill: a sequence is being run")
+        todo = [seq for seq in seqs if not seq.holds_logits]
+        while todo:
+            batch = self._prefill_batch(todo)
+            todo = todo[len(batch):]
+            copies, slots = self.manager.append_many([seq.block_id for seq in batch],
+                                                     [seq.num_pending for seq in batch])
+            self.counters.prefill_run += sum(seq.num_pending for seq in batch)
+            self.counters.block_copies += len(copies)
+            self._track_peak()
+            try:
+                with self._range("engine prefill"):
+                    logits = self.runner.prefill(Batch("prefill", batch, [], slots, copies))
+            except BaseException:
+                for seq in batch:
+                    self.scheduler.release(seq)
+                raise
+            for seq, row in zip(batch, logits):
+                seq.logits = row
+        return torch.stack([seq.logits for seq in seqs]) if seqs else torch.empty(0)
+
+    def _prefill_batch(self, todo: list[Sequence]) -> list[Sequence]:
+        """The longest head of ``todo`` that one prefill pass takes (at least one sequence);
+        gives each a block manager sequence."""
+        batch, tokens, reserved = [], 0, 0
+        for seq in todo:
+            needed = self.scheduler.blocks_needed(seq)
+            if batch and (tokens + seq.num_pending > self.scheduler.max_prefill_tokens
+                          or reserved + needed > self.manager.num_free_blocks()):
+                break
+            if needed > self.manager.num_free_blocks():
+                raise OutOfBlocksError(self.scheduler.no_room_message(seq, needed))
+            if seq.block_id is None:
+                seq.block_id = self.manager.allocate(0)
+            batch.append(seq)
+            tokens += seq.num_pending
+            reserved += needed
+        return batch
 
     def free(self, seq: Sequence) -> None:
         """Give back a sequence's blocks (it cannot be forked or run afterwards without a new
@@ -201,21 +263,6 @@ class RolloutEngine:
         self.scheduler.finish(seq)
         if on_finish is not None:
             on_finish(seq)
-
-    @torch.inference_mode()
-    def _prefill_alone(self, seq: Sequence) -> None:
-        """Run a sequence's pending tokens now and keep its next-token logits (to fork it)."""
-        needed = self.scheduler.blocks_needed(seq)
-        if needed > self.manager.num_free_blocks():
-            raise OutOfBlocksError(self.scheduler.no_room_message(seq, needed))
-        if seq.block_id is None:
-            seq.block_id = self.manager.allocate(0)
-        copies, slots = self.manager.append_many([seq.block_id], [seq.num_pending])
-        self.counters.prefill_run += seq.num_pending
-        self.counters.block_copies += len(copies)
-        self._track_peak()
-        with self._range("engine prefill"):
-            seq.logits = self.runner.prefill(Batch("prefill", [seq], [], slots, copies))[0]
 
     def _assign_seeds(self, seqs: list[Sequence], generator: torch.Generator | None) -> None:
         if not seqs:
