@@ -395,7 +395,8 @@ class GRPOTrainer:
             record = flat_step_record(lengths=lengths, category=category, **common)
         if self.ledger is not None:
             self.ledger.write(record)
-            self._append_rollouts(step, problem, texts, lengths, rewards, rollouts.tree)
+            self._append_rollouts(step, problem, len(prompt_ids), texts, lengths, rewards,
+                                  rollouts.tree)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
 
     def sample_flat(self, prompt_ids: list[int]) -> Rollouts:
@@ -460,9 +461,11 @@ class GRPOTrainer:
     def _open_run_dir(self, resume: bool) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = self.out_dir / "checkpoint" / "state.pt"
+        # Resuming a run killed before its first checkpoint starts it over: no weights were
+        # saved for the steps its ledger holds, so those lines are truncated away below.
         if resume and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
-        elif (self.out_dir / "ledger.jsonl").exists():
+        elif not resume and (self.out_dir / "ledger.jsonl").exists():
             raise FileExistsError(f"{self.out_dir}: already holds a run (use --resume, or a new --out)")
         truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
         truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
@@ -473,11 +476,16 @@ class GRPOTrainer:
             "git_commit": git_commit()})
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
 
-    def _append_rollouts(self, step, problem, texts, lengths, rewards, tree) -> None:
-        line = {"step": step, "question_id": problem.id, "texts": texts, "lengths": lengths,
-                "rewards": rewards}
+    def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree) -> None:
+        """What ``rlvr-fast verify`` re-derives the step's ledger line from: the answer to
+        re-grade the texts against, the prompt length, and on tree steps what the sampler
+        reported per pair (|p^(k)| is not in the texts: Stage 1's discarded tail is)."""
+        line = {"step": step, "question_id": problem.id, "answer": problem.answer,
+                "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
         if tree is not None:
-            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs])
+            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
+                        stage1_lengths=[p.stage1_len for p in tree.pairs],
+                        stage2_gen=tree.stage2_generated)
         with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
             file.write(json.dumps(line) + "\n")
 
