@@ -5,6 +5,7 @@
         --eval math500=math500_test.json --seed 42 --out runs/baseline_s42
     rlvr-fast train ... --out runs/x --resume          # continue after a kill
     rlvr-fast eval runs/x --eval test=synthetic:test:200
+    rlvr-fast shapley-report runs/x        # the Parallel-Shapley falsifier diagnostic
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr; nothing is half-written.
@@ -26,6 +27,7 @@ from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import CheckpointError
 from rlvr_fast.models.config import ConfigError
 from rlvr_fast.policy import load_policy
+from rlvr_fast.shapley_report import shapley_report
 from rlvr_fast.tokenizer import TokenizerError
 from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_json_atomic, write_text_atomic
 
@@ -111,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sequences decoded at once (continuous batching)")
     add_device_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
+
+    report = commands.add_parser(
+        "shapley-report", help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
+        "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    report.add_argument("--out", type=Path, help="default RUN_DIR/shapley_report")
+    report.add_argument("--max-steps", type=int, help="sample this many steps (default: all)")
+    report.add_argument("--seed", type=int, default=0, help="step sample, bootstrap, MC draws")
+    report.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
+    report.add_argument("--device", default="cpu", help="for regenerating summaries")
     return parser
 
 
@@ -180,11 +192,24 @@ def run_eval(args) -> dict:
     return summaries
 
 
+def run_shapley_report(args) -> dict:
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.resamples < 1:
+        raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+    report = shapley_report(args.run_dir, out_dir=args.out, max_steps=args.max_steps,
+                            seed=args.seed, resamples=args.resamples, device=args.device)
+    print(report["table"], end="")
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
             run_train(args)
+        elif args.command == "shapley-report":
+            run_shapley_report(args)
         else:
             run_eval(args)
     except USER_ERRORS as err:
