@@ -16,8 +16,11 @@ then the text after ``{paths}``: the same ids whichever way the coalition is sco
 
 ``game(question, reference, texts)`` is a batched utility on the K paths' texts: ``values(masks)``
 prefills the shared prefix once, forks it per coalition, extends each fork with its coalition's
-paths and runs them all in batched prefill passes (``RolloutEngine.prefill``); ``value(mask)``
-scores one coalition on its own (prompt prefilled whole), the one-at-a-time reference.
+paths and runs them in batched prefill passes (``RolloutEngine.prefill``), one call per
+coalition size (the engine right-pads a pass to its longest row; one call for all 2^K
+coalitions padded every singleton to the full set's length and ran slower on the CPU than one
+coalition at a time); ``value(mask)`` scores one coalition on its own (prompt prefilled whole),
+the one-at-a-time reference.
 """
 
 from __future__ import annotations
@@ -97,13 +100,22 @@ class JudgeGame:
 
     def values(self, masks: np.ndarray) -> np.ndarray:
         engine = self.judge.engine
+        masks = np.asarray(masks, dtype=np.int64)
+        scores = np.empty(len(masks))
         prefix = engine.add(self.prefix_ids)
         forks = []
         try:
-            forks = engine.fork(prefix, n=len(masks))
-            for seq, mask in zip(forks, masks):
-                engine.extend(seq, self.coalition_ids(int(mask)))
-            return self.judge.probabilities(engine.prefill(forks))
+            # One batched prefill per coalition size: a pass is right-padded to its longest row,
+            # and coalitions of one size have about the same length.
+            for size in np.unique(np.bitwise_count(masks)):
+                rows = np.flatnonzero(np.bitwise_count(masks) == size)
+                forks = engine.fork(prefix, n=len(rows))
+                for seq, mask in zip(forks, masks[rows]):
+                    engine.extend(seq, self.coalition_ids(int(mask)))
+                scores[rows] = self.judge.probabilities(engine.prefill(forks))
+                for seq in forks:
+                    engine.free(seq)
+            return scores
         finally:
             for seq in [prefix, *forks]:
                 engine.free(seq)

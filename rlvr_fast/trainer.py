@@ -533,8 +533,12 @@ class GRPOTrainer:
                            utility_full=stats.utility_full, utility_empty=stats.utility_empty,
                            utility_tables=credit.tables, summary_texts=summary_texts,
                            summary_answers=summary_answers, summary_seeds=rollout.summary_seeds,
+                           path_returns=rewards,
                            path_ids=rollout.paths if rollout.summaries else None)
-            self._append_rollouts(step, problem, texts, lengths, rewards, None, details)
+            # As on every arm, the log's rewards are the texts' grades; the returns trained on
+            # (the ledger's rewards) sit in the parallel section.
+            self._append_rollouts(step, problem, texts, lengths, [float(c) for c in correct],
+                                  None, details)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
 
     def path_credit(self, problem: Problem, rollout: ParallelRollout, texts: list[str],
