@@ -275,7 +275,7 @@ def format_table(report: dict) -> str:
         ("Pearson(U(P), r_out)", number(report["pearson_utility_r_out"])),
         ("mean r_out / mean U(P)",
          f"{number(report['mean_r_out'])} / {number(report['mean_utility_full'])}"),
-        (f"MC standard error of phi at M = {report['mc_permutations']}",
+        (f"MC standard error of Shapley phi at M = {report['mc_permutations']}",
          f"{number(report['mc_standard_error'])} ({report['mc_repeats']} draws per response"
          f"{', antithetic' if report['mc_antithetic'] else ''})"),
     ]
