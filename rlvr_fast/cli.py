@@ -9,6 +9,7 @@
     rlvr-fast compare runs/* --reference baseline --format md|csv|json
     rlvr-fast report runs/* --out reports/x            # figures + report.md
     rlvr-fast sweep --arms baseline,ra_flat --seeds 42,101,7 --out sweeps/x [train options]
+    rlvr-fast shapley-report runs/x                    # the Parallel-Shapley falsifier diagnostic
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr; nothing is half-written.
@@ -33,6 +34,7 @@ from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import CheckpointError
 from rlvr_fast.models.config import ConfigError
 from rlvr_fast.policy import load_policy
+from rlvr_fast.shapley_report import shapley_report
 from rlvr_fast.tokenizer import TokenizerError
 from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_json_atomic, write_text_atomic
 
@@ -143,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", type=Path, required=True,
                        help="sweep directory: runs/, compare.{md,csv,json}, report/")
     add_training_options(sweep)
+    shapley = commands.add_parser(
+        "shapley-report", help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
+        "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG")
+    shapley.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    shapley.add_argument("--out", type=Path, help="default RUN_DIR/shapley_report")
+    shapley.add_argument("--max-steps", type=int, help="sample this many steps (default: all)")
+    shapley.add_argument("--seed", type=int, default=0, help="step sample, bootstrap, MC draws")
+    shapley.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
+    shapley.add_argument("--device", default="cpu", help="for regenerating summaries")
     return parser
 
 
@@ -257,10 +268,21 @@ def run_sweep(args) -> None:
     print(f"compare tables: {args.out / 'compare.md'}; report: {args.out / 'report' / 'report.md'}")
 
 
+def run_shapley_report(args) -> dict:
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.resamples < 1:
+        raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+    report = shapley_report(args.run_dir, out_dir=args.out, max_steps=args.max_steps,
+                            seed=args.seed, resamples=args.resamples, device=args.device)
+    print(report["table"], end="")
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": run_train, "eval": run_eval, "compare": run_compare,
-                "report": run_report, "sweep": run_sweep}
+                "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report}
     try:
         if args.command == "verify":
             return 0 if run_verify(args) else 1

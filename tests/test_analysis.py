@@ -135,6 +135,26 @@ def test_verify_catches_an_edited_stage1_length_on_a_tree_step(tree_run, tmp_pat
     assert re.search(r"step 0 gen: recorded \d+, re-derived \d+", out)
 
 
+def test_verify_regrades_a_parallel_path_step(tmp_path, capsys):
+    """shapley_vote: a path rewritten to box the right answer changes its grade, the vote's
+    r_out, U(P) and the exact Shapley values, each named with both values."""
+    run = tmp_path / "shapley_vote_s1"
+    config = TrainConfig.from_arm("shapley_vote", seed=1, **SHORT)
+    GRPOTrainer(load_policy("tiny"), config, TRAIN[:1], out_dir=run, progress=False).train()
+    assert main(["verify", str(run)]) == 0
+
+    def box_the_answer_in_a_wrong_path(lines):
+        line = lines[0]
+        wrong = line["parallel"]["path_correct"].index(False)
+        line["texts"][wrong] = f"Adding the numbers step by step, we get \\boxed{{{line['answer']}}}"
+
+    edited = edited_copy(run, tmp_path / "edited", "rollouts.jsonl", box_the_answer_in_a_wrong_path)
+    capsys.readouterr()
+    assert main(["verify", str(edited)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"step 0 parallel\.phi\[\d+\]: recorded [\d.e-]+, re-derived [\d.e-]+", out), out
+
+
 def test_verify_fails_a_run_without_recorded_versions(sweep_dir, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(sweep_dir / "runs" / "ra_flat_s2", run)

@@ -10,7 +10,9 @@ spirit of the study's verify_supplement.py. Checks per run directory:
               included), sigma_R, homogeneous / active / optimizer step by the arm's rules, flat
               or tree by the warmup rule, pair tuples and categories, gen, pref, pad_pref,
               untrim_gen, leaf, bwd_out, bwd_full, |p^(k)|, stage2_gen and the Out / Full /
-              PadFull FLOPs at P; every one must equal the recorded value
+              PadFull FLOPs at P; on parallel-path steps the path and summary grades, r_out
+              and (deterministic credits) phi and the returns; every one must equal the
+              recorded value
   laws        every recorded line satisfies the ledger's conservation laws
               (``ledger.check_conservation``), which also bound what only the engine knows
               (decode rows, prefill tokens run, KV blocks)
@@ -33,9 +35,11 @@ from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
 from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (LedgerError, StepRecord, check_conservation, flat_step_record,
-                              tree_step_record)
+from rlvr_fast.ledger import (LedgerError, ParallelStats, StepRecord, check_conservation,
+                              flat_step_record, parallel_step_record, tree_step_record)
 from rlvr_fast.pairs import PairCategory, TreePair
+from rlvr_fast.path_credit import outcome_utility, parallel_credit
+from rlvr_fast.shapley import MajorityVote
 from rlvr_fast.trainer import TrainConfig
 
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
@@ -44,7 +48,8 @@ from rlvr_fast.trainer import TrainConfig
 DERIVED_FIELDS = ("step", "question_id", "rewards", "sigma_r", "homogeneous", "active",
                   "optimizer_step", "pairs", "prompt_len", "lengths", "gen", "pref", "pad_pref",
                   "untrim_gen", "leaf", "bwd_out", "bwd_full", "max_new_tokens", "params",
-                  "stage1_lengths", "stage2_gen", "flops_out", "flops_full", "flops_pad_full")
+                  "stage1_lengths", "stage2_gen", "parallel", "flops_out", "flops_full",
+                  "flops_pad_full")
 REQUIRED_VERSIONS = ("rlvr_fast", "torch")
 SHOWN_FAILURES = 10
 
@@ -194,21 +199,24 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
     steps before it. Engine counts, timings, loss and gradient norm are copied from ``recorded``:
     nothing on disk determines them."""
     texts = rollout["texts"]
-    answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
-    rewards = [float(ok) for ok in grade_many(answers, [rollout["answer"]] * len(answers))]
-    sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
-    active = not (sigma == 0 and config.skip_zero_var)
-    executed = EngineCounters(**{f.name: recorded.get(f.name)
-                                 for f in dataclasses.fields(EngineCounters)})
-    common = dict(step=rollout["step"], question_id=rollout["question_id"], rewards=rewards,
-                  sigma_r=sigma, active=active,
-                  optimizer_step=active or config.zero_var_step == "zero_grad",
-                  prompt_len=rollout["prompt_len"], max_new_tokens=config.max_new_tokens,
-                  params=params, loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
-                  seconds=recorded.get("seconds", {}), executed=executed)
     lengths = rollout["lengths"]
     if len(lengths) != len(texts):
         raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
+    answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
+    correct = grade_many(answers, [rollout["answer"]] * len(answers))
+    executed = EngineCounters(**{f.name: recorded.get(f.name)
+                                 for f in dataclasses.fields(EngineCounters)})
+    common = dict(step=rollout["step"], question_id=rollout["question_id"],
+                  prompt_len=rollout["prompt_len"], max_new_tokens=config.max_new_tokens,
+                  params=params, loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
+                  seconds=recorded.get("seconds", {}), executed=executed)
+    if config.sampler == "parallel":
+        return rederive_parallel_step(rollout, recorded, config, answers, correct, common)
+    rewards = [float(ok) for ok in correct]
+    sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
+    active = not (sigma == 0 and config.skip_zero_var)
+    common.update(rewards=rewards, sigma_r=sigma, active=active,
+                  optimizer_step=active or config.zero_var_step == "zero_grad")
     tree_step = config.sampler == "tree" and active_steps >= config.bifurcate_after_active
     if tree_step != ("categories" in rollout):
         raise ValueError(f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
@@ -226,21 +234,65 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
     return tree_step_record(pairs=pairs, stage2_gen=rollout["stage2_gen"], **common)
 
 
-def field_mismatches(step, recorded: dict, expected: dict) -> list[str]:
+def rederive_parallel_step(rollout: dict, recorded: dict, config: TrainConfig,
+                           answers: list, correct: list[bool], common: dict) -> StepRecord:
+    """A parallel-path step: the paths' and summaries' grades re-derived from their texts,
+    r_out by the aggregator, and, for every deterministic credit (exact Shapley,
+    leave-one-out, independent), phi and the path returns recomputed by the trainer's own
+    functions. Monte-Carlo phi drew its orderings from the run's generator and the judge scored
+    with the run's model, so those come from the ledger; the returns' formula on them is a
+    conservation law."""
+    details = rollout["parallel"]
+    k = config.num_paths
+    summary_texts = details["summary_texts"]
+    summary_correct = grade_many([final_answer(text) for text in summary_texts],
+                                 [rollout["answer"]] * len(summary_texts))
+    groups = [slice(r * k, (r + 1) * k) for r in range(len(answers) // k)]
+    r_out = ([float(ok) for ok in summary_correct] if summary_texts else
+             [MajorityVote(answers[g], correct[g]).value((1 << k) - 1) for g in groups])
+    stats = ParallelStats(**dict(recorded["parallel"], r_out=r_out))
+    rewards, sigma = recorded["rewards"], recorded["sigma_r"]
+    homogeneous = recorded["homogeneous"]
+    monte_carlo = config.path_credit == "shapley" and config.shapley_permutations > 0
+    if not monte_carlo and config.path_utility != "judge":
+        credit = parallel_credit(
+            [outcome_utility(config.path_utility, answers[g], correct[g]) for g in groups], r_out,
+            k, method=config.path_credit, norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome, lambda_path=config.lambda_path,
+            summaries=bool(summary_texts))
+        stats = dataclasses.replace(stats, phi=credit.phi,
+                                    summary_rewards=credit.summary_returns.tolist(),
+                                    utility_full=[a.full for a in credit.attributions],
+                                    utility_empty=[a.empty for a in credit.attributions])
+        rewards, sigma, homogeneous = credit.path_returns.tolist(), credit.sigma, credit.homogeneous
+    active = not (homogeneous and config.skip_zero_var)
+    return parallel_step_record(
+        rewards=rewards, sigma_r=sigma, homogeneous=homogeneous, active=active,
+        optimizer_step=active or config.zero_var_step == "zero_grad", lengths=rollout["lengths"],
+        parallel=stats, **common)
+
+
+def field_mismatches(step, recorded: dict, expected: dict,
+                     names: tuple[str, ...] = DERIVED_FIELDS, prefix: str = "") -> list[str]:
     """One line per derived field whose recorded value differs: step, field (with the first
-    differing index of a list), recorded and re-derived value."""
+    differing index of a list, or the differing fields of a section), recorded and re-derived
+    value."""
     mismatches = []
-    for name in DERIVED_FIELDS:
+    for name in names:
         if name not in recorded:
-            mismatches.append(f"step {step} {name}: not recorded, re-derived {expected[name]!r}")
+            mismatches.append(f"step {step} {prefix}{name}: not recorded, re-derived "
+                              f"{expected[name]!r}")
             continue
         have, want = recorded[name], expected[name]
         if have == want:
             continue
+        if isinstance(have, dict) and isinstance(want, dict):
+            mismatches += field_mismatches(step, have, want, tuple(want), f"{prefix}{name}.")
+            continue
         if isinstance(have, list) and isinstance(want, list) and len(have) == len(want):
             index = next(i for i, (a, b) in enumerate(zip(have, want)) if a != b)
             name, have, want = f"{name}[{index}]", have[index], want[index]
-        mismatches.append(f"step {step} {name}: recorded {have!r}, re-derived {want!r}")
+        mismatches.append(f"step {step} {prefix}{name}: recorded {have!r}, re-derived {want!r}")
     return mismatches
 
 
