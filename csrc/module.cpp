@@ -6,10 +6,12 @@ void register_zero_grad_adamw(pybind11::module& m);
 void register_block_manager(pybind11::module& m);
 void register_paged_attention(pybind11::module& m);
 void register_sampling(pybind11::module& m);
+void register_rms_norm(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_zero_grad_adamw(m);
   register_block_manager(m);
   register_paged_attention(m);
   register_sampling(m);
+  register_rms_norm(m);
 }

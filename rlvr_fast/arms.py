@@ -17,6 +17,12 @@ Flags follow the seed's names (grpo_diagnostics_paper.md, Table 1):
   ``clamped_prefix`` the one-sided clamping ablation (Proposition 3).
 Tree arms keep ra_flat's reward and stepping: the gate, and a zero-gradient AdamW step on
 homogeneous groups.
+- ``sampler="parallel"`` (the Parallel-Shapley seed): ``group_size`` responses of ``num_paths``
+  paths, ``aggregator`` "vote" or "summary" (``rlvr_fast.parallel``); each path credited by
+  ``path_credit`` ("shapley", exact when ``shapley_permutations`` is 0; "loo", the paper's
+  leave-one-out ablation; "independent", each path graded alone) under ``path_utility``, its
+  reward lambda_path * normalise(phi) (``path_reward_norm``) + lambda_outcome * r_out
+  (``rlvr_fast.path_credit``). Parallel arms keep ra_flat's reward and stepping too.
 """
 
 from __future__ import annotations
@@ -43,6 +49,15 @@ ARMS.update({
     "midpoint_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0),
     "clamped_prefix": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0,
                            clamped_prefix=True),
+})
+
+_PARALLEL = dict(ARMS["ra_flat"], sampler="parallel", group_size=4, num_paths=4,
+                 path_utility="vote", lambda_outcome=0.5, lambda_path=0.5)
+ARMS.update({
+    "shapley_vote": dict(_PARALLEL, aggregator="vote", path_credit="shapley"),
+    "shapley_summary": dict(_PARALLEL, aggregator="summary", path_credit="shapley"),
+    "loo_vote": dict(_PARALLEL, aggregator="vote", path_credit="loo"),
+    "independent_vote": dict(_PARALLEL, aggregator="vote", path_credit="independent"),
 })
 
 

@@ -1,10 +1,15 @@
-"""``rlvr-fast``: train an arm or evaluate a model from the command line.
+"""``rlvr-fast``: train an arm, evaluate a model, and read runs back from the command line.
 
     rlvr-fast train --arm ra_flat --model tiny --steps 50 --eval test=synthetic:test:200 --out runs/x
     rlvr-fast train --arm baseline --model PATH --train-data math_train.json \\
         --eval math500=math500_test.json --seed 42 --out runs/baseline_s42
     rlvr-fast train ... --out runs/x --resume          # continue after a kill
     rlvr-fast eval runs/x --eval test=synthetic:test:200
+    rlvr-fast verify runs/x runs/y                     # re-derive ledgers and grades; exit 1 on FAIL
+    rlvr-fast compare runs/* --reference baseline --format md|csv|json
+    rlvr-fast report runs/* --out reports/x            # figures + report.md
+    rlvr-fast sweep --arms baseline,ra_flat --seeds 42,101,7 --out sweeps/x [train options]
+    rlvr-fast shapley-report runs/x                    # the Parallel-Shapley falsifier diagnostic
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr; nothing is half-written.
@@ -19,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from rlvr_fast.analysis.compare import compare_paths
+from rlvr_fast.analysis.tables import FORMATS, render
+from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import DataError, load_problems, synthetic_problems
 from rlvr_fast.engine import RolloutEngine
@@ -26,6 +34,7 @@ from rlvr_fast.evaluation import evaluate
 from rlvr_fast.models.checkpoint import CheckpointError
 from rlvr_fast.models.config import ConfigError
 from rlvr_fast.policy import load_policy
+from rlvr_fast.shapley_report import shapley_report
 from rlvr_fast.tokenizer import TokenizerError
 from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_json_atomic, write_text_atomic
 
@@ -81,27 +90,32 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode eagerly on CUDA instead of replaying CUDA graphs")
 
 
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
+    parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
+    parser.add_argument("--train-data", default="synthetic:train",
+                        help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used")
+    parser.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any TrainConfig field, e.g. --set lr=1e-4")
+    parser.add_argument("--untie", action="store_true",
+                        help="give a tied LM head its own weights (the study's P counts it)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_arguments(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlvr-fast", description="Fast GRPO for RLVR on math.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one arm")
     train.add_argument("--arm", required=True, help=f"one of: {', '.join(ARMS)}")
-    train.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
-    train.add_argument("--train-data", default="synthetic:train",
-                       help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used")
-    train.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
     train.add_argument("--seed", type=int, default=42)
-    train.add_argument("--steps", type=int, default=50)
     train.add_argument("--out", type=Path, required=True, help="run directory")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override any TrainConfig field, e.g. --set lr=1e-4")
     train.add_argument("--resume", action="store_true", help="continue the run in --out")
-    add_device_arguments(train)
-    train.add_argument("--untie", action="store_true",
-                       help="give a tied LM head its own weights (the study's P counts it)")
     train.add_argument("--profile", type=int, default=0, metavar="STEPS",
                        help="write a Chrome trace of the first STEPS steps to OUT/trace.json")
-    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_training_options(train)
 
     ev = commands.add_parser("eval", help="greedy evaluation of a model or a run directory")
     ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
@@ -111,13 +125,55 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sequences decoded at once (continuous batching)")
     add_device_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
+
+    runs_help = "run directories, or directories holding them (a sweep's runs/)"
+    verify = commands.add_parser("verify", help="re-derive run directories' ledgers and grades")
+    verify.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
+    compare = commands.add_parser("compare", help="the study's tables over arms x seeds")
+    compare.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
+    compare.add_argument("--reference", metavar="ARM",
+                         help="arm the paired differences are taken against (default: the first)")
+    compare.add_argument("--format", choices=FORMATS, default="md")
+    report = commands.add_parser("report", help="figures and report.md for run directories")
+    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
+    report.add_argument("--out", type=Path, required=True, help="directory for report.md + PNGs")
+    report.add_argument("--reference", metavar="ARM")
+    sweep = commands.add_parser("sweep", help="train arms x seeds, then compare and report")
+    sweep.add_argument("--arms", required=True, help="comma-separated arms, the first is the "
+                       "reference of the paired differences")
+    sweep.add_argument("--seeds", default="42,101,7", help="comma-separated seeds")
+    sweep.add_argument("--out", type=Path, required=True,
+                       help="sweep directory: runs/, compare.{md,csv,json}, report/")
+    add_training_options(sweep)
+    shapley = commands.add_parser(
+        "shapley-report", help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
+        "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG")
+    shapley.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    shapley.add_argument("--out", type=Path, help="default RUN_DIR/shapley_report")
+    shapley.add_argument("--max-steps", type=int, help="sample this many steps (default: all)")
+    shapley.add_argument("--seed", type=int, default=0, help="step sample, bootstrap, MC draws")
+    shapley.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
+    shapley.add_argument("--device", default="cpu", help="for regenerating summaries")
     return parser
 
 
-def run_train(args) -> dict:
+def comma_list(text: str, kind, what: str) -> list:
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{what} wants a comma-separated list, got {text!r}") from None
+
+
+def training_overrides(args) -> dict:
+    """--set pairs, and --no-cuda-graphs as the TrainConfig field it sets."""
     overrides = parse_overrides(args.set)
     if args.no_cuda_graphs:
         overrides["cuda_graphs"] = False
+    return overrides
+
+
+def run_train(args) -> dict:
+    overrides = training_overrides(args)
     config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
     train_data = load_data(args.train_data, limit=args.steps)
     eval_sets = parse_eval_sets(args.eval)
@@ -180,13 +236,57 @@ def run_eval(args) -> dict:
     return summaries
 
 
+def run_verify(args) -> bool:
+    lines, ok = verify_paths(args.runs)
+    print("\n".join(lines))
+    return ok
+
+
+def run_compare(args) -> None:
+    comparison = compare_paths(args.runs, reference=args.reference)
+    sys.stdout.write(render(comparison, args.format))
+
+
+def run_report(args) -> None:
+    # matplotlib loads only for the commands that draw.
+    from rlvr_fast.analysis.report import write_report
+    for path in write_report(args.runs, args.out, reference=args.reference):
+        print(path)
+
+
+def run_sweep(args) -> None:
+    from rlvr_fast.analysis.sweep import plan_sweep, run_sweep as sweep
+    plan = plan_sweep(comma_list(args.arms, str, "--arms"), comma_list(args.seeds, int, "--seeds"),
+                      args.out, steps=args.steps, **training_overrides(args))
+    train_data = load_data(args.train_data, limit=args.steps)
+    eval_sets = parse_eval_sets(args.eval)
+    tables = sweep(plan, args.out, train_data, eval_sets,
+                   lambda: load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype],
+                                       untie=args.untie),
+                   progress=not args.quiet)
+    print(tables, end="")
+    print(f"compare tables: {args.out / 'compare.md'}; report: {args.out / 'report' / 'report.md'}")
+
+
+def run_shapley_report(args) -> dict:
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.resamples < 1:
+        raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+    report = shapley_report(args.run_dir, out_dir=args.out, max_steps=args.max_steps,
+                            seed=args.seed, resamples=args.resamples, device=args.device)
+    print(report["table"], end="")
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handlers = {"train": run_train, "eval": run_eval, "compare": run_compare,
+                "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report}
     try:
-        if args.command == "train":
-            run_train(args)
-        else:
-            run_eval(args)
+        if args.command == "verify":
+            return 0 if run_verify(args) else 1
+        handlers[args.command](args)
     except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"rlvr-fast: error: {message}", file=sys.stderr)

@@ -36,6 +36,17 @@ tokens actually run: |prompt| for a group that prefills its prompt once and fork
 prefill at all for forked trees), ``decode_rows`` (rows x decode steps), ``block_copies``,
 ``peak_kv_blocks`` and ``preemptions``.
 
+Parallel-path steps (``parallel_step_record``, the Parallel-Shapley arms): R responses of K paths,
+all forked from the prompt, recorded like a flat step over the R K paths (category "flat",
+``rewards`` the paths' returns of ``rlvr_fast.path_credit``), with a ``parallel`` section
+(``ParallelStats``): phi, its standard error, U(N), U(∅), r_out, the utility calls and, under
+the summary aggregator, each summary's prompt length (prompt + serialised paths) and length.
+Summaries add to the counts: gen = leaf + sum L_s; pref = R K L_p + sum L_sp;
+pad_pref = R K L_p + R_s max L_sp; untrim_gen = R K max L_i + R_s max L_s; bwd_out = leaf + sum L_s
+and bwd_full = R K L_p + leaf + sum (L_sp + L_s) on backward steps; decode_rows =
+sum (L_i - 1) + sum (L_s - 1) and prefill_run = L_p + sum (L_sp - L_p) (one prompt prefill, each
+summary runs only its serialised paths) unless the engine preempted.
+
 ``check_conservation`` enforces the laws every line must satisfy; a violation is a bug in the
 trainer or the sampler, so writing raises instead of recording a wrong line. Laws on every step:
 one reward and one length per leaf, the tuples list exactly them; S1_leaf + S2_leaf = leaf;
@@ -48,7 +59,11 @@ midpoint pairs: 1 <= pl < l0; early_eos_gt104: l0 > 104); the Stage-1 origin of 
 token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal_dup:
 |p^(k)| = pl; roots kept whole: |p^(k)| = l0); 1 <= |p^(k)| <= max_new_tokens;
 stage2_gen = sum_cont (L_kb - pl_kb); gen, pref, pad_pref and untrim_gen by the formulas above;
-the engine's counts are integers >= 0.
+the engine's counts are integers >= 0. Parallel steps: the flat laws with the summary terms
+above; one phi and one standard error per path, one U(N), U(∅) and r_out per response, one
+summary per response or none; Shapley steps are efficient (sum_j phi_rj = U_r(N) - U_r(∅)), exact
+ones scored all R 2^K coalitions; every path's reward is lambda_p normalise(phi)_j +
+lambda_o r_out,r and every summary's lambda_o r_out,r (``rlvr_fast.path_credit``).
 """
 
 from __future__ import annotations
@@ -60,12 +75,39 @@ from pathlib import Path
 from typing import Sequence
 
 from rlvr_fast.engine.counters import EngineCounters
+from rlvr_fast.path_credit import normalise
 from rlvr_fast.pairs import (EARLY_EOS_GT104_MIN_LENGTH, TREE_CATEGORIES, PairCategory,
                              TreePair)
 
 
 class LedgerError(AssertionError):
     """A ledger line breaks a conservation law."""
+
+
+@dataclass
+class ParallelStats:
+    """A parallel-path step's section of its ledger line: K, how credit was computed, per path
+    phi and its standard error (response-major), per response U(N), U(∅) and r_out, the
+    distinct coalitions scored, and the summaries (prompt lengths with the serialised paths,
+    lengths, rewards; empty under the vote aggregator)."""
+
+    paths_per_response: int
+    aggregator: str
+    path_utility: str
+    path_credit: str
+    permutations: int
+    path_reward_norm: str
+    lambda_outcome: float
+    lambda_path: float
+    phi: list[float]
+    phi_se: list[float]
+    utility_full: list[float]
+    utility_empty: list[float]
+    r_out: list[float]
+    utility_calls: int
+    summary_prompt_lens: list[int]
+    summary_lengths: list[int]
+    summary_rewards: list[float]
 
 
 @dataclass
@@ -99,10 +141,25 @@ class StepRecord:
     preemptions: int = 0
     stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
     stage2_gen: int | None = None            # tokens Stage 2 sampled; None on flat steps
+    parallel: ParallelStats | None = None    # parallel-path steps only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.parallel, dict):  # a line read back from JSON
+            self.parallel = ParallelStats(**self.parallel)
 
     @property
     def is_tree(self) -> bool:
         return self.stage1_lengths is not None
+
+    @property
+    def summary_tokens(self) -> int:
+        """Tokens the summaries generated (0 but on summary-aggregator steps)."""
+        return sum(self.parallel.summary_lengths) if self.parallel else 0
+
+    @property
+    def summary_context(self) -> int:
+        """Summary prompt tokens, serialised paths included (0 but on summary-aggregator steps)."""
+        return sum(self.parallel.summary_prompt_lens) if self.parallel else 0
 
     @property
     def flops_out(self) -> int:
@@ -143,6 +200,32 @@ def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         bwd_out=leaf if active else 0, bwd_full=group * prompt_len + leaf if active else 0,
         max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
         seconds=seconds, **executed.to_json())
+
+
+def parallel_step_record(*, step: int, question_id: str, rewards: list[float],
+                         sigma_r: float, homogeneous: bool, active: bool, optimizer_step: bool,
+                         prompt_len: int, lengths: list[int], parallel: ParallelStats,
+                         executed: EngineCounters, max_new_tokens: int, params: int,
+                         loss: float | None, grad_norm: float | None,
+                         seconds: dict[str, float]) -> StepRecord:
+    """The ledger line of a parallel-path step: ``lengths`` and ``rewards`` (returns) per path,
+    response-major; ``homogeneous``: no token had a nonzero advantage."""
+    paths = len(lengths)
+    leaf = sum(lengths)
+    summaries, contexts = parallel.summary_lengths, parallel.summary_prompt_lens
+    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], PairCategory.FLAT.value]
+             for i in range(0, paths - 1, 2)]
+    return StepRecord(
+        step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
+        homogeneous=homogeneous, active=active, optimizer_step=optimizer_step, pairs=pairs,
+        prompt_len=prompt_len, lengths=lengths, gen=leaf + sum(summaries),
+        pref=paths * prompt_len + sum(contexts),
+        pad_pref=paths * prompt_len + len(contexts) * max(contexts, default=0),
+        untrim_gen=paths * max(lengths) + len(summaries) * max(summaries, default=0), leaf=leaf,
+        bwd_out=leaf + sum(summaries) if active else 0,
+        bwd_full=paths * prompt_len + leaf + sum(contexts) + sum(summaries) if active else 0,
+        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
+        seconds=seconds, parallel=parallel, **executed.to_json())
 
 
 def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
@@ -216,17 +299,25 @@ def check_conservation(record: StepRecord) -> None:
     for pl0, pl1, l0, l1, *_ in record.pairs:
         for pl, length in ((pl0, l0), (pl1, l1)):
             require(0 <= length - pl <= record.max_new_tokens - pl, "0 <= L_b - pl_b <= cap - pl_b")
-    expected_out = record.leaf if record.active else 0
-    require(record.bwd_out == expected_out, "bwd_out = leaf on backward steps, else 0")
-    expected_full = leaves * record.prompt_len + record.leaf if record.active else 0
+    summaries = record.summary_tokens
+    expected_out = record.leaf + summaries if record.active else 0
+    require(record.bwd_out == expected_out,
+            "bwd_out = leaf (+ summary tokens) on backward steps, else 0")
+    expected_full = (leaves * record.prompt_len + record.leaf + record.summary_context + summaries
+                     if record.active else 0)
     require(record.bwd_full == expected_full,
-            "bwd_full = (number of leaves) L_p + leaf on backward steps, else 0")
-    require(record.homogeneous == (len(set(record.rewards)) == 1), "homogeneous iff sigma_R = 0")
+            "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens) on "
+            "backward steps, else 0")
+    agree = len(set(record.rewards)) == 1 and (
+        record.parallel is None or len(set(record.parallel.summary_rewards)) <= 1)
+    require(record.homogeneous == agree, "homogeneous iff sigma_R = 0")
     for name in EngineCounters.__dataclass_fields__:
         value = getattr(record, name)
         require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
     if record.is_tree:
         _check_tree(record, require)
+    elif record.parallel is not None:
+        _check_parallel(record, require)
     else:
         _check_flat(record, require)
 
@@ -244,6 +335,53 @@ def _check_flat(record: StepRecord, require) -> None:
     require(record.untrim_gen == group * max(record.lengths), "untrim_gen = G max L_i")
     require(record.preemptions > 0 or record.decode_rows == sum(n - 1 for n in record.lengths),
             "decode work = sum(L_i - 1): no decode after EOS")
+
+
+def _check_parallel(record: StepRecord, require) -> None:
+    stats, paths, cap = record.parallel, len(record.lengths), record.max_new_tokens
+    k = stats.paths_per_response
+    require(k >= 1 and paths % k == 0, "whole responses of K paths")
+    responses = paths // k
+    require(all(p[0] == p[1] == 0 and p[6] == PairCategory.FLAT for p in record.pairs),
+            "parallel paths are flat pairs: pl = 0")
+    require(len(stats.phi) == len(stats.phi_se) == paths, "one phi and one standard error per path")
+    require(len(stats.utility_full) == len(stats.utility_empty) == len(stats.r_out) == responses,
+            "one U(N), U(∅) and r_out per response")
+    summaries, contexts = stats.summary_lengths, stats.summary_prompt_lens
+    require(len(summaries) == len(contexts) == len(stats.summary_rewards)
+            == (responses if stats.aggregator == "summary" else 0),
+            "one summary per response under the summary aggregator, none otherwise")
+    require(all(1 <= n <= cap for n in summaries), "1 <= L_s <= max_new_tokens")
+    require(all(n > record.prompt_len for n in contexts), "a summary prompt extends the prompt")
+    require(1 <= stats.utility_calls <= responses << k, "1 <= utility calls <= R 2^K")
+    exact = stats.path_credit == "shapley" and stats.permutations == 0
+    require(not exact or stats.utility_calls == responses << k, "exact Shapley scores all R 2^K")
+    for r in range(responses):
+        phi = stats.phi[r * k:(r + 1) * k]
+        if stats.path_credit == "shapley":
+            scale = max(1.0, abs(stats.utility_full[r]), abs(stats.utility_empty[r]))
+            require(abs(sum(phi) - (stats.utility_full[r] - stats.utility_empty[r])) <= 1e-9 * k
+                    * scale, "Shapley efficiency: sum_j phi_rj = U_r(N) - U_r(∅)")
+        expected = (stats.lambda_path * normalise(phi, stats.path_reward_norm)
+                    + stats.lambda_outcome * stats.r_out[r]).tolist()
+        require(all(abs(a - b) <= 1e-5 for a, b in zip(record.rewards[r * k:(r + 1) * k], expected)),
+                "path reward = lambda_p normalise(phi)_j + lambda_o r_out")
+    require(all(abs(s - stats.lambda_outcome * r) <= 1e-6
+                for s, r in zip(stats.summary_rewards, stats.r_out)),
+            "summary reward = lambda_o r_out")
+    require(record.stage2_gen is None, "parallel steps have no Stage 2")
+    require(record.gen == record.leaf + sum(summaries), "gen = leaf + sum L_s")
+    require(record.pref == paths * record.prompt_len + sum(contexts), "pref = R K L_p + sum L_sp")
+    require(record.pad_pref == paths * record.prompt_len + len(contexts) * max(contexts, default=0),
+            "pad_pref = R K L_p + R_s max L_sp")
+    require(record.untrim_gen == paths * max(record.lengths)
+            + len(summaries) * max(summaries, default=0), "untrim_gen = R K max L + R_s max L_s")
+    require(record.preemptions > 0 or record.decode_rows
+            == sum(n - 1 for n in record.lengths) + sum(n - 1 for n in summaries),
+            "decode work = sum(L_i - 1) + sum(L_s - 1): no decode after EOS")
+    require(record.preemptions > 0 or record.prefill_run
+            == record.prompt_len + sum(n - record.prompt_len for n in contexts),
+            "prefill_run = L_p + sum (L_sp - L_p): the prompt once, each summary its paths")
 
 
 def _check_tree(record: StepRecord, require) -> None:

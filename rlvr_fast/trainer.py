@@ -16,6 +16,11 @@ Per step, for the next training question x:
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
      homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
      step or none.
+Parallel-path arms (``sampler="parallel"``, the Parallel-Shapley seed) sample ``group_size``
+responses of ``num_paths`` paths each (``rlvr_fast.parallel``), aggregate each response by vote
+or by a summary, and credit every path by its Shapley value (or leave-one-out, or alone) under
+a utility on coalitions of paths, mixed with the outcome reward (``rlvr_fast.path_credit``); the
+loss sums over paths and summaries, -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t).
 Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
 
     trainer = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
@@ -45,15 +50,21 @@ from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
 from rlvr_fast.evaluation import EvalResult, evaluate
 from rlvr_fast.generation import sample_group
 from rlvr_fast.grading import final_answer, grade_many
-from rlvr_fast.ledger import LedgerWriter, flat_step_record, tree_step_record, truncate_jsonl
+from rlvr_fast.judge import GenerativeJudge
+from rlvr_fast.ledger import (LedgerWriter, ParallelStats, flat_step_record, parallel_step_record,
+                              tree_step_record, truncate_jsonl)
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
+from rlvr_fast.parallel import AGGREGATORS, ParallelRollout, sample_parallel
+from rlvr_fast.path_credit import (PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES,
+                                   ParallelCredit, outcome_utility, parallel_credit)
 from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
+from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
-SAMPLERS = ("flat", "tree")
+SAMPLERS = ("flat", "tree", "parallel")
 
 
 @dataclass
@@ -91,6 +102,16 @@ class TrainConfig:
     clamped_prefix: bool = False
     bifurcate_after_active: int = 0
     tree_reprefill: bool = False
+    num_paths: int = 4
+    aggregator: str = "vote"
+    path_utility: str = "vote"
+    path_credit: str = "shapley"
+    shapley_permutations: int = 0
+    shapley_antithetic: bool = True
+    path_reward_norm: str = "zscore"
+    lambda_outcome: float = 0.5
+    lambda_path: float = 0.5
+    judge_model: str = "policy"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -123,17 +144,38 @@ class TrainConfig:
              f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}"),
             (self.tree_b == 2, f"tree_b must be 2 (the ledger records pairs), got {self.tree_b}"),
             (self.tree_k >= 1, f"tree_k must be >= 1, got {self.tree_k}"),
-            (self.sampler == "flat" or self.group_size == self.tree_k * self.tree_b,
+            (self.sampler != "tree" or self.group_size == self.tree_k * self.tree_b,
              f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
              f"warmup and tree steps train on as many leaves, got {self.group_size}"),
-            (self.sampler == "flat" or 1 <= self.t_min <= self.t_max < self.max_new_tokens,
+            (self.sampler != "tree" or 1 <= self.t_min <= self.t_max < self.max_new_tokens,
              f"need 1 <= t_min <= t_max < max_new_tokens, got {self.t_min}, {self.t_max}, "
              f"{self.max_new_tokens}"),
             (0 <= self.beta <= 1, f"beta must be in [0, 1], got {self.beta}"),
             (0 <= self.alpha <= 1, f"alpha must be in [0, 1], got {self.alpha}"),
             (self.bifurcate_after_active >= 0, "bifurcate_after_active must be >= 0"),
             (self.sampler == "flat" or self.loss_order == "token_weighted",
-             "tree arms weight every token, so they need loss_order token_weighted"),
+             "tree and parallel arms weight every token, so they need loss_order token_weighted"),
+            (1 <= self.num_paths <= MAX_PLAYERS, f"num_paths must be in [1, {MAX_PLAYERS}], "
+             f"got {self.num_paths}"),
+            (self.aggregator in AGGREGATORS,
+             f"aggregator must be one of {', '.join(AGGREGATORS)}, got {self.aggregator!r}"),
+            (self.path_utility in PATH_UTILITIES, f"path_utility must be one of "
+             f"{', '.join(PATH_UTILITIES)}, got {self.path_utility!r}"),
+            (self.path_credit in PATH_CREDITS, f"path_credit must be one of "
+             f"{', '.join(PATH_CREDITS)}, got {self.path_credit!r}"),
+            (self.path_reward_norm in PATH_REWARD_NORMS, f"path_reward_norm must be one of "
+             f"{', '.join(PATH_REWARD_NORMS)}, got {self.path_reward_norm!r}"),
+            (self.shapley_permutations >= 0, "shapley_permutations must be >= 0 (0: exact)"),
+            (self.shapley_permutations > 0 or self.path_credit != "shapley"
+             or self.num_paths <= MAX_EXACT_PLAYERS, f"exact Shapley takes at most "
+             f"{MAX_EXACT_PLAYERS} paths; set shapley_permutations for {self.num_paths}"),
+            (not self.shapley_antithetic or self.shapley_permutations == 0
+             or (self.shapley_permutations >= 4 and self.shapley_permutations % 2 == 0),
+             "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
+             "(or shapley_antithetic false)"),
+            (self.shapley_permutations != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
+            (self.lambda_outcome >= 0 and self.lambda_path >= 0,
+             "lambda_outcome and lambda_path must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -144,7 +186,10 @@ class TrainConfig:
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
         expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
-                    "sampler": (str,), "early_eos_mode": (str,),
+                    "sampler": (str,), "early_eos_mode": (str,), "aggregator": (str,),
+                    "path_utility": (str,), "path_credit": (str,), "path_reward_norm": (str,),
+                    "judge_model": (str,), "shapley_antithetic": (bool,),
+                    "lambda_outcome": numbers, "lambda_path": numbers,
                     "skip_zero_var": (bool,), "eval_before": (bool,),
                     "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
                     "tree_reprefill": (bool,), "cuda_graphs": (bool,), "beta": numbers, "alpha": numbers,
@@ -253,6 +298,19 @@ def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str
     return (advantages[:, None] * token_nll).sum() / group
 
 
+def parallel_grpo_loss(model, prompt_ids: list[int], rollout: ParallelRollout,
+                       path_weights: list[torch.Tensor],
+                       summary_weights: list[torch.Tensor]) -> torch.Tensor:
+    """-(1/(paths + summaries)) sum over paths and summaries of sum_t w_t log pi(y_t): the paths
+    share the prompt (one batch), each summary has its own prompt (its serialised paths)."""
+    paths = len(rollout.paths)
+    loss = fused_grpo_loss(model, prompt_ids, rollout.paths, path_weights) * paths
+    for prompt, summary, weights in zip(rollout.summary_prompts, rollout.summaries,
+                                        summary_weights):
+        loss = loss + fused_grpo_loss(model, prompt, [summary], [weights])
+    return loss / (paths + len(rollout.summaries))
+
+
 def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
     r = torch.tensor(rewards, dtype=torch.float32)
     mean, sigma = group_stats(r)
@@ -291,6 +349,12 @@ class GRPOTrainer:
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, max_batch=config.max_batch,
                                                cuda_graphs=config.cuda_graphs)
+        self.judge = None
+        if config.sampler == "parallel" and config.path_utility == "judge":
+            own = config.judge_model == "policy"
+            self.judge = GenerativeJudge(policy if own else config.judge_model,
+                                         engine=self.engine if own else None,
+                                         device=policy.device)
         self.start_step = 0
         self.active_steps = 0
         self.ledger = None
@@ -333,6 +397,8 @@ class GRPOTrainer:
         return summary
 
     def train_step(self, step: int, problem: Problem) -> StepResult:
+        if self.config.sampler == "parallel":
+            return self.parallel_step(step, problem)
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
         prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
@@ -395,8 +461,114 @@ class GRPOTrainer:
             record = flat_step_record(lengths=lengths, category=category, **common)
         if self.ledger is not None:
             self.ledger.write(record)
-            self._append_rollouts(step, problem, texts, lengths, rewards, rollouts.tree)
+            self._append_rollouts(step, problem, len(prompt_ids), texts, lengths, rewards,
+                                  rollouts.tree)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def parallel_step(self, step: int, problem: Problem) -> StepResult:
+        """The step of parallel-path arms: R responses of K paths, graded paths and aggregates,
+        each path credited, then the loss, stepping and ledger rules of the other arms. Summaries
+        are graded without the derivation gate: they condense paths that carry the derivation."""
+        config, model, tokenizer = self.config, self.policy.model, self.policy.tokenizer
+        phase = Phases(self.policy.device)
+        prompt_ids = tokenizer.encode(render_prompt(problem.question))
+        with phase("rollout"):
+            model.eval()
+            rollout = self.sample_parallel(prompt_ids)
+        with phase("reward"):
+            texts = tokenizer.decode_batch(rollout.paths)
+            answers = [final_answer(t, min_chars=config.gate_min_chars) for t in texts]
+            correct = grade_many(answers, [problem.answer] * len(answers))
+            summary_texts = tokenizer.decode_batch(rollout.summaries) if rollout.summaries else []
+            summary_answers = [final_answer(t) for t in summary_texts]
+            summary_correct = grade_many(summary_answers, [problem.answer] * len(summary_answers))
+        with phase("shapley"):
+            credit = self.path_credit(problem, rollout, texts, answers, correct, summary_correct)
+        path_weights, summary_weights = credit.token_weights(
+            [len(p) for p in rollout.paths], [len(s) for s in rollout.summaries])
+        active = not (credit.homogeneous and config.skip_zero_var)
+        loss_value = grad_norm = None
+        if active:
+            model.train()
+            with phase("forward"):
+                loss = parallel_grpo_loss(model, prompt_ids, rollout, path_weights, summary_weights)
+            with phase("backward"):
+                loss.backward()
+            with phase("optimizer"):
+                grad_norm = self.clip_gradients()
+                self.optimizer.step()
+            loss_value = float(loss.detach())
+            self.active_steps += 1
+        elif config.zero_var_step == "zero_grad":
+            with phase("optimizer"):
+                self.zero_grad_step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        rewards = credit.path_returns.tolist()
+        lengths = [len(p) for p in rollout.paths]
+        stats = ParallelStats(
+            paths_per_response=config.num_paths, aggregator=config.aggregator,
+            path_utility=config.path_utility, path_credit=config.path_credit,
+            permutations=config.shapley_permutations, path_reward_norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome, lambda_path=config.lambda_path, phi=credit.phi,
+            phi_se=[float(x) for a in credit.attributions for x in a.se],
+            utility_full=[a.full for a in credit.attributions],
+            utility_empty=[a.empty for a in credit.attributions], r_out=credit.r_out,
+            utility_calls=credit.utility_calls,
+            summary_prompt_lens=[len(p) for p in rollout.summary_prompts],
+            summary_lengths=[len(s) for s in rollout.summaries],
+            summary_rewards=credit.summary_returns.tolist())
+        record = parallel_step_record(
+            step=step, question_id=problem.id, rewards=rewards, sigma_r=credit.sigma,
+            homogeneous=credit.homogeneous, active=active,
+            optimizer_step=active or config.zero_var_step == "zero_grad",
+            prompt_len=len(prompt_ids), lengths=lengths, parallel=stats,
+            executed=rollout.executed, max_new_tokens=config.max_new_tokens,
+            params=self.num_params, loss=loss_value, grad_norm=grad_norm, seconds=phase.seconds)
+        if self.ledger is not None:
+            self.ledger.write(record)
+            details = dict(question=problem.question, gold=problem.answer,
+                           paths_per_response=config.num_paths, aggregator=config.aggregator,
+                           path_answers=answers, path_correct=[bool(c) for c in correct],
+                           r_out=credit.r_out, phi=credit.phi, phi_se=stats.phi_se,
+                           utility_full=stats.utility_full, utility_empty=stats.utility_empty,
+                           utility_tables=credit.tables, summary_texts=summary_texts,
+                           summary_answers=summary_answers, summary_seeds=rollout.summary_seeds,
+                           path_returns=rewards,
+                           path_ids=rollout.paths if rollout.summaries else None)
+            # As on every arm, the log's rewards are the texts' grades; the returns trained on
+            # (the ledger's rewards) sit in the parallel section.
+            self._append_rollouts(step, problem, len(prompt_ids), texts, lengths,
+                                  [float(c) for c in correct], None, details)
+        return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def path_credit(self, problem: Problem, rollout: ParallelRollout, texts: list[str],
+                    answers: list[str | None], correct: list[bool],
+                    summary_correct: list[bool]) -> ParallelCredit:
+        """Each response's utility on its K paths, its outcome reward, and the step's credit."""
+        config, k = self.config, self.config.num_paths
+        utilities, r_out = [], []
+        for r in range(rollout.responses):
+            part = slice(r * k, (r + 1) * k)
+            if config.path_utility == "judge":
+                utilities.append(self.judge.game(problem.question, problem.answer, texts[part]))
+            else:
+                utilities.append(outcome_utility(config.path_utility, answers[part],
+                                                 correct[part]))
+            r_out.append(float(summary_correct[r]) if rollout.summaries
+                         else MajorityVote(answers[part], correct[part]).value((1 << k) - 1))
+        return parallel_credit(utilities, r_out, k, method=config.path_credit,
+                               permutations=config.shapley_permutations,
+                               antithetic=config.shapley_antithetic, generator=self.generator,
+                               norm=config.path_reward_norm, lambda_outcome=config.lambda_outcome,
+                               lambda_path=config.lambda_path, summaries=bool(rollout.summaries))
+
+    def sample_parallel(self, prompt_ids: list[int]) -> ParallelRollout:
+        config = self.config
+        return sample_parallel(self.engine, prompt_ids, responses=config.group_size,
+                               paths=config.num_paths, params=self.sampling,
+                               aggregator=config.aggregator, encode=self.policy.tokenizer.encode,
+                               generator=self.generator)
 
     def sample_flat(self, prompt_ids: list[int]) -> Rollouts:
         out = sample_group(self.engine, prompt_ids, self.config.group_size, self.sampling,
@@ -460,9 +632,11 @@ class GRPOTrainer:
     def _open_run_dir(self, resume: bool) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = self.out_dir / "checkpoint" / "state.pt"
+        # Resuming a run killed before its first checkpoint starts it over: no weights were
+        # saved for the steps its ledger holds, so those lines are truncated away below.
         if resume and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
-        elif (self.out_dir / "ledger.jsonl").exists():
+        elif not resume and (self.out_dir / "ledger.jsonl").exists():
             raise FileExistsError(f"{self.out_dir}: already holds a run (use --resume, or a new --out)")
         truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
         truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
@@ -473,11 +647,20 @@ class GRPOTrainer:
             "git_commit": git_commit()})
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
 
-    def _append_rollouts(self, step, problem, texts, lengths, rewards, tree) -> None:
-        line = {"step": step, "question_id": problem.id, "texts": texts, "lengths": lengths,
-                "rewards": rewards}
+    def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree,
+                         parallel: dict | None = None) -> None:
+        """What ``rlvr-fast verify`` re-derives the step's ledger line from: the answer to
+        re-grade the texts against, the prompt length, and on tree steps what the sampler
+        reported per pair (|p^(k)| is not in the texts: Stage 1's discarded tail is); on
+        parallel-path steps the paths, votes and credit of ``parallel_step``."""
+        line = {"step": step, "question_id": problem.id, "answer": problem.answer,
+                "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
         if tree is not None:
-            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs])
+            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
+                        stage1_lengths=[p.stage1_len for p in tree.pairs],
+                        stage2_gen=tree.stage2_generated)
+        if parallel is not None:
+            line["parallel"] = parallel
         with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
             file.write(json.dumps(line) + "\n")
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import Problem, synthetic_problems
 from rlvr_fast.grading import passes_gate
@@ -124,6 +125,8 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
             for text, reward in zip(step["texts"], step["rewards"]):
                 assert not reward or passes_gate(text)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    verification = verify_run(tmp_path)
+    assert verification.ok, "\n".join(verification.lines())
 
 
 def test_per_token_weights_reach_the_loss(hf_qwen3):

@@ -12,8 +12,9 @@ Entry points:
   KV cache, described by a ``ForwardContext``; returns the logits of each row's last real token
   ``[R, V]``. The model holds no cache: each layer reads the context.
 
-Numerics follow the Hugging Face implementation: RMSNorm in fp32, RoPE cos/sin computed in fp32 and
-cast to the activation dtype, rotate-half RoPE with the config's theta, softmax scale 1/sqrt(D).
+Numerics follow the Hugging Face implementation: RMSNorm in fp32 (``rlvr_fast.ops.rms_norm``), RoPE
+cos/sin computed in fp32 and cast to the activation dtype, rotate-half RoPE with the config's
+theta, softmax scale 1/sqrt(D).
 """
 
 from __future__ import annotations
@@ -25,16 +26,7 @@ from torch import nn
 from rlvr_fast.models.attention import attend
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.context import ForwardContext
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's order: normalise over the last dim in fp32, round to the input dtype,
-    then scale (``weight`` broadcasts against x). Written out because on CPU F.rms_norm
-    dispatches to the same ops plus a slower wrapper."""
-    # The dtype checks skip two no-op casts per call in fp32: decode on a CPU is dispatch-bound.
-    x32 = x if x.dtype == torch.float32 else x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * (normed if x.dtype == torch.float32 else normed.to(x.dtype))
+from rlvr_fast.ops.rms_norm import rms_norm
 
 
 class RMSNorm(nn.Module):

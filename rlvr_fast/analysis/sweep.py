@@ -1,0 +1,102 @@
+"""``rlvr-fast sweep``: train a grid of arms x seeds one run after another, then compare and
+report.
+
+    OUT/runs/ARM_sSEED/   one run directory per arm and seed
+    OUT/compare.md        the compare tables (also compare.csv and compare.json)
+    OUT/report/           the report's figures and report.md
+
+Every run trains on the same problems and is evaluated on the same eval sets; only the arm and
+the seed change. Running the same command again picks up where it stopped: a run with
+summary.json is finished and skipped, one with a checkpoint resumes from it, one killed before
+its first checkpoint starts over. A run directory recording other settings than the sweep would
+use is refused before anything trains.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tqdm import tqdm
+
+from rlvr_fast.analysis.compare import compare_runs
+from rlvr_fast.analysis.report import publish_report
+from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
+from rlvr_fast.analysis.tables import FORMATS, render
+from rlvr_fast.data import Problem
+from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_text_atomic
+
+
+class SweepError(ValueError):
+    """A sweep that cannot start: bad grid, or a run directory holding other settings."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    config: TrainConfig
+    path: Path
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / "summary.json").is_file()
+
+
+def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings) -> list[SweepRun]:
+    """One run per (arm, seed), arm-major, each ``TrainConfig.from_arm(arm, seed=seed,
+    **settings)``; refuses duplicates and run directories whose config.json differs."""
+    if not arms or not seeds:
+        raise SweepError("a sweep needs at least one arm and one seed")
+    for kind, values in (("arm", arms), ("seed", seeds)):
+        if len(set(values)) != len(values):
+            raise SweepError(f"an {kind} is listed twice: {', '.join(map(str, values))}")
+    plan = [SweepRun(TrainConfig.from_arm(arm, seed=seed, **settings),
+                     out / "runs" / f"{arm}_s{seed}") for arm in arms for seed in seeds]
+    for run in plan:
+        check_recorded_settings(run)
+    return plan
+
+
+def check_recorded_settings(run: SweepRun) -> None:
+    if not (run.path / "config.json").is_file():
+        return
+    try:
+        recorded = Run.open(run.path).config
+    except RunDirError as err:
+        raise SweepError(str(err)) from None
+    wanted = json.loads(json.dumps(run.config.to_json()))
+    differing = [key for key in sorted(set(recorded) | set(wanted))
+                 if recorded.get(key) != wanted.get(key)]
+    if differing:
+        key = differing[0]
+        raise SweepError(f"{run.path} was trained with {key}={recorded.get(key)!r}, this sweep "
+                         f"asks for {key}={wanted.get(key)!r} (use another --out)")
+
+
+def run_sweep(plan: list[SweepRun], out: Path, train_data: Sequence[Problem],
+              eval_sets: dict[str, Sequence[Problem]], load_policy: Callable[[], object], *,
+              reference: str | None = None, progress: bool = True) -> str:
+    """Train every unfinished run of ``plan`` (a fresh policy from ``load_policy`` each), then
+    write OUT/compare.{md,csv,json} and OUT/report/; returns the Markdown tables."""
+    if not eval_sets:
+        raise SweepError("a sweep needs at least one --eval set to compare the arms on")
+    done = sum(run.finished for run in plan)
+    with tqdm(total=len(plan), initial=done, desc="sweep", unit="run", disable=not progress) as bar:
+        for run in plan:
+            if run.finished:
+                continue
+            bar.set_postfix_str(f"{run.config.arm} seed {run.config.seed}")
+            started = time.perf_counter()
+            trainer = GRPOTrainer(load_policy(), run.config, train_data, eval_sets,
+                                  out_dir=run.path, resume=True, progress=False)
+            trainer.train()
+            bar.write(f"{run.path}: trained in {time.perf_counter() - started:.0f} s")
+            bar.update()
+    runs = load_runs([run.path for run in plan])
+    comparison = compare_runs(runs, reference=reference)
+    for fmt in FORMATS:
+        write_text_atomic(out / f"compare.{fmt}", render(comparison, fmt))
+    publish_report(runs, comparison, out / "report")
+    return render(comparison, "md")

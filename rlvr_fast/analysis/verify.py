@@ -1,0 +1,382 @@
+"""``rlvr-fast verify``: re-derive a run's ledger and grades from what its directory holds, in the
+spirit of the study's verify_supplement.py. Checks per run directory:
+
+  config      config.json holds a valid TrainConfig, the trainable parameter count P, the package
+              versions (rlvr_fast and torch at least) and the git commit
+  steps       ledger.jsonl and rollouts.jsonl hold exactly one line per step, 0 .. n-1, and all
+              config.steps of them once the run is finished (summary.json written)
+  re-derived  each step's ledger line rebuilt from its rollouts line and config.json through the
+              ledger's own constructors: rewards re-graded from the texts (derivation gate
+              included), sigma_R, homogeneous / active / optimizer step by the arm's rules, flat
+              or tree by the warmup rule, pair tuples and categories, gen, pref, pad_pref,
+              untrim_gen, leaf, bwd_out, bwd_full, |p^(k)|, stage2_gen and the Out / Full /
+              PadFull FLOPs at P; on parallel-path steps the path and summary grades, r_out
+              and (deterministic credits) phi and the returns; every one must equal the
+              recorded value
+  laws        every recorded line satisfies the ledger's conservation laws
+              (``ledger.check_conservation``), which also bound what only the engine knows
+              (decode rows, prefill tokens run, KV blocks)
+  evals       every saved eval item re-graded from its response text (extracted answer, grade,
+              derivation gate, a cap hit only at the cap); summary.json's counts agree
+Not re-derived: token lengths from texts (decoding then encoding is not the identity), timings,
+losses and gradient norms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
+from rlvr_fast.credit import group_stats
+from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
+from rlvr_fast.engine import EngineCounters
+from rlvr_fast.ledger import (LedgerError, ParallelStats, StepRecord, check_conservation,
+                              flat_step_record, parallel_step_record, tree_step_record)
+from rlvr_fast.pairs import PairCategory, TreePair
+from rlvr_fast.path_credit import outcome_utility, parallel_credit
+from rlvr_fast.shapley import MajorityVote
+from rlvr_fast.trainer import TrainConfig
+
+# Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
+# gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the
+# conservation laws.
+DERIVED_FIELDS = ("step", "question_id", "rewards", "sigma_r", "homogeneous", "active",
+                  "optimizer_step", "pairs", "prompt_len", "lengths", "gen", "pref", "pad_pref",
+                  "untrim_gen", "leaf", "bwd_out", "bwd_full", "max_new_tokens", "params",
+                  "stage1_lengths", "stage2_gen", "parallel", "flops_out", "flops_full",
+                  "flops_pad_full")
+REQUIRED_VERSIONS = ("rlvr_fast", "torch")
+SHOWN_FAILURES = 10
+
+
+@dataclass
+class Check:
+    name: str
+    detail: str = ""
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class RunVerification:
+    path: Path
+    checks: list[Check]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def lines(self) -> list[str]:
+        """PASS / FAIL lines, the first SHOWN_FAILURES mismatches of each failed check below it."""
+        lines = [f"{self.path}: {'PASS' if self.ok else 'FAIL'} ({self.seconds:.2f} s)"]
+        for check in self.checks:
+            if check.ok:
+                lines.append(f"  PASS {check.name}: {check.detail}")
+                continue
+            lines.append(f"  FAIL {check.name}: {len(check.failures)} problem(s)")
+            lines += [f"    {failure}" for failure in check.failures[:SHOWN_FAILURES]]
+            if len(check.failures) > SHOWN_FAILURES:
+                lines.append(f"    ... and {len(check.failures) - SHOWN_FAILURES} more")
+        return lines
+
+
+def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
+    """Every run under ``paths`` (run directories or directories of them): the PASS / FAIL
+    lines of each, a closing count, and whether all passed."""
+    results = [verify_run(path) for path in find_run_dirs(paths)]
+    lines = [line for result in results for line in result.lines()]
+    failed = [str(result.path) for result in results if not result.ok]
+    lines.append(f"verify: {len(results) - len(failed)} of {len(results)} runs PASS in "
+                 f"{sum(r.seconds for r in results):.2f} s"
+                 + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    return lines, not failed
+
+
+def verify_run(path: Path) -> RunVerification:
+    """All checks of one run directory (``RunDirError`` if it has no readable config.json)."""
+    started = time.perf_counter()
+    run = Run.open(path)
+    config_check, config = check_config(run)
+    checks = [config_check]
+    if config is not None:
+        params = run.meta["trainable_parameters"]
+        checks += [_guarded("steps", check_steps, run, config),
+                   _guarded("re-derived", check_rederived, run, config, params),
+                   _guarded("laws", check_laws, run),
+                   _guarded("evals", check_evals, run, config)]
+    return RunVerification(path, checks, time.perf_counter() - started)
+
+
+def _guarded(name: str, check, *args) -> Check:
+    """A file that does not parse fails the check that reads it, not the whole command."""
+    try:
+        return check(*args)
+    except RunDirError as err:
+        return Check(name, failures=[str(err)])
+
+
+def check_config(run: Run) -> tuple[Check, TrainConfig | None]:
+    check = Check("config")
+    try:
+        config = TrainConfig(**run.config)
+    except (TypeError, ValueError) as err:
+        check.failures.append(f"config.json: not a valid TrainConfig ({err})")
+        return check, None
+    params = run.meta.get("trainable_parameters")
+    if not isinstance(params, int) or isinstance(params, bool) or params < 1:
+        check.failures.append(f"config.json: trainable_parameters is {params!r}, not a count")
+    versions = run.meta.get("versions")
+    versions = versions if isinstance(versions, dict) else {}
+    check.failures += [f"config.json: version of {name} not recorded"
+                       for name in REQUIRED_VERSIONS if name not in versions]
+    if "git_commit" not in run.meta:
+        check.failures.append("config.json: git_commit not recorded")
+    if check.failures:
+        return check, None
+    commit = run.meta["git_commit"]
+    check.detail = (f"arm {config.arm}, seed {config.seed}, {config.steps} steps, P = {params:,}; "
+                    + ", ".join(f"{k} {v}" for k, v in versions.items())
+                    + f"; commit {commit[:12] if commit else 'none (not a git checkout)'}")
+    return check, config
+
+
+def check_steps(run: Run, config: TrainConfig) -> Check:
+    check = Check("steps")
+    for name, lines in (("ledger.jsonl", run.ledger), ("rollouts.jsonl", run.rollouts)):
+        steps = [line.get("step") for line in lines]
+        expected = list(range(len(lines)))
+        if steps != expected:
+            index = next(i for i, (a, b) in enumerate(zip(steps, expected)) if a != b)
+            check.failures.append(f"{name} line {index + 1}: step {steps[index]!r}, expected "
+                                  f"{expected[index]} (one line per step, in order)")
+    if len(run.ledger) != len(run.rollouts):
+        check.failures.append(f"ledger.jsonl has {len(run.ledger)} lines, rollouts.jsonl "
+                              f"{len(run.rollouts)}")
+    if run.finished and len(run.ledger) != config.steps:
+        check.failures.append(f"finished run: ledger.jsonl has {len(run.ledger)} lines for "
+                              f"{config.steps} steps")
+    if not run.finished:
+        check.failures.append(f"unfinished run: {len(run.ledger)} of {config.steps} steps, no "
+                              f"summary.json")
+    check.detail = f"one ledger and one rollouts line for each of {len(run.ledger)} steps"
+    return check
+
+
+def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
+    check = Check("re-derived")
+    active_steps = 0
+    graded = 0
+    for recorded, rollout in zip(run.ledger, run.rollouts):
+        step = recorded.get("step")
+        try:
+            expected = rederive_step(rollout, recorded, config, params, active_steps)
+        except (KeyError, TypeError, ValueError) as err:
+            check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
+            continue
+        active_steps += expected.active
+        graded += len(expected.rewards)
+        check.failures += field_mismatches(step, recorded, expected.to_json())
+    tflops = [sum(line.get(key, 0) for line in run.ledger) / 1e12
+              for key in ("flops_out", "flops_full", "flops_pad_full")]
+    check.detail = (f"{len(run.ledger)} steps equal their re-derivation ({graded} rewards "
+                    f"re-graded); Out / Full / PadFull = "
+                    + " / ".join(f"{t:.4g}" for t in tflops) + " TFLOPs")
+    return check
+
+
+def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: int,
+                  active_steps: int) -> StepRecord:
+    """The ledger line step ``rollout["step"]`` should have, given ``active_steps`` backward
+    steps before it. Engine counts, timings, loss and gradient norm are copied from ``recorded``:
+    nothing on disk determines them."""
+    texts = rollout["texts"]
+    lengths = rollout["lengths"]
+    if len(lengths) != len(texts):
+        raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
+    answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
+    correct = grade_many(answers, [rollout["answer"]] * len(answers))
+    executed = EngineCounters(**{f.name: recorded.get(f.name)
+                                 for f in dataclasses.fields(EngineCounters)})
+    common = dict(step=rollout["step"], question_id=rollout["question_id"],
+                  prompt_len=rollout["prompt_len"], max_new_tokens=config.max_new_tokens,
+                  params=params, loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
+                  seconds=recorded.get("seconds", {}), executed=executed)
+    if config.sampler == "parallel":
+        return rederive_parallel_step(rollout, recorded, config, answers, correct, common)
+    rewards = [float(ok) for ok in correct]
+    sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
+    active = not (sigma == 0 and config.skip_zero_var)
+    common.update(rewards=rewards, sigma_r=sigma, active=active,
+                  optimizer_step=active or config.zero_var_step == "zero_grad")
+    tree_step = config.sampler == "tree" and active_steps >= config.bifurcate_after_active
+    if tree_step != ("categories" in rollout):
+        raise ValueError(f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
+                         f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one")
+    if not tree_step:
+        category = PairCategory.FLAT_WARMUP if config.sampler == "tree" else PairCategory.FLAT
+        return flat_step_record(lengths=lengths, category=category, **common)
+    # The ledger reads only the lengths of a pair's token lists, and rollouts.jsonl keeps the
+    # lengths, not the tokens: the lists below stand in with zeros of those lengths.
+    pairs = [TreePair(PairCategory(category), prefix_len, root_tokens=[0] * root,
+                      leaves=[[0] * lengths[2 * k], [0] * lengths[2 * k + 1]], finish_reasons=[])
+             for k, (category, prefix_len, root) in enumerate(zip(
+                 rollout["categories"], rollout["prefix_lens"], rollout["stage1_lengths"],
+                 strict=True))]
+    return tree_step_record(pairs=pairs, stage2_gen=rollout["stage2_gen"], **common)
+
+
+def rederive_parallel_step(rollout: dict, recorded: dict, config: TrainConfig,
+                           answers: list, correct: list[bool], common: dict) -> StepRecord:
+    """A parallel-path step: the paths' and summaries' grades re-derived from their texts,
+    r_out by the aggregator, and, for every deterministic credit (exact Shapley,
+    leave-one-out, independent), phi and the path returns recomputed by the trainer's own
+    functions. Monte-Carlo phi drew its orderings from the run's generator and the judge scored
+    with the run's model, so those come from the ledger; the returns' formula on them is a
+    conservation law."""
+    details = rollout["parallel"]
+    k = config.num_paths
+    summary_texts = details["summary_texts"]
+    summary_correct = grade_many([final_answer(text) for text in summary_texts],
+                                 [rollout["answer"]] * len(summary_texts))
+    groups = [slice(r * k, (r + 1) * k) for r in range(len(answers) // k)]
+    r_out = ([float(ok) for ok in summary_correct] if summary_texts else
+             [MajorityVote(answers[g], correct[g]).value((1 << k) - 1) for g in groups])
+    stats = ParallelStats(**dict(recorded["parallel"], r_out=r_out))
+    rewards, sigma = recorded["rewards"], recorded["sigma_r"]
+    homogeneous = recorded["homogeneous"]
+    monte_carlo = config.path_credit == "shapley" and config.shapley_permutations > 0
+    if not monte_carlo and config.path_utility != "judge":
+        credit = parallel_credit(
+            [outcome_utility(config.path_utility, answers[g], correct[g]) for g in groups], r_out,
+            k, method=config.path_credit, norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome, lambda_path=config.lambda_path,
+            summaries=bool(summary_texts))
+        stats = dataclasses.replace(stats, phi=credit.phi,
+                                    summary_rewards=credit.summary_returns.tolist(),
+                                    utility_full=[a.full for a in credit.attributions],
+                                    utility_empty=[a.empty for a in credit.attributions])
+        rewards, sigma, homogeneous = credit.path_returns.tolist(), credit.sigma, credit.homogeneous
+    active = not (homogeneous and config.skip_zero_var)
+    return parallel_step_record(
+        rewards=rewards, sigma_r=sigma, homogeneous=homogeneous, active=active,
+        optimizer_step=active or config.zero_var_step == "zero_grad", lengths=rollout["lengths"],
+        parallel=stats, **common)
+
+
+def field_mismatches(step, recorded: dict, expected: dict,
+                     names: tuple[str, ...] = DERIVED_FIELDS, prefix: str = "") -> list[str]:
+    """One line per derived field whose recorded value differs: step, field (with the first
+    differing index of a list, or the differing fields of a section), recorded and re-derived
+    value."""
+    mismatches = []
+    for name in names:
+        if name not in recorded:
+            mismatches.append(f"step {step} {prefix}{name}: not recorded, re-derived "
+                              f"{expected[name]!r}")
+            continue
+        have, want = recorded[name], expected[name]
+        if have == want:
+            continue
+        if isinstance(have, dict) and isinstance(want, dict):
+            mismatches += field_mismatches(step, have, want, tuple(want), f"{prefix}{name}.")
+            continue
+        if isinstance(have, list) and isinstance(want, list) and len(have) == len(want):
+            index = next(i for i, (a, b) in enumerate(zip(have, want)) if a != b)
+            name, have, want = f"{name}[{index}]", have[index], want[index]
+        mismatches.append(f"step {step} {prefix}{name}: recorded {have!r}, re-derived {want!r}")
+    return mismatches
+
+
+def check_laws(run: Run) -> Check:
+    check = Check("laws")
+    names = {f.name for f in dataclasses.fields(StepRecord)}
+    categories: dict[str, int] = {}
+    for line in run.ledger:
+        try:
+            record = StepRecord(**{k: v for k, v in line.items() if k in names})
+            check_conservation(record)
+        except (TypeError, LedgerError) as err:
+            check.failures.append(f"step {line.get('step')}: {_describe(err)}")
+            continue
+        for pair in record.pairs:
+            categories[pair[6]] = categories.get(pair[6], 0) + 1
+    check.detail = (f"{len(run.ledger)} lines conserve tokens; pairs: "
+                    + ", ".join(f"{n} {c}" for c, n in sorted(categories.items())))
+    return check
+
+
+def check_evals(run: Run, config: TrainConfig) -> Check:
+    check = Check("evals")
+    cap = config.eval_max_new_tokens
+    counted = []
+    summary = run.summary or {}
+    for before, summary_key in ((True, "eval_before"), (False, "eval_after")):
+        evals = run.evals(before)
+        label = "evals/before/" if before else "evals/"
+        for name, items in evals.items():
+            where = f"{label}{name}.jsonl"
+            check.failures += eval_file_mismatches(where, items, cap)
+            counted.append(f"{where} {len(items)}")
+            if name in summary.get(summary_key, {}):
+                check.failures += summary_mismatches(f"summary.json {summary_key}.{name}",
+                                                     summary[summary_key][name], items)
+        check.failures += [f"summary.json {summary_key}.{name}: no {label}{name}.jsonl"
+                           for name in summary.get(summary_key, {}) if name not in evals]
+    check.detail = ("items re-graded from their responses: " + ", ".join(counted)
+                    if counted else "no evaluations saved")
+    return check
+
+
+def eval_file_mismatches(where: str, items: list[dict], cap: int) -> list[str]:
+    """Every item of one eval file re-graded the way ``evaluate`` grades: the last box of the
+    response, graded in one batch against the item's answer."""
+    try:
+        responses = [item["response"] for item in items]
+        answers = [item["answer"] for item in items]
+        extracted = [extract_boxed(response) for response in responses]
+    except (KeyError, TypeError) as err:
+        return [f"{where}: cannot re-grade ({_describe(err)})"]
+    mismatches = []
+    for number, (item, response, answer, correct) in enumerate(
+            zip(items, responses, extracted, grade_many(extracted, answers)), start=1):
+        derived = {"extracted": answer, "correct": correct, "derivation": passes_gate(response)}
+        mismatches += item_mismatches(f"{where}:{number}", item, derived, cap)
+    return mismatches
+
+
+def item_mismatches(where: str, item: dict, derived: dict, cap: int) -> list[str]:
+    try:
+        recorded = {name: item[name] for name in derived}
+        length, cap_hit = item["length"], item["cap_hit"]
+    except KeyError as err:
+        return [f"{where}: cannot re-grade ({_describe(err)})"]
+    item_id = item.get("id")
+    mismatches = [f"{where} item {item_id} {name}: recorded {recorded[name]!r}, re-graded "
+                  f"{value!r}" for name, value in derived.items() if recorded[name] != value]
+    if not 0 <= length <= cap or (cap_hit and length != cap):
+        mismatches.append(f"{where} item {item_id} length: recorded {length} with cap_hit "
+                          f"{cap_hit}, the cap is {cap}")
+    return mismatches
+
+
+def summary_mismatches(where: str, summary: dict, items: list[dict]) -> list[str]:
+    recount = {"items": len(items), "correct": sum(bool(i.get("correct")) for i in items),
+               "cap_hits": sum(bool(i.get("cap_hit")) for i in items)}
+    recount["accuracy"] = recount["correct"] / len(items) if items else None
+    return [f"{where}.{name}: recorded {summary.get(name)!r}, recounted {value!r}"
+            for name, value in recount.items() if summary.get(name) != value]
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, KeyError):
+        return f"missing field {err.args[0]!r}"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
