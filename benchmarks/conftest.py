@@ -41,12 +41,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if session is None or session.disabled or not session.benchmarks:
         return
     groups: dict[str, dict[str, object]] = {}
+    failed: dict[str, list[str]] = {}
     for bench in session.benchmarks:
-        if bench.stats is not None and "role" in bench.extra_info:
+        if bench.has_error:  # it raised: no timings, and no ratio for its group
+            failed.setdefault(bench.group, []).append(bench.name)
+        elif bench.stats is not None and "role" in bench.extra_info:
             groups.setdefault(bench.group, {})[bench.extra_info["role"]] = bench
     terminalreporter.section("fast path vs eager (same run)")
-    for group, sides in sorted(groups.items()):
-        line = [f"{group}:"]
+    for group in sorted(set(groups) | set(failed)):
+        sides = groups.get(group, {})
+        line = [f"{group}:"] + [f"{name} FAILED;" for name in failed.get(group, [])]
         for role in ("eager", "fast"):
             bench = sides.get(role)
             if bench is None:
@@ -67,7 +71,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(" ".join(line))
     for bench in session.benchmarks:
         counts = bench.extra_info.get("counts")
-        if bench.stats is not None and counts:
+        if bench.stats is not None and not bench.has_error and counts:
             terminalreporter.write_line(f"{bench.name}: " + ", ".join(
                 f"{key} {value:,}" if isinstance(value, int) else f"{key} {value:.3f}"
                 for key, value in counts.items()))
