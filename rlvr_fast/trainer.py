@@ -424,28 +424,14 @@ class GRPOTrainer:
                 advantages, sigma = standardised_advantages(rewards)
                 token_weights = [a.expand(n) for a, n in zip(advantages, lengths)]
 
-        homogeneous = sigma == 0
-        active = not (homogeneous and config.skip_zero_var)
-        loss_value = grad_norm = None
-        if active:
-            model.train()
-            with phase("forward"):
-                if config.loss_order == "sum_then_scale":
-                    token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
-                    loss = grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
-                else:
-                    loss = fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights)
-            with phase("backward"):
-                loss.backward()
-            with phase("optimizer"):
-                grad_norm = self.clip_gradients()
-                self.optimizer.step()
-            loss_value = float(loss.detach())
-            self.active_steps += 1
-        elif config.zero_var_step == "zero_grad":
-            with phase("optimizer"):
-                self.zero_grad_step()
-        self.optimizer.zero_grad(set_to_none=True)
+        def loss_fn():
+            if config.loss_order == "sum_then_scale":
+                token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
+                return grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
+            return fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights)
+
+        active = not (sigma == 0 and config.skip_zero_var)
+        loss_value, grad_norm = self.update(phase, active, loss_fn)
 
         common = dict(step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma,
                       active=active, optimizer_step=active or config.zero_var_step == "zero_grad",
@@ -464,6 +450,29 @@ class GRPOTrainer:
             self._append_rollouts(step, problem, len(prompt_ids), texts, lengths, rewards,
                                   rollouts.tree)
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+
+    def update(self, phase: "Phases", active: bool, loss_fn) -> tuple[float | None, float | None]:
+        """Every arm's stepping rule: an active step runs ``loss_fn`` (the forward), a backward,
+        gradient clipping and an AdamW step; an inactive one a zero-gradient AdamW step or none
+        (``zero_var_step``). Returns the loss and the gradient norm before clipping (None, None
+        when no backward ran)."""
+        loss_value = grad_norm = None
+        if active:
+            self.policy.model.train()
+            with phase("forward"):
+                loss = loss_fn()
+            with phase("backward"):
+                loss.backward()
+            with phase("optimizer"):
+                grad_norm = self.clip_gradients()
+                self.optimizer.step()
+            loss_value = float(loss.detach())
+            self.active_steps += 1
+        elif self.config.zero_var_step == "zero_grad":
+            with phase("optimizer"):
+                self.zero_grad_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value, grad_norm
 
     def parallel_step(self, step: int, problem: Problem) -> StepResult:
         """The step of parallel-path arms: R responses of K paths, graded paths and aggregates,
@@ -487,22 +496,8 @@ class GRPOTrainer:
         path_weights, summary_weights = credit.token_weights(
             [len(p) for p in rollout.paths], [len(s) for s in rollout.summaries])
         active = not (credit.homogeneous and config.skip_zero_var)
-        loss_value = grad_norm = None
-        if active:
-            model.train()
-            with phase("forward"):
-                loss = parallel_grpo_loss(model, prompt_ids, rollout, path_weights, summary_weights)
-            with phase("backward"):
-                loss.backward()
-            with phase("optimizer"):
-                grad_norm = self.clip_gradients()
-                self.optimizer.step()
-            loss_value = float(loss.detach())
-            self.active_steps += 1
-        elif config.zero_var_step == "zero_grad":
-            with phase("optimizer"):
-                self.zero_grad_step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loss_value, grad_norm = self.update(phase, active, lambda: parallel_grpo_loss(
+            model, prompt_ids, rollout, path_weights, summary_weights))
 
         rewards = credit.path_returns.tolist()
         lengths = [len(p) for p in rollout.paths]
