@@ -14,8 +14,9 @@
 # temporary folder) receives at most 8 files, what the device machine hands back: results.md (a
 # section per stage, then a summary table), one raw log per stage and benchmarks.json. The model,
 # run directories and profiles go to a scratch folder. COMMIT=<sha> names the commit where the
-# copy of the repository has no .git. Wheels in .whl/ are installed first (a dependency the GPU
-# machine lacks; README "On a GPU").
+# copy of the repository has no .git. The pure-Python wheels in benchmarks/gpu/wheels/ (the
+# grader's math-verify and its parser, which the GPU machine's image lacks and cannot download)
+# are installed first.
 #
 # --dry-run: every stage on the CPU at tiny sizes (a random checkpoint of the embedded model's
 # shape, 2 steps, the CPU benchmark cases, the CUDA tests collected but not run), so the script
@@ -80,9 +81,7 @@ stage_env() {
   local rc=0 missing checkpoint
   if command -v nvidia-smi > /dev/null; then run nvidia-smi || rc=1
   else echo "nvidia-smi: not on this machine"; fi
-  if compgen -G ".whl/*.whl" > /dev/null; then
-    run python3 -m pip install $PIP_DRY_RUN --no-index --no-deps .whl/*.whl || rc=1
-  fi
+  run python3 -m pip install $PIP_DRY_RUN --no-index --no-deps benchmarks/gpu/wheels/*.whl || rc=1
   run python3 -m pip install $PIP_DRY_RUN --no-deps --no-build-isolation -e . || rc=1
   run python3 benchmarks/gpu/environment.py --device "$DEVICE" | tee "$WORK/env.out" || rc=1
   run python3 scripts/make_checkpoint.py --config "$CHECKPOINT_CONFIG" --out "$MODEL" \
