@@ -70,6 +70,21 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def encode_prompts(policy, problems: Sequence[Problem], max_new_tokens: int) -> list[list[int]]:
+    """Every problem's prompt token ids, each checked to leave room for ``max_new_tokens`` in
+    the model's positions: a longer sequence decodes past what the model was trained on (and a
+    huge question would take minutes and gigabytes before failing anywhere else)."""
+    context = policy.config.max_position_embeddings
+    prompts = policy.tokenizer.encode_batch([render_prompt(p.question) for p in problems])
+    for problem, ids in zip(problems, prompts):
+        length = len(ids)
+        if length + max_new_tokens > context:
+            raise ValueError(f"{problem.source}: problem {problem.id!r} has a prompt of {length:,} "
+                             f"tokens; with max_new_tokens {max_new_tokens:,} it exceeds the "
+                             f"model's {context:,} positions")
+    return prompts
+
+
 def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
              progress: bool = True, desc: str = "eval", params: SamplingParams | None = None,
              generator: torch.Generator | None = None,
@@ -83,7 +98,7 @@ def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
     if not problems:
         raise ValueError("evaluate: no problems")
     params = params or SamplingParams.greedy(max_new_tokens)
-    prompts = [policy.tokenizer.encode(render_prompt(p.question)) for p in problems]
+    prompts = encode_prompts(policy, problems, params.max_new_tokens)
     with tqdm(total=len(problems), desc=desc, unit="item", disable=not progress) as bar:
         out = generate(engine or policy.engine(), prompts, params, generator=generator,
                        on_finish=lambda _: bar.update(1))

@@ -431,14 +431,3 @@ class LedgerWriter:
 
     def close(self) -> None:
         self.file.close()
-
-
-def truncate_jsonl(path: Path, keep_lines: int) -> None:
-    """Keep the first ``keep_lines`` whole lines of a JSONL file (resume after a kill)."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    whole = [line for line in lines[:keep_lines] if line.endswith("\n")]
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("".join(whole), encoding="utf-8")
-    os.replace(temp, path)

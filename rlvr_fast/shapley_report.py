@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +46,7 @@ from rlvr_fast.parallel import summarise, summary_context
 from rlvr_fast.path_credit import outcome_utility
 from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, TableUtility, shapley_exact, shapley_monte_carlo
-from rlvr_fast.trainer import write_json_atomic, write_text_atomic
+from rlvr_fast.files import atomic_path, write_json_atomic, write_text_atomic
 
 PAPER_PERMUTATIONS = 5
 
@@ -308,15 +306,11 @@ def write_scatter(responses: list[ResponsePoints], path: Path, title: str) -> No
     axes.set_ylabel("delta_j = r_out(all) - r_out(without j)")
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
     try:
-        figure.savefig(temp, format="png")
-        os.replace(temp, path)
+        with atomic_path(path) as temp:
+            figure.savefig(temp, format="png")
     finally:
         plt.close(figure)
-        if os.path.exists(temp):
-            os.unlink(temp)
 
 
 def shapley_report(run_dir: Path, *, out_dir: Path | None = None, **settings) -> dict:

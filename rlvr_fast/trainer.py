@@ -32,8 +32,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +47,13 @@ from rlvr_fast.arms import ARMS, arm_settings
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
-from rlvr_fast.evaluation import EvalResult, evaluate
+from rlvr_fast.evaluation import EvalResult, encode_prompts, evaluate
+from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
 from rlvr_fast.generation import sample_group
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
 from rlvr_fast.ledger import (LedgerWriter, ParallelStats, flat_step_record, parallel_step_record,
-                              tree_step_record, truncate_jsonl)
+                              tree_step_record)
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
@@ -60,11 +61,22 @@ from rlvr_fast.parallel import AGGREGATORS, ParallelRollout, sample_parallel
 from rlvr_fast.path_credit import (PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES,
                                    ParallelCredit, outcome_utility, parallel_credit)
 from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
+from rlvr_fast.run_directory import (RESUME_MAY_CHANGE, check_eval_name, open_run_directory,
+                                     run_signature, whole_lines)
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
+from rlvr_fast.state_file import StateFileError, load_state, save_state
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
 SAMPLERS = ("flat", "tree", "parallel")
+CHECKPOINT_FILE = "state.safetensors"
+# Upper limits of the sizes a run allocates for: past them a typo asks for more memory or time
+# than any machine has, rather than a larger experiment.
+MAX_GROUP_SIZE = 4096
+MAX_BATCH = 1 << 16
+MAX_NEW_TOKENS = 1 << 20
+MAX_SHAPLEY_PERMUTATIONS = 1 << 20
+MAX_SEED = (1 << 63) - 1
 
 
 @dataclass
@@ -112,17 +124,21 @@ class TrainConfig:
     lambda_outcome: float = 0.5
     lambda_path: float = 0.5
     judge_model: str = "policy"
+    allow_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
         checks = [
             (self.arm in ARMS, f"unknown arm {self.arm!r} (valid: {', '.join(ARMS)})"),
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.group_size >= 2 and self.group_size % 2 == 0,
-             f"group_size must be even and >= 2 (rollouts are ledgered in pairs), got {self.group_size}"),
+            (0 <= self.seed <= MAX_SEED, f"seed must be in [0, 2**63 - 1], got {self.seed}"),
+            (2 <= self.group_size <= MAX_GROUP_SIZE and self.group_size % 2 == 0,
+             f"group_size must be even and in [2, {MAX_GROUP_SIZE}] (rollouts are ledgered in "
+             f"pairs), got {self.group_size}"),
             (self.temperature > 0, f"temperature must be > 0 for rollouts, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+             f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
              f"betas must be two numbers in [0, 1), got {self.betas}"),
@@ -136,14 +152,18 @@ class TrainConfig:
              f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
             (self.gate_min_chars is None or self.gate_min_chars >= 0,
              f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
-            (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
-            (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
-            (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
+            (1 <= self.eval_max_new_tokens <= MAX_NEW_TOKENS,
+             f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got "
+             f"{self.eval_max_new_tokens}"),
+            (1 <= self.max_batch <= MAX_BATCH,
+             f"max_batch must be in [1, {MAX_BATCH}], got {self.max_batch}"),
+            (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
             (self.sampler in SAMPLERS, f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"),
             (self.early_eos_mode in EARLY_EOS_MODES, f"early_eos_mode must be one of "
              f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}"),
             (self.tree_b == 2, f"tree_b must be 2 (the ledger records pairs), got {self.tree_b}"),
-            (self.tree_k >= 1, f"tree_k must be >= 1, got {self.tree_k}"),
+            (1 <= self.tree_k <= MAX_GROUP_SIZE // 2,
+             f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {self.tree_k}"),
             (self.sampler != "tree" or self.group_size == self.tree_k * self.tree_b,
              f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
              f"warmup and tree steps train on as many leaves, got {self.group_size}"),
@@ -165,7 +185,8 @@ class TrainConfig:
              f"{', '.join(PATH_CREDITS)}, got {self.path_credit!r}"),
             (self.path_reward_norm in PATH_REWARD_NORMS, f"path_reward_norm must be one of "
              f"{', '.join(PATH_REWARD_NORMS)}, got {self.path_reward_norm!r}"),
-            (self.shapley_permutations >= 0, "shapley_permutations must be >= 0 (0: exact)"),
+            (0 <= self.shapley_permutations <= MAX_SHAPLEY_PERMUTATIONS,
+             f"shapley_permutations must be in [0, {MAX_SHAPLEY_PERMUTATIONS}] (0: exact)"),
             (self.shapley_permutations > 0 or self.path_credit != "shapley"
              or self.num_paths <= MAX_EXACT_PLAYERS, f"exact Shapley takes at most "
              f"{MAX_EXACT_PLAYERS} paths; set shapley_permutations for {self.num_paths}"),
@@ -192,7 +213,8 @@ class TrainConfig:
                     "lambda_outcome": numbers, "lambda_path": numbers,
                     "skip_zero_var": (bool,), "eval_before": (bool,),
                     "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
-                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "beta": numbers, "alpha": numbers,
+                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "allow_nonfinite": (bool,),
+                    "beta": numbers, "alpha": numbers,
                     "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
                     "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
                     "gate_min_chars": (int, type(None))}
@@ -208,6 +230,10 @@ class TrainConfig:
                 ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
             if not ok:
                 raise ValueError(f"{f.name} has the wrong type: {value!r}")
+            # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
+            if any(isinstance(v, float) and not math.isfinite(v)
+                   for v in (value if f.name == "betas" else (value,))):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
 
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
@@ -222,6 +248,10 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class NonFiniteError(ValueError):
+    """Training produced a non-finite loss, gradient norm or weight."""
 
 
 @dataclass
@@ -336,7 +366,11 @@ class GRPOTrainer:
             raise ValueError("train_data is empty")
         self.policy, self.config = policy, config
         self.train_data = list(train_data)
-        self.eval_data = dict(eval_data or {})
+        self.eval_data = {check_eval_name(name): problems
+                          for name, problems in (eval_data or {}).items()}
+        encode_prompts(policy, self.train_data, config.max_new_tokens)
+        for problems in self.eval_data.values():
+            encode_prompts(policy, problems, config.eval_max_new_tokens)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.profile_steps = profile_steps
@@ -358,11 +392,14 @@ class GRPOTrainer:
         self.start_step = 0
         self.active_steps = 0
         self.ledger = None
+        self.finished_summary = None
         if self.out_dir is not None:
             self._open_run_dir(resume)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
+        if self.finished_summary is not None:
+            return self.finished_summary
         summary: dict = {"arm": self.config.arm, "steps": self.config.steps}
         if self.config.eval_before and self.start_step == 0 and self.eval_data:
             summary["eval_before"] = self.run_evals("before")
@@ -374,6 +411,8 @@ class GRPOTrainer:
                          total=self.config.steps):
             problem = self.train_data[step % len(self.train_data)]
             result = self.train_step(step, problem)
+            if not self.config.allow_nonfinite:
+                self.check_finite(step, result.record)
             if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                 profiler = self._stop_profiler(profiler)
             for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full",
@@ -625,22 +664,42 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ run directory
     def _open_run_dir(self, resume: bool) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint = self.out_dir / "checkpoint" / "state.pt"
-        # Resuming a run killed before its first checkpoint starts it over: no weights were
-        # saved for the steps its ledger holds, so those lines are truncated away below.
-        if resume and checkpoint.exists():
+        """Start the run in ``out_dir``, or resume it there (see ``rlvr_fast.run_directory``):
+        from its checkpoint, or from step 0 when it was killed before the first one."""
+        config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
+        signature = run_signature(config, self.policy, self.train_data, self.eval_data)
+        recorded = open_run_directory(self.out_dir, signature, config, self.train_data, resume)
+        checkpoint = self.out_dir / "checkpoint" / CHECKPOINT_FILE
+        if recorded is not None and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
-        elif not resume and (self.out_dir / "ledger.jsonl").exists():
-            raise FileExistsError(f"{self.out_dir}: already holds a run (use --resume, or a new --out)")
-        truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
-        truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
+        summary = self.out_dir / "summary.json"
+        if recorded is not None and summary.exists() and recorded["config"]["steps"] == config["steps"]:
+            self.finished_summary = json.loads(summary.read_text(encoding="utf-8"))
+            return
+        whole_lines(self.out_dir / "ledger.jsonl", self.start_step)
+        whole_lines(self.out_dir / "rollouts.jsonl", self.start_step)
         self.active_steps = count_active_steps(self.out_dir / "ledger.jsonl")
-        write_json_atomic(self.out_dir / "config.json", {
-            "config": self.config.to_json(), "model": str(self.policy.path),
-            "trainable_parameters": self.num_params, "versions": package_versions(),
-            "git_commit": git_commit()})
+        if recorded is None or recorded["config"] != config:
+            # summary.json goes first: a kill in between leaves an unfinished run to resume.
+            summary.unlink(missing_ok=True)
+            write_json_atomic(self.out_dir / "config.json",
+                              self.run_meta(signature, recorded))
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
+
+    def run_meta(self, signature: dict, recorded: dict | None) -> dict:
+        """config.json: the run's signature, settings and provenance; a resume that changes a
+        setting it may change (an extension) keeps the first start's provenance and lists the
+        change."""
+        config = json.loads(json.dumps(self.config.to_json()))
+        if recorded is None:
+            return {"rlvr_fast_run": signature, "config": config, "model": str(self.policy.path),
+                    "trainable_parameters": self.num_params, "versions": package_versions(),
+                    "git_commit": git_commit(), "changes": []}
+        change = {name: [recorded["config"].get(name), config[name]]
+                  for name in RESUME_MAY_CHANGE if recorded["config"].get(name) != config[name]}
+        return {**recorded, "rlvr_fast_run": signature, "config": config,
+                "changes": [*recorded.get("changes", []),
+                            {"at_step": self.start_step, **change}]}
 
     def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree,
                          parallel: dict | None = None) -> None:
@@ -656,31 +715,73 @@ class GRPOTrainer:
                         stage2_gen=tree.stage2_generated)
         if parallel is not None:
             line["parallel"] = parallel
-        with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
-            file.write(json.dumps(line) + "\n")
+        append_line(self.out_dir / "rollouts.jsonl", json.dumps(line))
 
     def save_checkpoint(self, next_step: int) -> None:
-        """Weights, optimizer and RNG state after ``next_step`` steps, written atomically."""
-        state = {"next_step": next_step, "model": self.policy.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict(),
-                 "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()}
-        directory = self.out_dir / "checkpoint"
-        directory.mkdir(exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=directory, prefix=".state.")
-        with os.fdopen(handle, "wb") as file:
-            torch.save(state, file)
-        os.replace(temp, directory / "state.pt")
+        """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
+        written atomically (``rlvr_fast.state_file``: no pickle)."""
+        save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
+            "next_step": next_step, "model": self.policy.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()})
 
     def load_checkpoint(self, path: Path) -> int:
-        # Read onto the CPU: Generator.set_state and torch.set_rng_state take CPU byte tensors
-        # (a CUDA generator's state too); load_state_dict copies weights and moments onto the
-        # parameters' device.
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        self.policy.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        return int(state["next_step"])
+        """Restore a checkpoint of this run; returns the step to continue from. The file is
+        checked against the run (step range, parameter names and shapes) before anything is
+        restored, so that a damaged or foreign file fails here, not steps later."""
+        # State files load onto the CPU: Generator.set_state and torch.set_rng_state take CPU
+        # byte tensors (a CUDA generator's state too); load_state_dict copies weights and
+        # moments onto the parameters' device.
+        state = load_state(path)
+        try:
+            next_step = state["next_step"]
+            if isinstance(next_step, bool) or not isinstance(next_step, int) \
+                    or not 0 <= next_step <= self.config.steps:
+                raise ValueError(f"next_step {next_step!r} is outside [0, {self.config.steps}]")
+            check_optimizer_state(state["optimizer"], self.params)
+            self.policy.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+            torch.set_rng_state(state["torch_rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None
+        return next_step
+
+    def check_finite(self, step: int, record: dict) -> None:
+        """Stop at the first step whose loss, gradient norm or weights are not finite, before
+        it is checkpointed: the last checkpoint stays the last good state."""
+        bad = [f"{name} {record[name]}" for name in ("loss", "grad_norm")
+               if record.get(name) is not None and not math.isfinite(record[name])]
+        finite = torch.stack([p.detach().isfinite().all() for p in self.params]).all()
+        if not bad and bool(finite):
+            return
+        if not bool(finite):
+            bad.append("weight " + next(name for name, p in self.policy.model.named_parameters()
+                                        if not p.detach().isfinite().all()))
+        checkpoint = None if self.out_dir is None else self.out_dir / "checkpoint" / CHECKPOINT_FILE
+        kept = "" if checkpoint is None else (
+            f"; {checkpoint} keeps the last good state" if checkpoint.exists()
+            else "; no checkpoint was written yet")
+        raise NonFiniteError(f"step {step}: non-finite {', '.join(bad)} (lr "
+                             f"{self.config.lr:g}){kept}; --set allow_nonfinite=true trains on")
+
+
+def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
+    """AdamW moments of the checkpoint have the shapes of the run's parameters (torch's
+    load_state_dict checks only the number of parameters, and a wrong shape would fail at the
+    next optimizer step)."""
+    moments = state["state"]
+    if not isinstance(moments, dict):
+        raise ValueError("optimizer state is not a mapping")
+    for index, entry in moments.items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"optimizer state for parameter {index!r}, the run has "
+                             f"{len(params)}")
+        for name in ("exp_avg", "exp_avg_sq"):
+            tensor = entry[name]
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != params[index].shape:
+                raise ValueError(f"optimizer {name} of parameter {index} has the wrong shape")
 
 
 def count_active_steps(ledger: Path) -> int:
@@ -689,18 +790,6 @@ def count_active_steps(ledger: Path) -> int:
         return 0
     with open(ledger, encoding="utf-8") as file:
         return sum(json.loads(line)["active"] for line in file if line.strip())
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(temp, path)
-
-
-def write_json_atomic(path: Path, data) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def package_versions() -> dict[str, str]:

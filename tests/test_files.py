@@ -1,0 +1,77 @@
+"""The one atomic-write helper: a failed or killed writer leaves the old file whole, its temp
+files are cleaned on start, and a directory swap cut between its renames is undone."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rlvr_fast.files import (append_line, atomic_path, remove_stale_files, replaced_directory,
+                             write_json_atomic, write_text_atomic)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_writer_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
+    path = tmp_path / "config.json"
+    write_json_atomic(path, {"a": 1})
+    with pytest.raises(Killed):
+        with atomic_path(path) as temp:
+            temp.write_text("half")
+            raise Killed
+    assert path.read_text() == '{\n  "a": 1\n}\n'
+    assert os.listdir(tmp_path) == ["config.json"]
+
+
+def test_stale_temp_files_are_removed_on_start(tmp_path):
+    """A SIGKILL skips the writer's cleanup: its temp file stays until the next start."""
+    (tmp_path / "evals").mkdir()
+    for name in (".config.json.abc123.tmp", "evals/.t.jsonl.x.tmp", "keep.jsonl", ".keep"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / ".final.q1w2.tmp").mkdir()
+    removed = remove_stale_files(tmp_path)
+    assert len(removed) == 3
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".keep", "evals", "keep.jsonl"]
+
+
+def test_a_leftover_final_old_does_not_break_the_next_save(tmp_path):
+    """A kill between the swap's two renames left .final.old and no final/: the next save
+    succeeds and leaves only the new directory (on main it failed and moved files away)."""
+    (tmp_path / ".final.old").mkdir()
+    (tmp_path / ".final.old" / "tokenizer.json").write_text("old")
+    with replaced_directory(tmp_path / "final") as staging:
+        (staging / "model.safetensors").write_text("new")
+        (staging / "tokenizer.json").write_text("new")
+    assert sorted(os.listdir(tmp_path)) == ["final"]
+    assert (tmp_path / "final" / "tokenizer.json").read_text() == "new"
+
+
+def test_a_directory_swap_cut_between_its_renames_is_undone_on_start(tmp_path):
+    (tmp_path / ".final.old").mkdir()
+    (tmp_path / ".final.old" / "model.safetensors").write_text("last good")
+    remove_stale_files(tmp_path)
+    assert (tmp_path / "final" / "model.safetensors").read_text() == "last good"
+    assert sorted(os.listdir(tmp_path)) == ["final"]
+    (tmp_path / ".final.old").mkdir()
+    remove_stale_files(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["final"], "a finished swap's .old is removed"
+
+
+def test_a_failed_directory_write_leaves_the_old_directory(tmp_path):
+    write_text_atomic(tmp_path / "final" / "config.json", "old")
+    with pytest.raises(Killed):
+        with replaced_directory(tmp_path / "final") as staging:
+            (staging / "config.json").write_text("new")
+            raise Killed
+    assert (tmp_path / "final" / "config.json").read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["final"]
+
+
+def test_appended_lines_are_whole(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    append_line(path, '{"step": 0}')
+    append_line(path, '{"step": 1}')
+    assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
