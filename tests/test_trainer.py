@@ -11,7 +11,7 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import Problem, synthetic_problems
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.ledger import StepRecord, check_conservation
+from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import load_policy
 from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll,
@@ -24,7 +24,9 @@ TREE_ARMS = [name for name, settings in ARMS.items() if settings.get("sampler") 
 
 
 def fast_settings(arm: str) -> dict:
-    return TREE_FAST if arm in TREE_ARMS else FAST
+    settings = TREE_FAST if arm in TREE_ARMS else FAST
+    # A Polyak window that starts inside a three-step run.
+    return dict(settings, polyak_start=2) if ARMS[arm].get("polyak_start") else settings
 IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
 
 
@@ -108,10 +110,11 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     summary = trainer.train()
     lines = read_ledger(tmp_path)
     assert [line["step"] for line in lines] == [0, 1, 2]
+    questions_per_step = ARMS[arm].get("questions_per_step", 1)
     for line in lines:
-        fields = {k: v for k, v in line.items() if not k.startswith("flops_")}
-        record = StepRecord(**fields)
+        record = read_record(line)
         check_conservation(record)
+        assert isinstance(record, MultiQuestionRecord) == (questions_per_step > 1)
         params = line["params"]
         assert line["flops_out"] == (2 * line["gen"] + 6 * line["bwd_out"]) * params
         assert line["flops_full"] == (2 * (line["pref"] + line["gen"]) + 6 * line["bwd_full"]) * params
@@ -121,9 +124,12 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     if ARMS[arm]["gate_min_chars"]:
         rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
         for step in rollouts:
-            for text, reward in zip(step["texts"], step["rewards"]):
-                assert not reward or passes_gate(text)
+            for question in step.get("questions", [step]):
+                for text, reward in zip(question["texts"], question["rewards"]):
+                    assert not reward or passes_gate(text)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    if ARMS[arm].get("polyak_start"):
+        assert (tmp_path / "final_polyak" / "model.safetensors").is_file()
     verification = verify_run(tmp_path)
     assert verification.ok, "\n".join(verification.lines())
 
