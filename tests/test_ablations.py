@@ -188,14 +188,14 @@ def test_polyak_average_equals_the_hand_average_also_across_a_resume(tmp_path):
     assert verify_run(tmp_path / "whole").ok
 
     interrupted = polyak_trainer(tmp_path / "resumed", problems)
-    train_step = interrupted.train_step
+    run_step = interrupted.run_step
 
-    def dies_during_step_3(step, problem):
+    def dies_during_step_3(step):
         if step == 3:
             raise Killed
-        return train_step(step, problem)
+        return run_step(step)
 
-    interrupted.train_step = dies_during_step_3
+    interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
     interrupted.ledger.close()

@@ -175,9 +175,10 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("arm", ["zg_flat", "root_restart"])
+@pytest.mark.parametrize("arm", ["zg_flat", "root_restart", "accum4"])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
-    """Tree arms also resume with the count of active steps taken so far (from the ledger)."""
+    """Tree arms also resume with the count of active steps taken so far (from the ledger);
+    multi-question steps with the questions they read."""
     problems = synthetic_problems("train", 5, seed=3)
     config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
     if arm in TREE_ARMS:
@@ -188,14 +189,14 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
 
     interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
-    step_fn = interrupted.train_step
+    step_fn = interrupted.run_step
 
-    def dies_during_step_3(step, problem):
+    def dies_during_step_3(step):
         if step == 3:
             raise Killed
-        return step_fn(step, problem)
+        return step_fn(step)
 
-    interrupted.train_step = dies_during_step_3
+    interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
     interrupted.ledger.close()
