@@ -7,9 +7,9 @@ once (rather than updating a mean in place) makes the average exactly
 without one. Bias correction and decay do not apply: every averaged step weighs the same.
 
 The sums live on the model's device when it has room for them (4 bytes per parameter plus a
-reserve for the rollouts and the backward pass), else on the CPU: a 0.6B model's sums take
-2.4 GB, which a memory-tight GPU run would rather give its KV cache. On the CPU each step copies
-the weights over once.
+reserve for the rollouts and the backward pass), else on the CPU: Qwen3-0.6B-Base's sums
+(untied, 751.6M parameters) take 3.0 GB, which a memory-tight GPU run would rather give its KV
+cache. On the CPU each averaged step copies the weights over once.
 
     polyak = PolyakAverage(model)
     polyak.add(model)                  # after each step of the window
@@ -76,6 +76,11 @@ def sum_device(params: dict[str, torch.nn.Parameter]) -> torch.device:
     device = next(iter(params.values())).device
     if device.type != "cuda":
         return device
-    needed = 4 * sum(p.numel() for p in params.values()) + DEVICE_RESERVE_BYTES
     free, _ = torch.cuda.mem_get_info(device)
-    return device if free >= needed else torch.device("cpu")
+    numel = sum(p.numel() for p in params.values())
+    return device if sums_fit(free, numel) else torch.device("cpu")
+
+
+def sums_fit(free_bytes: int, numel: int) -> bool:
+    """Whether FP32 sums of ``numel`` parameters and the reserve fit in ``free_bytes``."""
+    return free_bytes >= 4 * numel + DEVICE_RESERVE_BYTES

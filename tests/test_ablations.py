@@ -15,7 +15,7 @@ from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.generation import sample_group, sample_groups
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import load_policy
-from rlvr_fast.polyak import PolyakAverage, trainable
+from rlvr_fast.polyak import DEVICE_RESERVE_BYTES, PolyakAverage, sums_fit, trainable
 from rlvr_fast.rollout import sample_tree_ids, sample_trees_ids
 from rlvr_fast.trainer import GRPOTrainer, Phases, TrainConfig, fused_grpo_loss
 
@@ -224,6 +224,13 @@ def test_polyak_sums_and_state_round_trip():
     assert restored.count == 3 and torch.equal(restored.average()["bias"], polyak.average()["bias"])
     with pytest.raises(ValueError, match="averaged parameters differ"):
         PolyakAverage(torch.nn.Linear(3, 3, bias=False)).load_state_dict(polyak.state_dict())
+
+
+def test_polyak_sums_leave_a_short_device_for_the_cpu():
+    params = 751_632_384  # Qwen3-0.6B-Base untied: 3.0 GB of FP32 sums
+    assert sums_fit(4 * params + DEVICE_RESERVE_BYTES, params)
+    assert not sums_fit(4 * params + DEVICE_RESERVE_BYTES - 1, params)
+    assert PolyakAverage(torch.nn.Linear(2, 2)).device == torch.device("cpu")
 
 
 def test_polyak_start_after_the_last_step_is_refused():
