@@ -342,3 +342,23 @@ def test_a_sweep_refuses_a_run_directory_with_other_settings(sweep_dir, tmp_path
         assert main(["sweep", *args, "--out", str(out), "--quiet"]) == 2
         assert message in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_compare_and_report_read_the_ablation_arms(sweep_dir, tmp_path, capsys):
+    """A multi-question run (one ledger line per step, a sub-record per question) and a Polyak
+    run (evals/polyak/ beside evals/) verify, compare and report beside the flat arms."""
+    runs = []
+    for arm, settings in (("accum4", TREE_SHORT), ("ra_mst_tail50", dict(TREE_SHORT, polyak_start=2))):
+        runs.append(tmp_path / "runs" / f"{arm}_s1")
+        config = TrainConfig.from_arm(arm, seed=1, **settings)
+        GRPOTrainer(load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=runs[-1],
+                    progress=False).train()
+    assert (runs[1] / "evals" / "polyak" / "t.jsonl").is_file()
+    assert main(["verify", *map(str, runs)]) == 0
+    assert "verify: 2 of 2 runs PASS" in capsys.readouterr().out
+    assert main(["compare", str(sweep_dir / "runs"), *map(str, runs), "--format", "json"]) == 0
+    arms = [record["arm"] for record in json.loads(capsys.readouterr().out)["records"]]
+    assert {"accum4", "ra_mst_tail50"} <= set(arms)
+    assert main(["report", str(sweep_dir / "runs"), *map(str, runs), "--out",
+                 str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "tree_pairs.png").is_file()

@@ -12,7 +12,7 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import Problem, synthetic_problems
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.ledger import StepRecord, check_conservation
+from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import Policy, load_policy
 from rlvr_fast.trainer import (GRPOTrainer, Phases, TrainConfig, completion_token_nll,
@@ -25,7 +25,9 @@ TREE_ARMS = [name for name, settings in ARMS.items() if settings.get("sampler") 
 
 
 def fast_settings(arm: str) -> dict:
-    return TREE_FAST if arm in TREE_ARMS else FAST
+    settings = TREE_FAST if arm in TREE_ARMS else FAST
+    # A Polyak window that starts inside a three-step run.
+    return dict(settings, polyak_start=2) if ARMS[arm].get("polyak_start") else settings
 IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
 
 
@@ -109,10 +111,11 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     summary = trainer.train()
     lines = read_ledger(tmp_path)
     assert [line["step"] for line in lines] == [0, 1, 2]
+    questions_per_step = ARMS[arm].get("questions_per_step", 1)
     for line in lines:
-        fields = {k: v for k, v in line.items() if not k.startswith("flops_")}
-        record = StepRecord(**fields)
+        record = read_record(line)
         check_conservation(record)
+        assert isinstance(record, MultiQuestionRecord) == (questions_per_step > 1)
         params = line["params"]
         assert line["flops_out"] == (2 * line["gen"] + 6 * line["bwd_out"]) * params
         assert line["flops_full"] == (2 * (line["pref"] + line["gen"]) + 6 * line["bwd_full"]) * params
@@ -122,9 +125,12 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     if ARMS[arm]["gate_min_chars"]:
         rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
         for step in rollouts:
-            for text, reward in zip(step["texts"], step["rewards"]):
-                assert not reward or passes_gate(text)
+            for question in step.get("questions", [step]):
+                for text, reward in zip(question["texts"], question["rewards"]):
+                    assert not reward or passes_gate(text)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    if ARMS[arm].get("polyak_start"):
+        assert (tmp_path / "final_polyak" / "model.safetensors").is_file()
     verification = verify_run(tmp_path)
     assert verification.ok, "\n".join(verification.lines())
 
@@ -170,9 +176,10 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("arm", ["zg_flat", "root_restart"])
+@pytest.mark.parametrize("arm", ["zg_flat", "root_restart", "accum4"])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
-    """Tree arms also resume with the count of active steps taken so far (from the ledger)."""
+    """Tree arms also resume with the count of active steps taken so far (from the ledger);
+    multi-question steps with the questions they read."""
     problems = synthetic_problems("train", 5, seed=3)
     config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
     if arm in TREE_ARMS:
@@ -183,14 +190,14 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
 
     interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
-    step_fn = interrupted.train_step
+    step_fn = interrupted.run_step
 
-    def dies_during_step_3(step, problem):
+    def dies_during_step_3(step):
         if step == 3:
             raise Killed
-        return step_fn(step, problem)
+        return step_fn(step)
 
-    interrupted.train_step = dies_during_step_3
+    interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
     interrupted.ledger.close()
