@@ -23,7 +23,7 @@ a utility on coalitions of paths, mixed with the outcome reward (``rlvr_fast.pat
 loss sums over paths and summaries, -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t).
 Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
 
-    trainer = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
+    trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
 """
 
@@ -63,6 +63,9 @@ from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
+# Per-sequence normalisers of the token-weighted loss (``sequence_scales``): the study's sum and
+# TRL's grpo, dapo and dr_grpo.
+LOSS_TYPES = ("sum", "grpo", "dapo", "dr_grpo")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
 SAMPLERS = ("flat", "tree", "parallel")
 
@@ -85,6 +88,10 @@ class TrainConfig:
     skip_zero_var: bool = False
     zero_var_step: str = "skip"
     gate_min_chars: int | None = None
+    loss_type: str = "sum"
+    scale_rewards: bool = True
+    tempered_logprobs: bool = False
+    mask_truncated: bool = False
     eval_max_new_tokens: int = 2048
     max_batch: int = 256
     cuda_graphs: bool = True
@@ -136,6 +143,16 @@ class TrainConfig:
              f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
             (self.gate_min_chars is None or self.gate_min_chars >= 0,
              f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
+            (self.loss_type in LOSS_TYPES,
+             f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"),
+            (self.loss_order == "token_weighted" or not (
+                self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated),
+             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+             "token_weighted"),
+            (self.sampler == "flat" or (self.loss_type == "sum" and self.scale_rewards
+                                        and not self.tempered_logprobs and not self.mask_truncated),
+             "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
+             "arms only"),
             (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
             (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
             (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
@@ -186,7 +203,9 @@ class TrainConfig:
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
         expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
-                    "sampler": (str,), "early_eos_mode": (str,), "aggregator": (str,),
+                    "sampler": (str,), "early_eos_mode": (str,), "loss_type": (str,),
+                    "scale_rewards": (bool,), "tempered_logprobs": (bool,),
+                    "mask_truncated": (bool,), "aggregator": (str,),
                     "path_utility": (str,), "path_credit": (str,), "path_reward_norm": (str,),
                     "judge_model": (str,), "shapley_antithetic": (bool,),
                     "lambda_outcome": numbers, "lambda_path": numbers,
@@ -279,14 +298,17 @@ def completion_token_nll(model, prompt_ids: list[int], completions: list[list[in
 
 
 def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
-                    token_weights: list[torch.Tensor]) -> torch.Tensor:
+                    token_weights: list[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
-    head, no [tokens, vocab] logits."""
+    head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
+    (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
     ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
-    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:]
+    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+    if temperature != 1.0:
+        hidden = hidden / temperature
     weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights)
+    return weighted_token_nll(hidden, model.lm_head.weight, targets[mask], weights)
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -311,10 +333,43 @@ def parallel_grpo_loss(model, prompt_ids: list[int], rollout: ParallelRollout,
     return loss / (paths + len(rollout.summaries))
 
 
-def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
+def standardised_advantages(rewards: list[float], *, scale: bool = True
+                            ) -> tuple[torch.Tensor, float]:
+    """A_i = (R_i - mean R) / (std R + 1e-4), or R_i - mean R without ``scale``, and std R.
+    NaN rewards (no reward function scored the completion) are left out of the mean and std and
+    get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
     r = torch.tensor(rewards, dtype=torch.float32)
-    mean, sigma = group_stats(r)
-    return (r - mean) / (sigma + ADVANTAGE_EPS), float(sigma)
+    scored = r[~r.isnan()]
+    if scored.numel() < 2:
+        return torch.zeros_like(r), 0.0
+    mean, sigma = group_stats(scored)
+    advantages = r - mean
+    if scale:
+        advantages = advantages / (sigma + ADVANTAGE_EPS)
+    return advantages.nan_to_num(0.0), float(sigma)
+
+
+def sequence_scales(lengths: list[int], loss_type: str, max_new_tokens: int,
+                    masked: list[bool] | None = None) -> torch.Tensor:
+    """s_i [G] float32 such that token weights A_i s_i, summed and divided by G (as
+    ``fused_grpo_loss`` does), give each loss type's normalisation of sum_t A_i log pi:
+    "sum" (the study's) 1; "grpo" 1 / |o_i| (per-sequence mean); "dapo" G / sum_j |o_j| (mean
+    over the group's tokens); "dr_grpo" 1 / max_new_tokens. ``masked`` completions (TRL's
+    mask_truncated_completions) get 0 and leave dapo's token count."""
+    group = len(lengths)
+    kept = torch.tensor([not m for m in masked] if masked else [True] * group)
+    counts = torch.tensor(lengths, dtype=torch.float32)
+    if loss_type == "sum":
+        scales = torch.ones(group)
+    elif loss_type == "grpo":
+        scales = 1.0 / counts.clamp(min=1.0)
+    elif loss_type == "dapo":
+        scales = torch.full((group,), group / float((counts * kept).sum().clamp(min=1.0)))
+    elif loss_type == "dr_grpo":
+        scales = torch.full((group,), 1.0 / max_new_tokens)
+    else:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    return scales * kept
 
 
 @dataclass
@@ -327,14 +382,35 @@ class Rollouts:
     tree: TreeRollout | None = None
 
 
-class GRPOTrainer:
+class MathTask:
+    """The study's task: a question in the study's prompt template; reward 1 when the last
+    boxed answer grades correct against the problem's answer (with the derivation gate: and
+    starts at or after ``gate_min_chars`` characters). The trainer asks its task for a step's
+    prompt ids and rewards (``rlvr_fast.trl_compat`` supplies TRL's reward functions instead)."""
+
+    def __init__(self, tokenizer, gate_min_chars: int | None) -> None:
+        self.tokenizer, self.gate_min_chars = tokenizer, gate_min_chars
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return self.tokenizer.encode(render_prompt(problem.question))
+
+    def rewards(self, problem: Problem, texts: list[str], completions: list[list[int]]
+                ) -> list[float]:
+        answers = [final_answer(t, min_chars=self.gate_min_chars) for t in texts]
+        return [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
+
+
+class RLVRTrainer:
     def __init__(self, policy, config: TrainConfig, train_data: Sequence[Problem],
                  eval_data: dict[str, Sequence[Problem]] | None = None, *,
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
-                 progress: bool = True, profile_steps: int = 0) -> None:
+                 progress: bool = True, profile_steps: int = 0, task=None) -> None:
         if not train_data:
             raise ValueError("train_data is empty")
+        if task is not None and config.sampler == "parallel":
+            raise ValueError("parallel-path arms vote on graded answers, so they take no task")
         self.policy, self.config = policy, config
+        self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         self.train_data = list(train_data)
         self.eval_data = dict(eval_data or {})
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -401,7 +477,7 @@ class GRPOTrainer:
             return self.parallel_step(step, problem)
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
-        prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
+        prompt_ids = self.task.prompt_ids(problem)
         tree_step = (config.sampler == "tree"
                      and self.active_steps >= config.bifurcate_after_active)
 
@@ -410,8 +486,7 @@ class GRPOTrainer:
             rollouts = self.sample_tree(prompt_ids) if tree_step else self.sample_flat(prompt_ids)
         with phase("reward"):
             texts = self.policy.tokenizer.decode_batch(rollouts.completions)
-            answers = [final_answer(t, min_chars=config.gate_min_chars) for t in texts]
-            rewards = [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
+            rewards = self.task.rewards(problem, texts, rollouts.completions)
             lengths = [len(c) for c in rollouts.completions]
             if tree_step:
                 tree = rollouts.tree
@@ -421,14 +496,19 @@ class GRPOTrainer:
                 sigma = credit.sigma
                 token_weights = credit.token_weights([p.lengths for p in tree.pairs])
             else:
-                advantages, sigma = standardised_advantages(rewards)
-                token_weights = [a.expand(n) for a, n in zip(advantages, lengths)]
+                advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
+                eos = self.policy.tokenizer.eos_token_ids
+                truncated = [c[-1] not in eos for c in rollouts.completions]
+                scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens,
+                                         truncated if config.mask_truncated else None)
+                token_weights = [(a * s).expand(n) for a, s, n in zip(advantages, scales, lengths)]
 
         def loss_fn():
             if config.loss_order == "sum_then_scale":
                 token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
                 return grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
-            return fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights)
+            return fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights,
+                                   config.temperature if config.tempered_logprobs else 1.0)
 
         active = not (sigma == 0 and config.skip_zero_var)
         loss_value, grad_norm = self.update(phase, active, loss_fn)

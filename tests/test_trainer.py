@@ -14,7 +14,7 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import StepRecord, check_conservation
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import (GRPOTrainer, TrainConfig, completion_token_nll,
+from rlvr_fast.trainer import (RLVRTrainer, TrainConfig, completion_token_nll,
                                fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
@@ -69,7 +69,7 @@ def tiny():
 
 
 def homogeneous_step(tiny, arm):
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
     before = [p.detach().clone() for p in trainer.params]
     record = trainer.train_step(0, IMPOSSIBLE).record
     changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.params))
@@ -103,7 +103,7 @@ def read_ledger(run_dir):
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     problems = synthetic_problems("train", 3, seed=11)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
                           problems, out_dir=tmp_path, progress=False)
     summary = trainer.train()
     lines = read_ledger(tmp_path)
@@ -152,7 +152,7 @@ def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
     problems = synthetic_problems("train", 6, seed=7)
     config = TrainConfig.from_arm("stopped_tree", steps=6,
                                   **dict(TREE_FAST, bifurcate_after_active=1, gate_min_chars=None))
-    GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_ledger(tmp_path)
     first_active = next(i for i, line in enumerate(lines) if line["active"])
     for i, line in enumerate(lines):
@@ -176,11 +176,11 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
     if arm in TREE_ARMS:
         config.update(bifurcate_after_active=1, gate_min_chars=None)
-    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
+    whole = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
                         out_dir=tmp_path / "whole", progress=False)
     whole.train()
 
-    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    interrupted = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
     step_fn = interrupted.train_step
 
@@ -195,7 +195,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     interrupted.ledger.close()
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
-    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    resumed = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                           problems, out_dir=tmp_path / "resumed", resume=True, progress=False)
     assert resumed.start_step == 2
     resumed.train()
@@ -235,5 +235,5 @@ def test_unknown_arm_and_setting_list_the_valid_names():
 def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
     with pytest.raises(FileExistsError, match="--resume"):
-        GRPOTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
+        RLVRTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
                     out_dir=tmp_path, progress=False)
