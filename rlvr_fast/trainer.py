@@ -53,6 +53,7 @@ from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
 from rlvr_fast.ledger import (LedgerWriter, ParallelStats, flat_step_record, parallel_step_record,
                               tree_step_record, truncate_jsonl)
+from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
@@ -303,12 +304,46 @@ def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
     head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
     (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
-    ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
-    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+    device = model.lm_head.weight.device
+    if device.type == "cpu":
+        # The prompt once and no padding: on a CPU the pass costs what it computes. On CUDA the
+        # padded batch keeps SDPA's causal flash path, which an arbitrary mask would leave.
+        ids, context, rows, targets = shared_prompt_batch(prompt_ids, completions, device)
+        hidden = model.model(ids, context)[0].index_select(0, rows)
+    else:
+        ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
+        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+        targets = padded_targets[mask]
     if temperature != 1.0:
         hidden = hidden / temperature
     weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden, model.lm_head.weight, targets[mask], weights)
+    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
+
+
+def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], device
+                        ) -> tuple[torch.Tensor, ForwardContext, torch.Tensor, torch.Tensor]:
+    """One packed row: the prompt once, then each completion but its last token. A completion
+    token sees the whole prompt and its own earlier tokens at the positions it has in its own
+    sequence, so its hidden state is the one the padded batch computes. Returns ids [1, L], the
+    pass's context (positions, mask [1, 1, L, L]), the row of the hidden state that predicts
+    each completion token [N] (completion order) and those tokens [N]."""
+    prompt_len = len(prompt_ids)
+    bodies = [c[:-1] for c in completions]
+    ids = torch.tensor([prompt_ids + [t for body in bodies for t in body]], device=device)
+    segment = torch.cat([torch.full((prompt_len,), -1)]
+                        + [torch.full((len(b),), i) for i, b in enumerate(bodies)]).to(device)
+    positions = torch.cat([torch.arange(prompt_len)]
+                          + [prompt_len + torch.arange(len(b)) for b in bodies]).to(device)
+    order = torch.arange(ids.shape[1], device=device)
+    visible = (segment[:, None] == segment[None, :]) | (segment[None, :] == -1)
+    mask = (visible & (order[:, None] >= order[None, :]))[None, None]
+    rows, start = [], prompt_len
+    for body in bodies:
+        rows += [prompt_len - 1] + list(range(start, start + len(body)))
+        start += len(body)
+    targets = torch.tensor([t for c in completions for t in c], device=device)
+    return ids, ForwardContext(positions[None], mask=mask), torch.tensor(rows, device=device), \
+        targets
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
