@@ -12,7 +12,11 @@ Per step, for the next training question x:
      TreeRL per-token credit of ``rlvr_fast.credit`` (prefix / continuation weights);
   4. loss: -(1/G) sum_i sum_t w_it log pi(y_t), summed in the order the arm names (token-weighted
      arms go through the fused ``weighted_token_nll`` op; ``baseline`` keeps the seed's eager
-     sum-then-scale path on purpose);
+     sum-then-scale path on purpose); flat steps may take TRL's normalisations instead
+     (``loss_type`` grpo / dapo / dr_grpo, ``sequence_scales``), its unscaled advantages
+     (``scale_rewards`` off), log pi of logits / temperature (``tempered_logprobs``) and zero
+     weight on completions cut at the cap (``mask_truncated``): what ``rlvr_fast.trl_compat``
+     maps TRL's settings onto;
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
      homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
      step or none.
@@ -21,7 +25,9 @@ responses of ``num_paths`` paths each (``rlvr_fast.parallel``), aggregate each r
 or by a summary, and credit every path by its Shapley value (or leave-one-out, or alone) under
 a utility on coalitions of paths, mixed with the outcome reward (``rlvr_fast.path_credit``); the
 loss sums over paths and summaries, -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t).
-Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
+Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``). The
+trainer asks its task for a step's prompt ids and rewards: ``MathTask`` (the study's prompt and
+boxed-answer grading) unless one is given (``rlvr_fast.trl_compat`` gives TRL's reward functions).
 
     trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
