@@ -20,8 +20,9 @@ Logged as TRL logs them (means over the logging window): loss (TRL's surrogate v
 -sum_it w_it), grad_norm, learning_rate, num_tokens, completions/*, rewards/NAME/mean|std,
 reward, reward_std, frac_reward_zero_std, entropy, clip_ratio/* (0: the ratio is 1),
 step_time, epoch; at the end train_runtime, train_samples_per_second,
-train_steps_per_second, total_flos (the study's Full FLOPs), train_loss. ``entropy`` is the
-mean token entropy of pi_T over the window's steps that ran a forward, None when none did.
+train_steps_per_second, total_flos (the study's Full FLOPs), train_loss. ``entropy`` is logged
+as None (TRL's value for a metric without data): the fused loss never forms the per-token
+distribution, and computing it would cost a second pass over the LM head.
 """
 
 from __future__ import annotations
@@ -310,8 +311,7 @@ class GRPOTrainer:
             values[f"rewards/{name}/mean"] = nan_mean(column)
             values[f"rewards/{name}/std"] = nan_std(column)
         values.update({"reward": nan_mean(scored.rewards), "reward_std": nan_std(scored.rewards),
-                       "frac_reward_zero_std": float(sigma == 0.0),
-                       "entropy": record.get("entropy")})
+                       "frac_reward_zero_std": float(sigma == 0.0), "entropy": None})
         values.update({key: 0.0 for key in CLIP_RATIO_KEYS})
         values["step_time"] = seconds
         for name, value in values.items():
