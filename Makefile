@@ -16,13 +16,15 @@ $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 
 install: $(STAMP)
 
-# Tests, then every benchmark once as a smoke check (no timings asserted).
+# Tests, every benchmark once as a smoke check (no timings asserted), then the GPU suite's dry
+# run (every stage on the CPU at tiny sizes).
 test: install
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q benchmarks --benchmark-disable
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --dry-run
 
 bench: install
-	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=min,mean,rounds
+	$(BIN)/python -m pytest benchmarks --benchmark --benchmark-columns=min,mean,rounds
 
 demo: install
 	$(BIN)/python -m rlvr_fast.demo

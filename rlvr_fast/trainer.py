@@ -793,7 +793,10 @@ class RLVRTrainer:
         os.replace(temp, directory / "state.pt")
 
     def load_checkpoint(self, path: Path) -> int:
-        state = torch.load(path, map_location=self.policy.device, weights_only=False)
+        # Read onto the CPU: Generator.set_state and torch.set_rng_state take CPU byte tensors
+        # (a CUDA generator's state too); load_state_dict copies weights and moments onto the
+        # parameters' device.
+        state = torch.load(path, map_location="cpu", weights_only=False)
         self.policy.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])

@@ -1,5 +1,6 @@
 """Shared fixtures: a small random Hugging Face checkpoint written by ``transformers`` itself,
-and the Triton interpreter switched on when there is no GPU."""
+the Triton interpreter switched on when there is no GPU, and tests marked ``cuda`` skipped
+there."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hf_models import random_hf_model
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    needs_cuda = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(needs_cuda)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from rlvr_fast.models.checkpoint import load_model
 
 EOS = 0
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16], [17], [20, 21, 22]]
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +246,6 @@ def test_the_cache_is_sized_once_from_a_budget(model):
     assert engine.storage.data.shape[2] == engine.num_blocks + 1, "plus the scratch block"
 
 
-@requires_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("greedy", [True, False])
 def test_cuda_graph_decode_samples_what_eager_decode_samples(hf_qwen3, greedy):

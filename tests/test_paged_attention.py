@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from devices import CUDA, DEVICE, on_device
 from rlvr_fast._C import BlockManager
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.models.attention import store_kv
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
-BACKENDS = ["torch", "triton", "cpp"] if not torch.cuda.is_available() else ["triton"]
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BACKENDS = ["triton"] if CUDA else ["torch", "triton", "cpp"]
 
 
 def empty_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
@@ -40,6 +40,7 @@ def contiguous_attention(q, keys, values):
     return out[:, 0]
 
 
+@on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("q_heads,kv_heads,head_dim,block_size", [(4, 4, 32, 16), (6, 2, 64, 16),
                                                                   (8, 1, 32, 8)])
@@ -68,6 +69,7 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
                                    rtol=1e-5, atol=1e-5)
 
 
+@on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("q_heads,kv_heads,block_size", [(4, 4, 16), (6, 2, 4), (8, 1, 8)])
 def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_heads, kv_heads,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,8 +14,8 @@ from rlvr_fast.data import Problem, synthetic_problems
 from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import StepRecord, check_conservation
 from rlvr_fast.models.checkpoint import load_model
-from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import (RLVRTrainer, TrainConfig, completion_token_nll,
+from rlvr_fast.policy import Policy, load_policy
+from rlvr_fast.trainer import (Phases, RLVRTrainer, TrainConfig, completion_token_nll,
                                fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
@@ -208,6 +209,140 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
 
     assert without_times(read_ledger(tmp_path / "whole")) == \
         without_times(read_ledger(tmp_path / "resumed"))
+
+
+def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
+    """Generator.set_state and torch.set_rng_state take CPU byte tensors (a CUDA generator's
+    state too), so a checkpoint must not be mapped onto the policy's device: resume on a GPU
+    crashed so. Here the policy reports the meta device, standing in for CUDA (tensors mapped
+    onto it hold no data)."""
+    problems = synthetic_problems("train", 1, seed=3)
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
+                          out_dir=tmp_path, progress=False)
+    trainer.train()
+    path = tmp_path / "checkpoint" / "state.pt"
+    saved = torch.load(path, weights_only=False)
+    trainer.generator.manual_seed(12345)
+    loaded = []
+    real_load = torch.load
+
+    def recording_load(*args, **kwargs):
+        loaded.append(real_load(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    monkeypatch.setattr(Policy, "device", property(lambda self: torch.device("meta")))
+    assert trainer.load_checkpoint(path) == 1
+    assert loaded[0]["generator"].device.type == loaded[0]["torch_rng"].device.type == "cpu"
+    assert torch.equal(trainer.generator.get_state(), saved["generator"])
+
+
+def record_nvtx(monkeypatch) -> list:
+    """NVTX calls as they happen: a range's name when pushed, None when popped."""
+    events = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", events.append)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: events.append(None))
+    return events
+
+
+def test_phases_are_nvtx_ranges_closed_after_a_sync_on_cuda(monkeypatch):
+    """The CUDA-only code of ``Phases`` with torch.cuda faked, so it runs anywhere: a phase's
+    range closes after a device sync, so its time covers the GPU work queued inside it."""
+    events = record_nvtx(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: events.append("sync"))
+    phase = Phases(torch.device("cuda"))
+    with phase("rollout"):
+        events.append("work")
+    with phase("backward"):
+        pass
+    assert events == ["rollout", "work", "sync", None, "backward", "sync", None]
+    assert set(phase.seconds) == {"rollout", "backward"}
+    events.clear()
+    with Phases(torch.device("cpu"))("rollout"):
+        pass
+    assert events == []
+
+
+CUDA_FAST = dict(FAST, max_batch=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arm", ["baseline", "stopped_tree"])
+def test_cuda_training_in_bf16_with_the_generator_on_the_device(tmp_path, arm):
+    problems = synthetic_problems("train", 2, seed=5)
+    settings = dict(fast_settings(arm), max_batch=8)
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
+                          TrainConfig.from_arm(arm, steps=2, **settings), problems,
+                          out_dir=tmp_path, progress=False)
+    assert trainer.policy.dtype == torch.bfloat16
+    assert trainer.generator.device.type == "cuda"
+    trainer.train()
+    lines = read_ledger(tmp_path)
+    assert [line["step"] for line in lines] == [0, 1]
+    assert all(line["loss"] is None or math.isfinite(line["loss"]) for line in lines)
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.params)
+    if arm == "stopped_tree":
+        assert any(line["stage2_gen"] is not None for line in lines), "a tree step ran"
+
+
+@pytest.mark.cuda
+def test_cuda_rollouts_follow_the_run_seed():
+    problem = synthetic_problems("train", 1, seed=5)[0]
+    texts = []
+    for seed in (1, 1, 2):
+        trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
+                              TrainConfig.from_arm("zg_flat", seed=seed, **CUDA_FAST), [problem],
+                              progress=False)
+        texts.append(trainer.train_step(0, problem).texts)
+    assert texts[0] == texts[1] != texts[2]
+
+
+@pytest.mark.cuda
+def test_a_cuda_step_shows_every_phase_and_the_engine_in_nvtx(monkeypatch):
+    problem = synthetic_problems("train", 1, seed=5)[0]
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
+                          TrainConfig.from_arm("baseline", **CUDA_FAST), [problem], progress=False)
+    events = record_nvtx(monkeypatch)
+    trainer.train_step(0, problem)
+    names = [event for event in events if event is not None]
+    assert events.count(None) == len(names), "every range is closed"
+    assert {"rollout", "reward", "forward", "backward", "optimizer", "engine prefill",
+            "engine decode", "graph replay b=8"} <= set(names)
+
+
+@pytest.mark.cuda
+def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
+    """After a kill during step 3, the resumed run starts at step 2 with the checkpoint's
+    weights and generator state on the GPU, and repeats step 2's rollouts."""
+    problems = synthetic_problems("train", 4, seed=3)
+    config = TrainConfig.from_arm("zg_flat", steps=4, checkpoint_every=2, **CUDA_FAST)
+    interrupted = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
+                              out_dir=tmp_path, progress=False)
+    step_fn = interrupted.train_step
+
+    def dies_during_step_3(step, problem):
+        if step == 3:
+            raise Killed
+        return step_fn(step, problem)
+
+    interrupted.train_step = dies_during_step_3
+    with pytest.raises(Killed):
+        interrupted.train()
+    interrupted.ledger.close()
+    step_2 = read_ledger(tmp_path)[2]
+    saved = torch.load(tmp_path / "checkpoint" / "state.pt", map_location="cpu",
+                       weights_only=False)
+
+    resumed = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
+                          out_dir=tmp_path, resume=True, progress=False)
+    assert resumed.start_step == 2 and resumed.generator.device.type == "cuda"
+    assert torch.equal(resumed.generator.get_state(), saved["generator"])
+    for name, tensor in resumed.policy.model.state_dict().items():
+        assert tensor.is_cuda and torch.equal(tensor.cpu(), saved["model"][name]), name
+    resumed.train()
+    again = read_ledger(tmp_path)[2]
+    for key in ("question_id", "rewards", "pairs", "gen"):
+        assert again[key] == step_2[key], key
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devices import DEVICE, on_device
 from rlvr_fast.kernels.weighted_nll import weighted_token_nll_reference
 from rlvr_fast.ops import weighted_token_nll
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch", "triton"] if DEVICE == "cpu" else ["triton"]
 SHAPES = [(n, h, v) for n in (1, 63, 500) for h in (64, 96) for v in (77, 1000)] + \
          [(3, 64, 151_936), (2, 96, 151_936)]
@@ -36,6 +36,7 @@ def rel_err(got, expected):
     return float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
 
 
+@on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n,h,v", SHAPES)
 def test_fp32_matches_reference(backend, n, h, v):
@@ -47,6 +48,7 @@ def test_fp32_matches_reference(backend, n, h, v):
         assert rel_err(got, want) <= 1e-5
 
 
+@on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n,h,v", [(63, 64, 1000), (500, 96, 77), (3, 64, 151_936)])
 def test_bf16_error_at_most_twice_eager_bf16(backend, n, h, v):
@@ -59,6 +61,7 @@ def test_bf16_error_at_most_twice_eager_bf16(backend, n, h, v):
         assert rel_err(got, want) <= 2 * rel_err(base, want) + 1e-6, name
 
 
+@on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_logprobs_and_chunking(backend):
     hidden, weight, targets, weights = make_inputs(50, 64, 300, seed=2)
@@ -71,6 +74,7 @@ def test_logprobs_and_chunking(backend):
         torch.testing.assert_close(loss, results[0][0], rtol=1e-6, atol=1e-6)
 
 
+@on_device
 def test_gradient_for_hidden_only_and_no_grad_mode():
     hidden, weight, targets, weights = make_inputs(20, 64, 100, seed=3)
     h = hidden.clone().requires_grad_()
@@ -83,6 +87,7 @@ def test_gradient_for_hidden_only_and_no_grad_mode():
     torch.testing.assert_close(loss, weighted_token_nll_reference(hidden, weight, targets, weights))
 
 
+@on_device
 @pytest.mark.parametrize("change,message", [
     (lambda a: (a[0][None], *a[1:]), "hidden must be"),
     (lambda a: (a[0][:, :10], *a[1:]), "hidden size mismatch"),

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
-import os
-import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
+from devices import CUDA, DEVICE, on_device
 from rlvr_fast import optim
 from rlvr_fast.data import synthetic_problems
 from rlvr_fast.kernels import zero_grad_adamw as kernel
@@ -149,16 +146,12 @@ def test_zg_flat_training_matches_the_eager_zero_grad_path(tmp_path):
 # pure-torch emulation of torch's CUDA foreach rounding; with a GPU both are also compared with
 # torch's own CUDA AdamW.
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
 @pytest.fixture
 def exact_interpreter_fma(monkeypatch):
     """The interpreter computes ``tl.fma`` as x * y + z in numpy float32, rounding twice, so it
     could not tell a fused multiply-add from an unfused one. Give it the correctly rounded fma
     that the GPU's fma.rn computes; the kernel is then checked with the fma it runs on a GPU."""
-    if torch.cuda.is_available():
+    if CUDA:
         return
     from triton.runtime import interpreter
 
@@ -243,6 +236,7 @@ def test_sqrt_float32_is_correctly_rounded():
 INTERPRETER_SIZES = (1, 7, 1000, 5003)
 
 
+@on_device
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("real_steps", [0, 1, 3])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5])
@@ -256,6 +250,7 @@ def test_triton_kernel_matches_emulation(exact_interpreter_fma, dtype, real_step
     assert_bitwise_equal(fused, emulated)
 
 
+@on_device
 def test_triton_kernel_matches_emulation_on_large_mixed_dtype_tensors(exact_interpreter_fma):
     fused = make_device_optimizer([torch.float32, torch.bfloat16], SIZES, 3, 0.01)
     emulated = eager_copy(fused)
@@ -264,6 +259,7 @@ def test_triton_kernel_matches_emulation_on_large_mixed_dtype_tensors(exact_inte
     assert_bitwise_equal(fused, emulated)
 
 
+@on_device
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_emulation_on_aligned_tensors(exact_interpreter_fma, dtype):
     """Sizes that are multiples of 8 take the kernel's 16-byte-access variant."""
@@ -274,6 +270,7 @@ def test_triton_kernel_matches_emulation_on_aligned_tensors(exact_interpreter_fm
     assert_bitwise_equal(fused, emulated)
 
 
+@on_device
 def test_triton_kernel_matches_emulation_across_a_learning_rate_schedule(exact_interpreter_fma):
     fused = make_device_optimizer([torch.float32, torch.bfloat16], [7, 5000], 2, 0.01)
     emulated = eager_copy(fused)
@@ -283,6 +280,7 @@ def test_triton_kernel_matches_emulation_across_a_learning_rate_schedule(exact_i
     assert_bitwise_equal(fused, emulated)
 
 
+@on_device
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_emulation_on_subnormal_moments(exact_interpreter_fma, dtype):
     fused = make_device_optimizer([dtype], [1000], 1, 0.01)
@@ -296,6 +294,7 @@ def test_triton_kernel_matches_emulation_on_subnormal_moments(exact_interpreter_
     assert_bitwise_equal(fused, emulated)
 
 
+@on_device
 def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpreter_fma):
     """beta1 = 0.3 takes lerp's other branch (weight 0.7 >= 0.5)."""
     fused = make_device_optimizer([torch.float32, torch.bfloat16], [1000], 2, 0.01,
@@ -306,50 +305,7 @@ def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpre
     assert_bitwise_equal(fused, emulated)
 
 
-AOT_COMPILE = """
-import collections, re, sys
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from rlvr_fast.kernels import zero_grad_adamw as kernel
-is_bf16, aligned = sys.argv[1] == "bf16", sys.argv[2] == "aligned"
-signature = {"p_addresses": "*i64", "p_first_blocks": "*i64", "p_scalars": "*fp32",
-             "n_tensors": "i32", "stride_scalars": "i32"}
-constexprs = {"SEARCH_STEPS": 2, "STEPS": 3, "BLOCK": kernel.BLOCK, "IS_BF16": is_bf16,
-              "ELEMENT": tl.uint16 if is_bf16 else tl.float32, "ALIGNED": aligned}
-source = ASTSource(kernel._zero_grad_adamw_kernel,
-                   {**signature, **{name: "constexpr" for name in constexprs}}, constexprs)
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 8, "enable_fp_fusion": False})
-ptx = compiled.asm["ptx"]
-counts = collections.Counter(re.findall(r"\\b(fma|mad|mul|add|div|sqrt)\\.([a-z0-9.]*)f32\\b", ptx))
-print({f"{op}.{mode}": n for (op, mode), n in counts.items()})
-print(len(re.findall(r"ld\\.global\\.v4", ptx)))
-"""
-
-
-@pytest.mark.parametrize("alignment", ["aligned", "unaligned"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_triton_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype, alignment):
-    """Without a GPU, compile the kernel for an H100/H200 (sm_90) ahead of time and read the
-    PTX: per element-step, three fma.rn (lerp's two branches, addcdiv), two mul.rn (weight
-    decay, beta2), two div.rn, one sqrt.rn, one add.rn (eps), and nothing approximate or fused
-    beyond that. Aligned tensors are read with 16-byte loads."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", AOT_COMPILE, dtype, alignment], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    *_, counts, wide_loads = run.stdout.strip().splitlines()
-    counts = ast.literal_eval(counts)
-    assert (int(wide_loads) > 0) == (alignment == "aligned")
-    per_step = counts["sqrt.rn."]
-    assert per_step > 0
-    assert counts == {"fma.rn.": 3 * per_step, "mul.rn.": 2 * per_step, "div.rn.": 2 * per_step,
-                      "sqrt.rn.": per_step, "add.rn.": per_step}
-
-
-@requires_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtypes", [[torch.float32], [torch.bfloat16],
                                     [torch.float32, torch.bfloat16]])
 @pytest.mark.parametrize("real_steps", [0, 1, 3])
@@ -365,7 +321,7 @@ def test_cuda_fold_is_bitwise_equal_to_torch_cuda_adamw(dtypes, real_steps, step
     assert_bitwise_equal(fused, eager)
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_cuda_fold_across_a_learning_rate_schedule_and_subnormal_moments():
     fused = make_device_optimizer([torch.float32, torch.bfloat16], [1000, 100_003], 2, 0.01)
     for param in (p for g in fused.param_groups for p in g["params"]):
@@ -378,7 +334,7 @@ def test_cuda_fold_across_a_learning_rate_schedule_and_subnormal_moments():
     assert_bitwise_equal(fused, eager)
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_cuda_foreach_false_takes_torch_single_tensor_steps():
     fused = make_device_optimizer([torch.float32], [1000], 1, 0.01)
     for group in fused.param_groups:

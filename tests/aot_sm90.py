@@ -1,0 +1,81 @@
+"""Compile a Triton kernel ahead of time for an H100 / H200 (sm_90) on a machine without a GPU.
+
+Triton's own pipeline runs down to a cubin with the ptxas it bundles, then ``ptxas -v`` on the
+same PTX reports registers and spills. The argument types and the 16-divisibility hints are the
+ones Triton's launcher would give at the shapes a test names (pointers from torch's allocator and
+ints that are multiples of 16 get the hint). It runs in a subprocess because the test session
+runs Triton in the interpreter (TRITON_INTERPRET=1), where ``@triton.jit`` functions cannot be
+compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+COMPILE = r"""
+import importlib, json, re, subprocess, sys, tempfile
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+request = json.loads(sys.argv[1])
+kernel = getattr(importlib.import_module(request["module"]), request["kernel"])
+constexprs = {name: getattr(tl, value[3:]) if str(value).startswith("tl.") else value
+              for name, value in request["constexprs"].items()}
+signature = {**request["signature"], **{name: "constexpr" for name in constexprs}}
+attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+         for name in request["divisible"]}
+compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=request["options"])
+ptx = compiled.asm["ptx"]
+arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+    source.write(ptx)
+    source.flush()
+    info = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", source.name,
+                           "-o", "/dev/null"], capture_output=True, text=True, check=True)
+print(json.dumps({"ptx": ptx, "cubin_bytes": len(compiled.asm["cubin"]),
+                  "ptxas_info": info.stdout + info.stderr}))
+"""
+
+
+@dataclass
+class Compiled:
+    ptx: str
+    cubin_bytes: int
+    registers: int
+    spill_stores: int
+    spill_loads: int
+
+    def count(self, pattern: str) -> int:
+        """Occurrences of a regular expression in the PTX."""
+        return len(re.findall(pattern, self.ptx))
+
+
+def compile_for_sm90(module: str, kernel: str, signature: dict[str, str], constexprs: dict,
+                     *, divisible: tuple[str, ...] = (), options: dict | None = None) -> Compiled:
+    """``module.kernel`` compiled for sm_90. ``signature`` maps run-time arguments to Triton
+    types ("*bf16", "i32", ...); ``constexprs`` holds the compile-time ones (a "tl.NAME" string
+    stands for ``triton.language.NAME``); ``divisible`` names the arguments Triton's launcher
+    would mark divisible by 16."""
+    pytest.importorskip("triton.backends.nvidia")
+    request = dict(module=module, kernel=kernel, signature=signature, constexprs=constexprs,
+                   divisible=list(divisible), options=options or {})
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(request)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    info = result["ptxas_info"]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    registers = re.search(r"Used (\d+) registers", info)
+    assert spills and registers, info
+    return Compiled(result["ptx"], result["cubin_bytes"], int(registers.group(1)),
+                    int(spills.group(1)), int(spills.group(2)))
