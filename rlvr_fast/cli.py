@@ -39,7 +39,7 @@ from rlvr_fast.policy import load_policy
 from rlvr_fast.select_data import PassRange, SelectionSettings, select_data
 from rlvr_fast.shapley_report import shapley_report
 from rlvr_fast.tokenizer import TokenizerError
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig, write_json_atomic, write_text_atomic
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig, write_json_atomic, write_text_atomic
 
 USER_ERRORS = (ValueError, DataError, CheckpointError, ConfigError, TokenizerError,
                FileExistsError, FileNotFoundError, IsADirectoryError)
@@ -213,7 +213,7 @@ def run_train(args) -> dict:
     eval_sets = parse_eval_sets(args.eval)
     policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype],
                          untie=args.untie)
-    trainer = GRPOTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
+    trainer = RLVRTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
                           resume=args.resume, progress=not args.quiet,
                           profile_steps=args.profile)
     summary = trainer.train()

@@ -20,7 +20,7 @@ from pathlib import Path
 from rlvr_fast.cli import USER_ERRORS, print_train_table
 from rlvr_fast.data import synthetic_problems
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 DEMO_SETTINGS = dict(lr=1e-4, eval_max_new_tokens=256)
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed,
                                       active_steps=args.active_steps, **DEMO_SETTINGS)
         policy = load_policy("tiny")
-        trainer = GRPOTrainer(
+        trainer = RLVRTrainer(
             policy, config, synthetic_problems("train", config.questions_needed, seed=args.seed),
             {"held_out": synthetic_problems("test", args.eval_problems, seed=args.seed)},
             out_dir=args.out)

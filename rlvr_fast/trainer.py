@@ -12,7 +12,11 @@ Per step, for the next training question x:
      TreeRL per-token credit of ``rlvr_fast.credit`` (prefix / continuation weights);
   4. loss: -(1/G) sum_i sum_t w_it log pi(y_t), summed in the order the arm names (token-weighted
      arms go through the fused ``weighted_token_nll`` op; ``baseline`` keeps the seed's eager
-     sum-then-scale path on purpose);
+     sum-then-scale path on purpose); flat steps may take TRL's normalisations instead
+     (``loss_type`` grpo / dapo / dr_grpo, ``sequence_scales``), its unscaled advantages
+     (``scale_rewards`` off), log pi of logits / temperature (``tempered_logprobs``) and zero
+     weight on completions cut at the cap (``mask_truncated``): what ``rlvr_fast.trl_compat``
+     maps TRL's settings onto;
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
      homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
      step or none.
@@ -21,7 +25,9 @@ responses of ``num_paths`` paths each (``rlvr_fast.parallel``), aggregate each r
 or by a summary, and credit every path by its Shapley value (or leave-one-out, or alone) under
 a utility on coalitions of paths, mixed with the outcome reward (``rlvr_fast.path_credit``); the
 loss sums over paths and summaries, -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t).
-Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
+Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``). The
+trainer asks its task for a step's prompt ids and rewards: ``MathTask`` (the study's prompt and
+boxed-answer grading) unless one is given (``rlvr_fast.trl_compat`` gives TRL's reward functions).
 
 The study's remaining ablations are settings of the same loop:
 - ``questions_per_step`` Q > 1 (accum4): a step takes the next Q questions, samples all their
@@ -40,7 +46,7 @@ The study's remaining ablations are settings of the same loop:
 - ``active_steps`` N: the run ends after the step that makes N steps with a backward pass, or
   after ``steps`` steps, whichever comes first (the study's act30 / act35).
 
-    trainer = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
+    trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
 """
 
@@ -72,6 +78,7 @@ from rlvr_fast.judge import GenerativeJudge
 from rlvr_fast.ledger import (LedgerWriter, ParallelStats, StepRecord, flat_step_record,
                               multi_question_step_record, parallel_step_record, tree_step_record,
                               truncate_jsonl)
+from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
@@ -83,6 +90,9 @@ from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_trees_ids
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
+# Per-sequence normalisers of the token-weighted loss (``sequence_scales``): the study's sum and
+# TRL's grpo, dapo and dr_grpo.
+LOSS_TYPES = ("sum", "grpo", "dapo", "dr_grpo")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
 SAMPLERS = ("flat", "tree", "parallel")
 # Where run_evals writes each evaluation, under RUN/evals/.
@@ -107,6 +117,10 @@ class TrainConfig:
     skip_zero_var: bool = False
     zero_var_step: str = "skip"
     gate_min_chars: int | None = None
+    loss_type: str = "sum"
+    scale_rewards: bool = True
+    tempered_logprobs: bool = False
+    mask_truncated: bool = False
     eval_max_new_tokens: int = 2048
     max_batch: int = 256
     cuda_graphs: bool = True
@@ -162,6 +176,16 @@ class TrainConfig:
              f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
             (self.gate_min_chars is None or self.gate_min_chars >= 0,
              f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
+            (self.loss_type in LOSS_TYPES,
+             f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"),
+            (self.loss_order == "token_weighted" or not (
+                self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated),
+             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+             "token_weighted"),
+            (self.sampler == "flat" or (self.loss_type == "sum" and self.scale_rewards
+                                        and not self.tempered_logprobs and not self.mask_truncated),
+             "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
+             "arms only"),
             (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
             (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
             (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
@@ -227,7 +251,9 @@ class TrainConfig:
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
         expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
-                    "sampler": (str,), "early_eos_mode": (str,), "aggregator": (str,),
+                    "sampler": (str,), "early_eos_mode": (str,), "loss_type": (str,),
+                    "scale_rewards": (bool,), "tempered_logprobs": (bool,),
+                    "mask_truncated": (bool,), "aggregator": (str,),
                     "path_utility": (str,), "path_credit": (str,), "path_reward_norm": (str,),
                     "judge_model": (str,), "shapley_antithetic": (bool,),
                     "lambda_outcome": numbers, "lambda_path": numbers,
@@ -326,14 +352,51 @@ def completion_token_nll(model, prompt_ids: list[int], completions: list[list[in
 
 
 def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
-                    token_weights: list[torch.Tensor]) -> torch.Tensor:
+                    token_weights: list[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
-    head, no [tokens, vocab] logits."""
-    ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
-    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:]
+    head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
+    (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
+    device = model.lm_head.weight.device
+    if device.type == "cpu":
+        # The prompt once and no padding: on a CPU the pass costs what it computes. On CUDA the
+        # padded batch keeps SDPA's causal flash path, which an arbitrary mask would leave.
+        ids, context, rows, targets = shared_prompt_batch(prompt_ids, completions, device)
+        hidden = model.model(ids, context)[0].index_select(0, rows)
+    else:
+        ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
+        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+        targets = padded_targets[mask]
+    if temperature != 1.0:
+        hidden = hidden / temperature
     weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights)
+    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
+
+
+def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], device
+                        ) -> tuple[torch.Tensor, ForwardContext, torch.Tensor, torch.Tensor]:
+    """One packed row: the prompt once, then each completion but its last token. A completion
+    token sees the whole prompt and its own earlier tokens at the positions it has in its own
+    sequence, so its hidden state is the one the padded batch computes. Returns ids [1, L], the
+    pass's context (positions, mask [1, 1, L, L]), the row of the hidden state that predicts
+    each completion token [N] (completion order) and those tokens [N]."""
+    prompt_len = len(prompt_ids)
+    bodies = [c[:-1] for c in completions]
+    ids = torch.tensor([prompt_ids + [t for body in bodies for t in body]], device=device)
+    segment = torch.cat([torch.full((prompt_len,), -1)]
+                        + [torch.full((len(b),), i) for i, b in enumerate(bodies)]).to(device)
+    positions = torch.cat([torch.arange(prompt_len)]
+                          + [prompt_len + torch.arange(len(b)) for b in bodies]).to(device)
+    order = torch.arange(ids.shape[1], device=device)
+    visible = (segment[:, None] == segment[None, :]) | (segment[None, :] == -1)
+    mask = (visible & (order[:, None] >= order[None, :]))[None, None]
+    rows, start = [], prompt_len
+    for body in bodies:
+        rows += [prompt_len - 1] + list(range(start, start + len(body)))
+        start += len(body)
+    targets = torch.tensor([t for c in completions for t in c], device=device)
+    return ids, ForwardContext(positions[None], mask=mask), torch.tensor(rows, device=device), \
+        targets
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -358,10 +421,43 @@ def parallel_grpo_loss(model, prompt_ids: list[int], rollout: ParallelRollout,
     return loss / (paths + len(rollout.summaries))
 
 
-def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
+def standardised_advantages(rewards: list[float], *, scale: bool = True
+                            ) -> tuple[torch.Tensor, float]:
+    """A_i = (R_i - mean R) / (std R + 1e-4), or R_i - mean R without ``scale``, and std R.
+    NaN rewards (no reward function scored the completion) are left out of the mean and std and
+    get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
     r = torch.tensor(rewards, dtype=torch.float32)
-    mean, sigma = group_stats(r)
-    return (r - mean) / (sigma + ADVANTAGE_EPS), float(sigma)
+    scored = r[~r.isnan()]
+    if scored.numel() < 2:
+        return torch.zeros_like(r), 0.0
+    mean, sigma = group_stats(scored)
+    advantages = r - mean
+    if scale:
+        advantages = advantages / (sigma + ADVANTAGE_EPS)
+    return advantages.nan_to_num(0.0), float(sigma)
+
+
+def sequence_scales(lengths: list[int], loss_type: str, max_new_tokens: int,
+                    masked: list[bool] | None = None) -> torch.Tensor:
+    """s_i [G] float32 such that token weights A_i s_i, summed and divided by G (as
+    ``fused_grpo_loss`` does), give each loss type's normalisation of sum_t A_i log pi:
+    "sum" (the study's) 1; "grpo" 1 / |o_i| (per-sequence mean); "dapo" G / sum_j |o_j| (mean
+    over the group's tokens); "dr_grpo" 1 / max_new_tokens. ``masked`` completions (TRL's
+    mask_truncated_completions) get 0 and leave dapo's token count."""
+    group = len(lengths)
+    kept = torch.tensor([not m for m in masked] if masked else [True] * group)
+    counts = torch.tensor(lengths, dtype=torch.float32)
+    if loss_type == "sum":
+        scales = torch.ones(group)
+    elif loss_type == "grpo":
+        scales = 1.0 / counts.clamp(min=1.0)
+    elif loss_type == "dapo":
+        scales = torch.full((group,), group / float((counts * kept).sum().clamp(min=1.0)))
+    elif loss_type == "dr_grpo":
+        scales = torch.full((group,), 1.0 / max_new_tokens)
+    else:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    return scales * kept
 
 
 @dataclass
@@ -391,7 +487,7 @@ class QuestionCredit:
 
 @dataclass
 class Update:
-    """What ``GRPOTrainer.update`` did: the loss and the gradient norm before clipping (None
+    """What ``RLVRTrainer.update`` did: the loss and the gradient norm before clipping (None
     when no backward ran); on multi-question steps, each contributing question's loss and
     gradient norm before unit scaling."""
 
@@ -401,14 +497,35 @@ class Update:
     question_grad_norms: list[float] = field(default_factory=list)
 
 
-class GRPOTrainer:
+class MathTask:
+    """The study's task: a question in the study's prompt template; reward 1 when the last
+    boxed answer grades correct against the problem's answer (with the derivation gate: and
+    starts at or after ``gate_min_chars`` characters). The trainer asks its task for a step's
+    prompt ids and rewards (``rlvr_fast.trl_compat`` supplies TRL's reward functions instead)."""
+
+    def __init__(self, tokenizer, gate_min_chars: int | None) -> None:
+        self.tokenizer, self.gate_min_chars = tokenizer, gate_min_chars
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return self.tokenizer.encode(render_prompt(problem.question))
+
+    def rewards(self, problem: Problem, texts: list[str], completions: list[list[int]]
+                ) -> list[float]:
+        answers = [final_answer(t, min_chars=self.gate_min_chars) for t in texts]
+        return [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
+
+
+class RLVRTrainer:
     def __init__(self, policy, config: TrainConfig, train_data: Sequence[Problem],
                  eval_data: dict[str, Sequence[Problem]] | None = None, *,
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
-                 progress: bool = True, profile_steps: int = 0) -> None:
+                 progress: bool = True, profile_steps: int = 0, task=None) -> None:
         if not train_data:
             raise ValueError("train_data is empty")
+        if task is not None and config.sampler == "parallel":
+            raise ValueError("parallel-path arms vote on graded answers, so they take no task")
         self.policy, self.config = policy, config
+        self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         self.train_data = list(train_data)
         self.eval_data = dict(eval_data or {})
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -499,7 +616,7 @@ class GRPOTrainer:
             return self.parallel_step(step, problem)
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
-        prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
+        prompt_ids = self.task.prompt_ids(problem)
         with phase("rollout"):
             model.eval()
             (rollouts,) = self.sample([prompt_ids], self.tree_step_due())
@@ -511,7 +628,8 @@ class GRPOTrainer:
                 token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
                 return grpo_loss(token_nll, credit.advantages.to(token_nll.device),
                                  config.loss_order)
-            return fused_grpo_loss(model, prompt_ids, rollouts.completions, credit.token_weights)
+            return fused_grpo_loss(model, prompt_ids, rollouts.completions, credit.token_weights,
+                                   config.temperature if config.tempered_logprobs else 1.0)
 
         active = not (credit.sigma == 0 and config.skip_zero_var)
         update = self.update(phase, active, loss_fn)
@@ -529,9 +647,9 @@ class GRPOTrainer:
         """One optimizer step on several questions: their rollouts sampled in one batch, each
         question credited on its own, the unit-normalised average of the contributing
         questions' gradients (``update``), one ledger line with a sub-record per question."""
-        config, model, tokenizer = self.config, self.policy.model, self.policy.tokenizer
+        config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
-        prompts = [tokenizer.encode(render_prompt(problem.question)) for problem in problems]
+        prompts = [self.task.prompt_ids(problem) for problem in problems]
         with phase("rollout"):
             model.eval()
             batch = self.sample(prompts, self.tree_step_due())
@@ -540,7 +658,9 @@ class GRPOTrainer:
         contributing = [q for q, credit in enumerate(credits) if credit.sigma != 0]
         update = self.update(phase, bool(contributing), *[
             functools.partial(fused_grpo_loss, model, prompts[q], batch[q].completions,
-                              credits[q].token_weights) for q in contributing])
+                              credits[q].token_weights,
+                              config.temperature if config.tempered_logprobs else 1.0)
+            for q in contributing])
         optimizer_step = bool(contributing) or config.zero_var_step == "zero_grad"
         losses = dict(zip(contributing, update.question_losses))
         norms = dict(zip(contributing, update.question_grad_norms))
@@ -569,19 +689,24 @@ class GRPOTrainer:
                 and self.active_steps >= self.config.bifurcate_after_active)
 
     def question_credit(self, problem: Problem, rollouts: Rollouts) -> QuestionCredit:
-        """Rewards (with the arm's derivation gate) and credit of one question's rollouts: the
-        standardised advantage on every token of a flat group, TreeRL credit on a tree (its
+        """Rewards (the task's: the study's grading with the arm's derivation gate by default)
+        and credit of one question's rollouts: the standardised advantage on every token of a
+        flat group (scaled per sequence as ``loss_type`` says), TreeRL credit on a tree (its
         continuations centred with ``zero_cont_mass``)."""
         config = self.config
         texts = self.policy.tokenizer.decode_batch(rollouts.completions)
-        answers = [final_answer(t, min_chars=config.gate_min_chars) for t in texts]
-        rewards = [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
+        rewards = self.task.rewards(problem, texts, rollouts.completions)
         lengths = [len(c) for c in rollouts.completions]
         tree = rollouts.tree
         if tree is None:
-            advantages, sigma = standardised_advantages(rewards)
+            advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
+            eos = self.policy.tokenizer.eos_token_ids
+            truncated = [c[-1] not in eos for c in rollouts.completions]
+            scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens,
+                                     truncated if config.mask_truncated else None)
             return QuestionCredit(texts, rewards, lengths, sigma, advantages,
-                                  [a.expand(n) for a, n in zip(advantages, lengths)])
+                                  [(a * s).expand(n)
+                                   for a, s, n in zip(advantages, scales, lengths)])
         credit = tree_credit([rewards[2 * k:2 * k + 2] for k in range(len(tree.pairs))],
                              tree.prefix_lens, beta=config.beta, alpha=config.alpha,
                              clamped_prefix=config.clamped_prefix)

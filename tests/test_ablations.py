@@ -17,7 +17,7 @@ from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import load_policy
 from rlvr_fast.polyak import DEVICE_RESERVE_BYTES, PolyakAverage, sums_fit, trainable
 from rlvr_fast.rollout import sample_tree_ids, sample_trees_ids
-from rlvr_fast.trainer import GRPOTrainer, Phases, TrainConfig, fused_grpo_loss
+from rlvr_fast.trainer import RLVRTrainer, Phases, TrainConfig, fused_grpo_loss
 
 FAST = dict(max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
 IMPOSSIBLE = [Problem(id=f"impossible-{i}", question=f"What is {i} + 30?", answer="-1",
@@ -66,7 +66,7 @@ def test_trees_sampled_in_one_batch_equal_trees_sampled_one_by_one(tiny):
 # ---------------------------------------------------------------------------- accumulation
 def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questions(tiny):
     config = TrainConfig.from_arm("ra_flat", questions_per_step=2, max_grad_norm=None, **FAST)
-    trainer = GRPOTrainer(tiny, config, IMPOSSIBLE, progress=False)
+    trainer = RLVRTrainer(tiny, config, IMPOSSIBLE, progress=False)
     model = tiny.model
     questions = [([5, 6, 7], [[8, 9, 10], [11, 12]], [torch.tensor([0.5, 0.5, 0.5]),
                                                          torch.tensor([-0.5, -0.5])]),
@@ -97,7 +97,7 @@ def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questio
 
 def test_a_step_whose_questions_are_all_homogeneous_is_a_zero_gradient_step(tiny):
     config = TrainConfig.from_arm("ra_flat", questions_per_step=2, **FAST)
-    trainer = GRPOTrainer(tiny, config, IMPOSSIBLE, progress=False)
+    trainer = RLVRTrainer(tiny, config, IMPOSSIBLE, progress=False)
     before = [p.detach().clone() for p in trainer.params]
     record = trainer.run_step(0).record
     assert record["homogeneous"] and not record["active"] and record["optimizer_step"]
@@ -112,7 +112,7 @@ def test_multi_question_run_batches_its_questions_and_verify_rederives_it(tiny, 
     problems = synthetic_problems("train", 6, seed=11)
     config = TrainConfig.from_arm("ra_flat", steps=3, questions_per_step=2, gate_min_chars=None,
                                   **FAST)
-    GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_jsonl(tmp_path / "ledger.jsonl")
     rollouts = read_jsonl(tmp_path / "rollouts.jsonl")
     assert [[q["question_id"] for q in line["questions"]] for line in lines] == \
@@ -151,7 +151,7 @@ class Killed(Exception):
 
 def polyak_trainer(out_dir, problems, resume=False):
     config = TrainConfig.from_arm("zg_flat", steps=5, polyak_start=2, checkpoint_every=2, **FAST)
-    return GRPOTrainer(load_policy("tiny"), config, problems,
+    return RLVRTrainer(load_policy("tiny"), config, problems,
                        {"held_out": synthetic_problems("test", 4, seed=1)}, out_dir=out_dir,
                        resume=resume, progress=False)
 
@@ -243,7 +243,7 @@ def test_active_steps_stop_on_the_step_that_reaches_them(tiny, tmp_path):
     # With these problems, steps 1 and 4 of 8 are active: the run stops after step 4.
     problems = synthetic_problems("train", 8, seed=4)
     config = TrainConfig.from_arm("zg_flat", steps=8, active_steps=2, **FAST)
-    summary = GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    summary = RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_jsonl(tmp_path / "ledger.jsonl")
     active = [line["active"] for line in lines]
     assert sum(active) == 2 and active[-1], "the run ends on its second active step"

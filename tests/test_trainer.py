@@ -15,7 +15,7 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import Policy, load_policy
-from rlvr_fast.trainer import (GRPOTrainer, Phases, TrainConfig, completion_token_nll,
+from rlvr_fast.trainer import (Phases, RLVRTrainer, TrainConfig, completion_token_nll,
                                fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
@@ -72,7 +72,7 @@ def tiny():
 
 
 def homogeneous_step(tiny, arm):
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
     before = [p.detach().clone() for p in trainer.params]
     record = trainer.train_step(0, IMPOSSIBLE).record
     changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.params))
@@ -106,7 +106,7 @@ def read_ledger(run_dir):
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     problems = synthetic_problems("train", 3, seed=11)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
                           problems, out_dir=tmp_path, progress=False)
     summary = trainer.train()
     lines = read_ledger(tmp_path)
@@ -159,7 +159,7 @@ def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
     problems = synthetic_problems("train", 6, seed=7)
     config = TrainConfig.from_arm("stopped_tree", steps=6,
                                   **dict(TREE_FAST, bifurcate_after_active=1, gate_min_chars=None))
-    GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_ledger(tmp_path)
     first_active = next(i for i, line in enumerate(lines) if line["active"])
     for i, line in enumerate(lines):
@@ -184,11 +184,11 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
     if arm in TREE_ARMS:
         config.update(bifurcate_after_active=1, gate_min_chars=None)
-    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
+    whole = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
                         out_dir=tmp_path / "whole", progress=False)
     whole.train()
 
-    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    interrupted = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
     step_fn = interrupted.run_step
 
@@ -203,7 +203,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     interrupted.ledger.close()
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
-    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    resumed = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                           problems, out_dir=tmp_path / "resumed", resume=True, progress=False)
     assert resumed.start_step == 2
     resumed.train()
@@ -224,7 +224,7 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
     crashed so. Here the policy reports the meta device, standing in for CUDA (tensors mapped
     onto it hold no data)."""
     problems = synthetic_problems("train", 1, seed=3)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
                           out_dir=tmp_path, progress=False)
     trainer.train()
     path = tmp_path / "checkpoint" / "state.pt"
@@ -278,7 +278,7 @@ CUDA_FAST = dict(FAST, max_batch=8)
 def test_cuda_training_in_bf16_with_the_generator_on_the_device(tmp_path, arm):
     problems = synthetic_problems("train", 2, seed=5)
     settings = dict(fast_settings(arm), max_batch=8)
-    trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                           TrainConfig.from_arm(arm, steps=2, **settings), problems,
                           out_dir=tmp_path, progress=False)
     assert trainer.policy.dtype == torch.bfloat16
@@ -297,7 +297,7 @@ def test_cuda_rollouts_follow_the_run_seed():
     problem = synthetic_problems("train", 1, seed=5)[0]
     texts = []
     for seed in (1, 1, 2):
-        trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+        trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                               TrainConfig.from_arm("zg_flat", seed=seed, **CUDA_FAST), [problem],
                               progress=False)
         texts.append(trainer.train_step(0, problem).texts)
@@ -307,7 +307,7 @@ def test_cuda_rollouts_follow_the_run_seed():
 @pytest.mark.cuda
 def test_a_cuda_step_shows_every_phase_and_the_engine_in_nvtx(monkeypatch):
     problem = synthetic_problems("train", 1, seed=5)[0]
-    trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                           TrainConfig.from_arm("baseline", **CUDA_FAST), [problem], progress=False)
     events = record_nvtx(monkeypatch)
     trainer.train_step(0, problem)
@@ -323,7 +323,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     weights and generator state on the GPU, and repeats step 2's rollouts."""
     problems = synthetic_problems("train", 4, seed=3)
     config = TrainConfig.from_arm("zg_flat", steps=4, checkpoint_every=2, **CUDA_FAST)
-    interrupted = GRPOTrainer(load_policy("tiny", device="cuda"), config, problems,
+    interrupted = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
                               out_dir=tmp_path, progress=False)
     step_fn = interrupted.train_step
 
@@ -340,7 +340,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     saved = torch.load(tmp_path / "checkpoint" / "state.pt", map_location="cpu",
                        weights_only=False)
 
-    resumed = GRPOTrainer(load_policy("tiny", device="cuda"), config, problems,
+    resumed = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
                           out_dir=tmp_path, resume=True, progress=False)
     assert resumed.start_step == 2 and resumed.generator.device.type == "cuda"
     assert torch.equal(resumed.generator.get_state(), saved["generator"])
@@ -377,5 +377,5 @@ def test_unknown_arm_and_setting_list_the_valid_names():
 def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
     with pytest.raises(FileExistsError, match="--resume"):
-        GRPOTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
+        RLVRTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
                     out_dir=tmp_path, progress=False)
