@@ -15,13 +15,14 @@ from rlvr_fast.generation import SampleOutput, generate, sample, sample_group
 from rlvr_fast.grading import extract_boxed, grade, grade_response, passes_gate
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.policy import Policy, load_policy
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataError", "GRPOTrainer", "ModelConfig", "Policy", "Problem", "RolloutEngine",
-    "SampleOutput", "SamplingParams", "extract_boxed", "generate", "grade", "grade_response",
+    "DataError", "GRPOConfig", "GRPOTrainer", "ModelConfig", "Policy", "Problem", "RLVRTrainer",
+    "RolloutEngine", "SampleOutput", "SamplingParams", "extract_boxed", "generate", "grade", "grade_response",
     "load_policy", "load_problems", "passes_gate", "render_prompt", "sample", "sample_group",
     "save_problems", "synthetic_problems", "TrainConfig", "worked_solution",
 ]

@@ -17,6 +17,12 @@ Flags follow the seed's names (grpo_diagnostics_paper.md, Table 1):
   ``clamped_prefix`` the one-sided clamping ablation (Proposition 3).
 Tree arms keep ra_flat's reward and stepping: the gate, and a zero-gradient AdamW step on
 homogeneous groups.
+- The study's Table 3 ablations (``rlvr_fast.trainer`` explains each setting):
+  ``ra_mst_tail50`` is midpoint_ra_mst with an FP32 Polyak average of the weights after steps
+  26..50 (``polyak_start``); ``zero_cont_mass`` is stopped_tree (beta = 0) with its
+  continuation tokens centred to zero signed token mass; ``accum4`` adds four questions per
+  step to it, each question's gradient scaled to unit norm (``questions_per_step``). Longer
+  active budgets are ``active_steps`` (``--active-steps``) on any arm.
 - ``sampler="parallel"`` (the Parallel-Shapley seed): ``group_size`` responses of ``num_paths``
   paths, ``aggregator`` "vote" or "summary" (``rlvr_fast.parallel``); each path credited by
   ``path_credit`` ("shapley", exact when ``shapley_permutations`` is 0; "loo", the paper's
@@ -50,6 +56,11 @@ ARMS.update({
     "clamped_prefix": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0,
                            clamped_prefix=True),
 })
+ARMS.update({
+    "ra_mst_tail50": dict(ARMS["midpoint_ra_mst"], polyak_start=26),
+    "zero_cont_mass": dict(ARMS["stopped_tree"], zero_cont_mass=True),
+})
+ARMS["accum4"] = dict(ARMS["zero_cont_mass"], questions_per_step=4)
 
 _PARALLEL = dict(ARMS["ra_flat"], sampler="parallel", group_size=4, num_paths=4,
                  path_utility="vote", lambda_outcome=0.5, lambda_path=0.5)

@@ -10,6 +10,8 @@
     rlvr-fast report runs/* --out reports/x            # figures + report.md
     rlvr-fast sweep --arms baseline,ra_flat --seeds 42,101,7 --out sweeps/x [train options]
     rlvr-fast shapley-report runs/x                    # the Parallel-Shapley falsifier diagnostic
+    rlvr-fast train --arm midpoint_ra_mst --active-steps 35 --steps 90 ...  # train to 35 active steps
+    rlvr-fast select-data --model tiny --data synthetic:train:400 --k 8 --out zpd.json
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr naming the file, field or value, before
@@ -35,8 +37,9 @@ from rlvr_fast.evaluation import evaluate
 from rlvr_fast.files import write_json_atomic, write_text_atomic
 from rlvr_fast.policy import load_policy
 from rlvr_fast.run_directory import check_eval_name
+from rlvr_fast.select_data import PassRange, SelectionSettings, select_data
 from rlvr_fast.shapley_report import shapley_report
-from rlvr_fast.trainer import MAX_BATCH, MAX_NEW_TOKENS, GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import MAX_BATCH, MAX_NEW_TOKENS, RLVRTrainer, TrainConfig
 
 # Every error a user's input can cause is a ValueError naming the input (DataError,
 # ConfigError, CheckpointError, TokenizerError, StateFileError, RunDirectoryError, ...), or an
@@ -138,7 +141,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-data", default="synthetic:train",
                         help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used")
     parser.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=50,
+                        help="steps to train (with --active-steps: the most steps to train)")
+    parser.add_argument("--active-steps", type=int, metavar="N",
+                        help="stop once N steps have run a backward pass")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any TrainConfig field, e.g. --set lr=1e-4")
     parser.add_argument("--untie", action="store_true",
@@ -196,6 +202,32 @@ def build_parser() -> argparse.ArgumentParser:
     shapley.add_argument("--seed", type=int, default=0, help="step sample, bootstrap, MC draws")
     shapley.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
     shapley.add_argument("--device", default="cpu", help="for regenerating summaries")
+    select = commands.add_parser(
+        "select-data", help="estimate each question's pass rate with K samples and keep those "
+        "in a range (default 0 < pass < 1), stratified by subject and level, with their rates")
+    select.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
+    select.add_argument("--data", required=True, help="JSON/JSONL problems or synthetic:SPLIT[:N]")
+    select.add_argument("--k", type=int, default=8, help="samples per question (G)")
+    select.add_argument("--out", type=Path, required=True,
+                        help="selected problems with their pass rates (.json or .jsonl); "
+                        "OUT.progress.jsonl holds the rates measured so far, to resume")
+    select.add_argument("--min-pass", type=float,
+                        help="keep pass rates >= this (default: > 0)")
+    select.add_argument("--max-pass", type=float,
+                        help="keep pass rates <= this (default: < 1)")
+    select.add_argument("--limit", type=int, help="keep at most this many (a stratified prefix)")
+    select.add_argument("--gate-min-chars", type=int,
+                        help="grade with the derivation gate, as gated arms reward")
+    select.add_argument("--max-new-tokens", type=int, default=512)
+    select.add_argument("--temperature", type=float, default=0.8)
+    select.add_argument("--top-p", type=float, default=0.9)
+    select.add_argument("--batch-questions", type=int, default=16,
+                        help="questions sampled in one engine batch (and saved together)")
+    select.add_argument("--seed", type=int, default=42)
+    select.add_argument("--max-batch", type=int, default=256,
+                        help="sequences decoded at once (continuous batching)")
+    select.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(select)
     return parser
 
 
@@ -207,10 +239,12 @@ def comma_list(text: str, kind, what: str) -> list:
 
 
 def training_overrides(args) -> dict:
-    """--set pairs, and --no-cuda-graphs as the TrainConfig field it sets."""
+    """--set pairs, and --no-cuda-graphs and --active-steps as the TrainConfig fields they set."""
     overrides = parse_overrides(args.set)
     if args.no_cuda_graphs:
         overrides["cuda_graphs"] = False
+    if args.active_steps is not None:
+        overrides["active_steps"] = args.active_steps
     return overrides
 
 
@@ -220,10 +254,10 @@ def run_train(args) -> dict:
     if args.profile < 0:
         raise ValueError(f"--profile must be >= 0, got {args.profile}")
     device = parse_device(args.device)
-    train_data = load_data(args.train_data, limit=args.steps)
+    train_data = load_data(args.train_data, limit=config.questions_needed)
     eval_sets = parse_eval_sets(args.eval)
     policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
-    trainer = GRPOTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
+    trainer = RLVRTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
                           resume=args.resume, progress=not args.quiet,
                           profile_steps=args.profile)
     summary = trainer.train()
@@ -244,6 +278,14 @@ def print_train_table(summary: dict) -> None:
         else:
             print(f"  {name}: accuracy {after['accuracy']:.1%}, short answers "
                   f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}")
+    if "polyak" in summary:
+        polyak = summary["polyak"]
+        window = (f"steps {polyak['first_step']}..{summary['steps']}" if polyak["steps_averaged"]
+                  else "no steps (the run ended first)")
+        print(f"  Polyak average of {window}, saved as final_polyak/")
+        for name, result in summary.get("eval_polyak", {}).items():
+            print(f"  {name} (Polyak average): accuracy {result['accuracy']:.1%}, short answers "
+                  f"{result['short_guess_fraction']:.1%}, cap hits {result['cap_hits']}")
     print("  tokens: " + ", ".join(f"{k} {int(totals.get(k, 0)):,}" for k in
                                    ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")))
     print(f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
@@ -307,7 +349,8 @@ def run_sweep(args) -> None:
     from rlvr_fast.analysis.sweep import plan_sweep, run_sweep as sweep
     plan = plan_sweep(comma_list(args.arms, str, "--arms"), comma_list(args.seeds, int, "--seeds"),
                       args.out, steps=args.steps, **training_overrides(args))
-    train_data = load_data(args.train_data, limit=args.steps)
+    train_data = load_data(args.train_data,
+                           limit=max(run.config.questions_needed for run in plan))
     eval_sets = parse_eval_sets(args.eval)
     device = parse_device(args.device)
     tables = sweep(plan, args.out, train_data, eval_sets,
@@ -330,10 +373,32 @@ def run_shapley_report(args) -> dict:
     return report
 
 
+def run_select_data(args) -> dict:
+    settings = SelectionSettings(
+        model=args.model, k=args.k, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_p=args.top_p, gate_min_chars=args.gate_min_chars,
+        seed=args.seed)
+    pass_range = PassRange(args.min_pass, args.max_pass)
+    if args.batch_questions < 1:
+        raise ValueError(f"--batch-questions must be >= 1, got {args.batch_questions}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    problems = load_data(args.data)
+    policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    engine = RolloutEngine.for_policy(policy, max_batch=args.max_batch,
+                                      cuda_graphs=not args.no_cuda_graphs)
+    result = select_data(policy, engine, problems, settings, pass_range, args.out,
+                         limit=args.limit, batch_questions=args.batch_questions,
+                         progress=not args.quiet)
+    print(result.describe())
+    return result.counts()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": run_train, "eval": run_eval, "compare": run_compare,
-                "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report}
+                "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report,
+                "select-data": run_select_data}
     try:
         if args.command == "verify":
             return 0 if run_verify(args) else 1

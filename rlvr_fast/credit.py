@@ -21,12 +21,29 @@ on its copy of the prefix, and each losing leaf gets max(0, A_prefix(k)) there. 
 rewards agree, and tau_k = 0 pairs, are unchanged. Prefix weights are therefore per leaf, equal
 within a pair unless clamping splits them.
 
+Zero continuation signed-token mass (``TreeCredit.zero_continuation_mass``, the ``zero_cont_mass``
+ablation; the study cites it [10] without a formula). Our reading: the continuation tokens of a
+group are every token after its leaf's shared prefix (t > tau_k; all tokens of a tau_k = 0
+pair, whose leaf credit sits on its continuation weight; none of a terminal_dup pair). With
+n_kb = L_kb - tau_k such tokens on leaf (k, b), their signed mass is
+S = sum_kb n_kb A_cont(k, b). Centering shifts every continuation weight by the same amount, the
+token-count-weighted mean of the continuation weights:
+
+    A'_cont(k, b) = A_cont(k, b) - S / N,    N = sum_kb n_kb,
+
+so that sum_kb n_kb A'_cont(k, b) = 0. Prefix weights are unchanged. Sequence-summed GRPO gives
+every token of a leaf the same weight, so sum_i A_i = 0 still leaves sum_i L_i A_i != 0 when
+right and wrong leaves differ in length; the shift removes that net push on sequence length
+from the continuations, the part of the tree that is not shared. A group with no continuation
+tokens (N = 0) is left as it is.
+
     credit = tree_credit([[1, 0], [1, 1], [0, 0], [1, 0]], prefix_lens=[120, 98, 4, 0], beta=0.25)
     weights = credit.token_weights([[300, 140], [512, 200], [4, 4], [7, 90]])  # 8 tensors
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -59,24 +76,41 @@ class TreeCredit:
     r_mean: float
     sigma: float
 
+    def zero_continuation_mass(self, leaf_lengths: Sequence[Sequence[int]]) -> "TreeCredit":
+        """This credit with every continuation weight shifted by S / N (module docstring), so
+        that the continuation tokens of leaves of ``leaf_lengths`` [K][B] carry zero signed
+        mass; unchanged when there are no continuation tokens."""
+        self._check_lengths(leaf_lengths)
+        counts = torch.tensor([[length - tau for length in row]
+                               for row, tau in zip(leaf_lengths, self.prefix_lens)],
+                              dtype=torch.float32)                     # n_kb, [K, B]
+        total = counts.sum()
+        if total == 0:
+            return self
+        shift = (counts * self.continuation).sum() / total
+        return dataclasses.replace(self, continuation=self.continuation - shift)
+
     def token_weights(self, leaf_lengths: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """One 1-D float32 tensor per leaf, k-major (leaf k*B + b): the prefix weight on the
         first tau_k tokens, the continuation weight on the other L_kb - tau_k. A leaf always
         contains its prefix, so L_kb >= tau_k; L_kb = tau_k (a terminal_dup pair) leaves an
         empty continuation."""
+        self._check_lengths(leaf_lengths)
+        return [torch.cat([self.prefix[k, b].expand(tau),
+                           self.continuation[k, b].expand(length - tau)])
+                for k, (row, tau) in enumerate(zip(leaf_lengths, self.prefix_lens))
+                for b, length in enumerate(row)]
+
+    def _check_lengths(self, leaf_lengths: Sequence[Sequence[int]]) -> None:
         pairs, branches = self.prefix.shape
         if len(leaf_lengths) != pairs or any(len(row) != branches for row in leaf_lengths):
             raise ValueError(f"leaf_lengths must be [K={pairs}][B={branches}], got "
                              f"{[len(row) for row in leaf_lengths]}")
-        weights = []
         for k, (row, tau) in enumerate(zip(leaf_lengths, self.prefix_lens)):
             for b, length in enumerate(row):
                 if not isinstance(length, int) or length < tau:
                     raise ValueError(f"leaf ({k}, {b}) has length {length!r}, shorter than its "
                                      f"prefix of {tau} tokens")
-                weights.append(torch.cat([self.prefix[k, b].expand(tau),
-                                          self.continuation[k, b].expand(length - tau)]))
-        return weights
 
 
 def tree_credit(rewards: Sequence[Sequence[float]] | torch.Tensor, prefix_lens: Sequence[int], *,

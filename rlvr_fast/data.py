@@ -18,7 +18,8 @@ Row formats accepted by ``load_problems``:
 
 * MATH / MATH-500: ``problem`` plus ``answer``, or ``problem`` plus ``solution``
   whose last ``\\boxed{}``/``\\fbox{}`` content is the answer.  ``level``
-  ("Level 3" or 3) is kept when it parses, ``solution`` is kept.
+  ("Level 3" or 3) is kept when it parses, ``solution`` is kept, and so is the subject
+  (``subject`` as MATH-500 names it, or a string ``type`` as MATH does; any row format).
 * GSM8K: ``question`` plus a worked ``answer`` text ending in ``#### <x>`` (a
   ``question`` row whose string answer contains ``####`` or a newline and which has
   no ``solution`` key).  The gold answer is ``x`` without thousands commas and
@@ -83,6 +84,7 @@ class Problem:
     source: str
     level: int | None = None
     solution: str | None = None
+    subject: str | None = None
 
 
 def render_prompt(question: str) -> str:
@@ -221,6 +223,7 @@ def _parse_row(row: object, where: str, *, default_id: str, file_name: str) -> P
         source=source if isinstance(source, str) and source else file_name,
         level=_level_of(row, where),
         solution=solution,
+        subject=_subject_of(row, where),
     )
 
 
@@ -326,6 +329,15 @@ def _level_of(row: dict[str, object], where: str) -> int | None:
         match = re.fullmatch(r"\s*(?:level\s*)?(\d+)\s*", value, flags=re.IGNORECASE)
         return int(match.group(1)) if match else None
     raise DataError(f"{where}: field 'level' must be a string or integer, got {_type_name(value)}")
+
+
+def _subject_of(row: dict[str, object], where: str) -> str | None:
+    subject = _optional_text(row, "subject", where)
+    if subject is not None:
+        return subject
+    # MATH's 'type' is its subject; other formats may use the key for something else.
+    kind = row.get("type")
+    return kind.strip() if isinstance(kind, str) and kind.strip() else None
 
 
 def _type_name(value: object) -> str:

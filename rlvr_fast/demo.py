@@ -7,7 +7,7 @@ same greedy evaluation on held-out problems as before training. The learning rat
 instead of the study's 1e-5 because the tiny model's weights are ~1,000x fewer and 50 steps at
 1e-5 barely move it. About 30 seconds on 2 CPU cores.
 
-    python -m rlvr_fast.demo [--steps 50] [--arm ra_flat] [--out runs/demo-TIME]
+    python -m rlvr_fast.demo [--steps 50] [--arm ra_flat] [--active-steps N] [--out runs/demo-TIME]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from rlvr_fast.cli import USER_ERRORS, print_train_table
 from rlvr_fast.data import synthetic_problems
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 DEMO_SETTINGS = dict(lr=1e-4, eval_max_new_tokens=256)
 
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--arm", default="ra_flat")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--active-steps", type=int, help="stop once N steps ran a backward pass")
     parser.add_argument("--eval-problems", type=int, default=200)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path,
@@ -40,10 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **DEMO_SETTINGS)
+        config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed,
+                                      active_steps=args.active_steps, **DEMO_SETTINGS)
         policy = load_policy("tiny")
-        trainer = GRPOTrainer(
-            policy, config, synthetic_problems("train", args.steps, seed=args.seed),
+        trainer = RLVRTrainer(
+            policy, config, synthetic_problems("train", config.questions_needed, seed=args.seed),
             {"held_out": synthetic_problems("test", args.eval_problems, seed=args.seed)},
             out_dir=args.out)
         started = time.perf_counter()

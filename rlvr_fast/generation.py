@@ -5,6 +5,8 @@
 - ``sample_group(engine, prompt, n, params)``: a GRPO group, n completions of one prompt that is
   prefilled once and forked n times (``reprefill=True``: prefilled n times, the seed's way; the
   same tokens either way);
+- ``sample_groups(engine, prompts, n, params)``: one such group per prompt, all sampled in one
+  continuously batched run (a multi-question step);
 - ``sample(policy, prompts, params)``: strings in, texts out, on the policy's engine.
 
 Each completion draws from its own stream, seeded by ``derive_seed(base, i)`` from one draw of
@@ -69,20 +71,43 @@ def sample_group(engine: RolloutEngine, prompt: Sequence[int], n: int, params: S
                  ) -> SampleOutput:
     """n completions of one prompt: prefilled once and forked n times (prefill_run = |prompt|),
     or with ``reprefill`` prefilled n times (prefill_run = n |prompt|)."""
+    return sample_groups(engine, [prompt], n, params, generator=generator, reprefill=reprefill)
+
+
+def sample_groups(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: int,
+                  params: SamplingParams, *, generator: torch.Generator | None = None,
+                  bases: Sequence[int] | None = None, reprefill: bool = False) -> SampleOutput:
+    """n completions of each prompt, all in one engine run; rows are prompt-major (row q n + i is
+    completion i of prompt q) and ``counters`` is the work of the whole batch. Completion i of
+    prompt q draws from ``derive_seed(bases[q], i)``; ``bases`` default to one ``base_seed``
+    draw per prompt, in order, so a one-prompt call samples what ``sample_group`` samples."""
     if n < 1:
-        raise ValueError(f"sample_group: n must be >= 1, got {n}")
-    base = base_seed(generator)
-    seeds = [derive_seed(base, i) for i in range(n)]
+        raise ValueError(f"sample_groups: n must be >= 1, got {n}")
+    if not prompts:
+        raise ValueError("sample_groups: no prompts")
+    if bases is None:
+        bases = [base_seed(generator) for _ in prompts]
+    elif len(bases) != len(prompts):
+        raise ValueError(f"sample_groups: {len(prompts)} bases needed, got {len(bases)}")
+    rows = []
     with engine.measure() as counters:
-        if reprefill:
-            rows = [engine.add(prompt, seed=seed) for seed in seeds]
-        else:
-            source = engine.add(prompt)
-            try:
-                rows = engine.fork(source, n=n, seeds=seeds)
-            finally:
-                engine.free(source)
-        engine.run(rows, params)
+        try:
+            for prompt, base in zip(prompts, bases):
+                seeds = [derive_seed(base, i) for i in range(n)]
+                if reprefill:
+                    rows += [engine.add(prompt, seed=seed) for seed in seeds]
+                    continue
+                source = engine.add(prompt)
+                try:
+                    rows += engine.fork(source, n=n, seeds=seeds)
+                finally:
+                    engine.free(source)
+            engine.run(rows, params)
+        except BaseException:
+            # Forks made before a failure hold blocks until freed; run frees only what it ran.
+            for row in rows:
+                engine.free(row)
+            raise
     return SampleOutput([seq.completion for seq in rows], [seq.finish_reason for seq in rows],
                         counters)
 

@@ -47,6 +47,16 @@ and bwd_full = R K L_p + leaf + sum (L_sp + L_s) on backward steps; decode_rows 
 sum (L_i - 1) + sum (L_s - 1) and prefill_run = L_p + sum (L_sp - L_p) (one prompt prefill, each
 summary runs only its serialised paths) unless the engine preempted.
 
+Multi-question steps (``multi_question_step_record``, ``questions_per_step`` Q > 1): one line per
+optimizer step (``MultiQuestionRecord``) holding one sub-record per question (``questions``, each
+a flat or tree ``StepRecord`` of that question, its ``loss`` the question's loss and its
+``grad_norm`` the norm of its gradient before unit scaling) and the step's totals: gen, pref,
+pad_pref, untrim_gen, leaf, bwd_out and bwd_full are the sums over its questions,
+``zero_var_questions`` counts the homogeneous ones, ``loss`` is the unit-normalised surrogate
+(1/n) sum_q L_q / |g_q| over the n questions that contributed and ``grad_norm`` the norm of
+their averaged unit gradients before clipping. The Q questions are sampled in one batch, so the
+engine's counts are the step's and a sub-record's are 0.
+
 ``check_conservation`` enforces the laws every line must satisfy; a violation is a bug in the
 trainer or the sampler, so writing raises instead of recording a wrong line. Laws on every step:
 one reward and one length per leaf, the tuples list exactly them; S1_leaf + S2_leaf = leaf;
@@ -59,7 +69,12 @@ midpoint pairs: 1 <= pl < l0; early_eos_gt104: l0 > 104); the Stage-1 origin of 
 token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal_dup:
 |p^(k)| = pl; roots kept whole: |p^(k)| = l0); 1 <= |p^(k)| <= max_new_tokens;
 stage2_gen = sum_cont (L_kb - pl_kb); gen, pref, pad_pref and untrim_gen by the formulas above;
-the engine's counts are integers >= 0. Parallel steps: the flat laws with the summary terms
+the engine's counts are integers >= 0. Multi-question steps: every sub-record satisfies the
+laws of its kind (the engine's work checked on the step instead), belongs to the step and
+shares its optimizer step; all are flat or all are tree steps; a question runs a backward pass
+iff its rewards vary (zero-variance questions contribute nothing); the step is active iff one
+question is, homogeneous iff all are; the totals are the sums; flat steps decode
+sum (L_i - 1) over all questions unless the engine preempted. Parallel steps: the flat laws with the summary terms
 above; one phi and one standard error per path, one U(N), U(∅) and r_out per response, one
 summary per response or none; Shapley steps are efficient (sum_j phi_rj = U_r(N) - U_r(∅)), exact
 ones scored all R 2^K coalitions; every path's reward is lambda_p normalise(phi)_j +
@@ -68,6 +83,7 @@ lambda_o r_out,r and every summary's lambda_o r_out,r (``rlvr_fast.path_credit``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -110,8 +126,32 @@ class ParallelStats:
     summary_rewards: list[float]
 
 
+class SeedFlops:
+    """The seed's Out / Full / PadFull FLOPs of a ledger line from its token counts at P."""
+
+    gen: int
+    pref: int
+    pad_pref: int
+    untrim_gen: int
+    bwd_out: int
+    bwd_full: int
+    params: int
+
+    @property
+    def flops_out(self) -> int:
+        return (2 * self.gen + 6 * self.bwd_out) * self.params
+
+    @property
+    def flops_full(self) -> int:
+        return (2 * (self.pref + self.gen) + 6 * self.bwd_full) * self.params
+
+    @property
+    def flops_pad_full(self) -> int:
+        return (2 * (self.pad_pref + self.untrim_gen) + 6 * self.bwd_full) * self.params
+
+
 @dataclass
-class StepRecord:
+class StepRecord(SeedFlops):
     step: int
     question_id: str
     rewards: list[float]
@@ -161,23 +201,79 @@ class StepRecord:
         """Summary prompt tokens, serialised paths included (0 but on summary-aggregator steps)."""
         return sum(self.parallel.summary_prompt_lens) if self.parallel else 0
 
-    @property
-    def flops_out(self) -> int:
-        return (2 * self.gen + 6 * self.bwd_out) * self.params
-
-    @property
-    def flops_full(self) -> int:
-        return (2 * (self.pref + self.gen) + 6 * self.bwd_full) * self.params
-
-    @property
-    def flops_pad_full(self) -> int:
-        return (2 * (self.pad_pref + self.untrim_gen) + 6 * self.bwd_full) * self.params
-
     def to_json(self) -> dict:
         line = asdict(self)
         line.update(flops_out=self.flops_out, flops_full=self.flops_full,
                     flops_pad_full=self.flops_pad_full)
         return line
+
+
+@dataclass
+class MultiQuestionRecord(SeedFlops):
+    """One optimizer step over several questions (module docstring): per-question sub-records
+    and the step's totals, stepping, loss, gradient norm, timings and engine counts."""
+
+    step: int
+    questions: list[StepRecord]
+    zero_var_questions: int
+    homogeneous: bool
+    active: bool
+    optimizer_step: bool
+    gen: int
+    pref: int
+    pad_pref: int
+    untrim_gen: int
+    leaf: int
+    bwd_out: int
+    bwd_full: int
+    decode_rows: int
+    max_new_tokens: int
+    params: int
+    loss: float | None
+    grad_norm: float | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    prefill_run: int = 0
+    block_copies: int = 0
+    peak_kv_blocks: int = 0
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.questions = [read_record(q) if isinstance(q, dict) else q for q in self.questions]
+
+    def to_json(self) -> dict:
+        line = asdict(self)
+        line["questions"] = [q.to_json() for q in self.questions]
+        line.update(flops_out=self.flops_out, flops_full=self.flops_full,
+                    flops_pad_full=self.flops_pad_full)
+        return line
+
+
+TOTALLED_FIELDS = ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full")
+
+
+def read_record(line: dict) -> StepRecord | MultiQuestionRecord:
+    """A ledger line read back (the FLOPs, which the records compute, dropped)."""
+    kind = MultiQuestionRecord if "questions" in line else StepRecord
+    names = {f.name for f in dataclasses.fields(kind)}
+    return kind(**{k: v for k, v in line.items() if k in names})
+
+
+def multi_question_step_record(*, step: int, questions: list[StepRecord], active: bool,
+                               optimizer_step: bool, executed: EngineCounters,
+                               loss: float | None, grad_norm: float | None,
+                               seconds: dict[str, float]) -> MultiQuestionRecord:
+    """The ledger line of a multi-question step from its questions' sub-records (built with
+    zero engine counts: ``executed`` is the batch's work)."""
+    if len(questions) < 2:
+        raise ValueError(f"a multi-question step needs at least 2 questions, got {len(questions)}")
+    return MultiQuestionRecord(
+        step=step, questions=questions,
+        zero_var_questions=sum(q.homogeneous for q in questions),
+        homogeneous=all(q.homogeneous for q in questions), active=active,
+        optimizer_step=optimizer_step,
+        **{name: sum(getattr(q, name) for q in questions) for name in TOTALLED_FIELDS},
+        max_new_tokens=questions[0].max_new_tokens, params=questions[0].params, loss=loss,
+        grad_norm=grad_norm, seconds=seconds, **executed.to_json())
 
 
 def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
@@ -283,10 +379,18 @@ def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen:
     return gen, pref, pad_pref, untrim_gen
 
 
-def check_conservation(record: StepRecord) -> None:
+def check_conservation(record: StepRecord | MultiQuestionRecord, *,
+                       engine_counts: bool = True) -> None:
+    """Raise ``LedgerError`` naming the first law (module docstring) the line breaks.
+    ``engine_counts=False`` for a multi-question step's sub-record: the engine's work is the
+    step's, checked there."""
     def require(condition: bool, law: str) -> None:
         if not condition:
             raise LedgerError(f"ledger step {record.step}: {law} violated")
+
+    if isinstance(record, MultiQuestionRecord):
+        _check_multi_question(record, require)
+        return
 
     leaves = len(record.lengths)
     require(len(record.rewards) == leaves, "one reward per leaf")
@@ -319,10 +423,44 @@ def check_conservation(record: StepRecord) -> None:
     elif record.parallel is not None:
         _check_parallel(record, require)
     else:
-        _check_flat(record, require)
+        _check_flat(record, require, engine_counts)
 
 
-def _check_flat(record: StepRecord, require) -> None:
+def _check_multi_question(record: MultiQuestionRecord, require) -> None:
+    questions = record.questions
+    require(len(questions) >= 2, "a multi-question step has at least 2 questions")
+    for question in questions:
+        try:
+            check_conservation(question, engine_counts=False)
+        except LedgerError as err:
+            raise LedgerError(f"question {question.question_id}: {err}") from None
+        require(question.step == record.step, "its questions belong to the step")
+        require(question.optimizer_step == record.optimizer_step,
+                "its questions share the step's optimizer step")
+        require(question.active != question.homogeneous,
+                "a question runs a backward pass iff its rewards vary")
+        require(question.parallel is None, "questions are flat or tree steps")
+    require(len({q.is_tree for q in questions}) == 1, "all questions flat or all tree steps")
+    require(record.active == any(q.active for q in questions), "active iff a question is")
+    require(record.homogeneous == all(q.homogeneous for q in questions),
+            "homogeneous iff every question is")
+    require(record.zero_var_questions == sum(q.homogeneous for q in questions),
+            "zero_var_questions counts the homogeneous questions")
+    for name in TOTALLED_FIELDS:
+        require(getattr(record, name) == sum(getattr(q, name) for q in questions),
+                f"{name} = sum over questions")
+    require(all(q.max_new_tokens == record.max_new_tokens and q.params == record.params
+                for q in questions), "questions share max_new_tokens and P")
+    for name in EngineCounters.__dataclass_fields__:
+        value = getattr(record, name)
+        require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
+    if not questions[0].is_tree:
+        require(record.preemptions > 0 or record.decode_rows
+                == sum(n - 1 for q in questions for n in q.lengths),
+                "decode work = sum(L_i - 1) over the questions: no decode after EOS")
+
+
+def _check_flat(record: StepRecord, require, engine_counts: bool) -> None:
     group = len(record.lengths)
     categories = {p[6] for p in record.pairs}
     require(len(categories) == 1 and PairCategory(categories.pop()).is_flat,
@@ -333,7 +471,8 @@ def _check_flat(record: StepRecord, require) -> None:
     require(record.pref == record.pad_pref == group * record.prompt_len,
             "flat steps: pref = pad_pref = G L_p")
     require(record.untrim_gen == group * max(record.lengths), "untrim_gen = G max L_i")
-    require(record.preemptions > 0 or record.decode_rows == sum(n - 1 for n in record.lengths),
+    require(not engine_counts or record.preemptions > 0
+            or record.decode_rows == sum(n - 1 for n in record.lengths),
             "decode work = sum(L_i - 1): no decode after EOS")
 
 
@@ -423,7 +562,7 @@ class LedgerWriter:
         self.path = path
         self.file = open(path, "a", encoding="utf-8")
 
-    def write(self, record: StepRecord) -> None:
+    def write(self, record: StepRecord | MultiQuestionRecord) -> None:
         check_conservation(record)
         self.file.write(json.dumps(record.to_json()) + "\n")
         self.file.flush()

@@ -33,6 +33,10 @@ frees its blocks the moment it finishes. ``reprefill=True`` runs the seed's way 
 root prefills the prompt and every branch prefills prompt + prefix. Every root and branch draws
 from its own stream, keyed by its place in the tree (root k, branch (k, b)), so both ways sample
 the same tokens (the tests check this).
+
+``sample_trees_ids`` samples the trees of several prompts in one batch (a multi-question step):
+every tree's Stage 1 in one engine run, then every tree's Stage 2 in another; tree q keys its
+streams on its own base seed, so it is the tree a one-prompt call would sample.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ EARLY_EOS_MODES = ("terminal_dup", "root_resample", "midpoint")
 class TreeRollout:
     """K pairs of B leaves (k-major) and what producing them cost: Stage-1 tokens sampled
     (trimmed at each root's stop), Stage-2 tokens sampled, and the work the engine executed in
-    each stage and in all (its ``peak_kv_blocks`` is the whole tree's)."""
+    each stage and in all (its ``peak_kv_blocks`` is the whole tree's). Trees sampled together
+    (``sample_trees_ids``) share one batch, so their three counters are the batch's."""
 
     pairs: list[TreePair]
     prompt_len: int
@@ -87,7 +92,7 @@ class TreeRollout:
 def sample_tree(policy, prompt_ids: Sequence[int], *, engine: RolloutEngine | None = None,
                 **settings) -> TreeRollout:
     """K x B tree rollout of one prompt from a ``Policy`` (on ``engine``, default the policy's
-    own); ``settings`` are those of ``sample_tree_ids``."""
+    own); ``settings`` are those of ``sample_trees_ids``."""
     tokenizer = policy.tokenizer
     out = sample_tree_ids(engine or policy.engine(), prompt_ids,
                           newline_token_ids=tokenizer.newline_token_ids, **settings)
@@ -95,67 +100,86 @@ def sample_tree(policy, prompt_ids: Sequence[int], *, engine: RolloutEngine | No
     return out
 
 
-def sample_tree_ids(engine: RolloutEngine, prompt_ids: Sequence[int], *,
-                    newline_token_ids: Sequence[int] | frozenset[int], k: int = 4, b: int = 2,
-                    t_min: int = 96, t_max: int = 160, max_new_tokens: int = 512,
-                    early_eos_mode: str = "terminal_dup", temperature: float = 0.8,
-                    top_p: float = 0.9, generator: torch.Generator | None = None,
-                    reprefill: bool = False, midpoint_min_tokens: int = 32) -> TreeRollout:
-    """The K x B tree on ``engine`` (whose end-of-sequence tokens end a root or a branch),
-    given the newline token ids that mark Stage 1's boundaries."""
-    _check_arguments(prompt_ids, k, b, t_min, t_max, max_new_tokens, early_eos_mode)
-    prompt = list(prompt_ids)
+def sample_tree_ids(engine: RolloutEngine, prompt_ids: Sequence[int], **settings) -> TreeRollout:
+    """The K x B tree of one prompt on ``engine``; ``settings`` are those of
+    ``sample_trees_ids``."""
+    return sample_trees_ids(engine, [prompt_ids], **settings)[0]
+
+
+def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
+                     newline_token_ids: Sequence[int] | frozenset[int], k: int = 4, b: int = 2,
+                     t_min: int = 96, t_max: int = 160, max_new_tokens: int = 512,
+                     early_eos_mode: str = "terminal_dup", temperature: float = 0.8,
+                     top_p: float = 0.9, generator: torch.Generator | None = None,
+                     reprefill: bool = False, midpoint_min_tokens: int = 32) -> list[TreeRollout]:
+    """One K x B tree per prompt on ``engine`` (whose end-of-sequence tokens end a root or a
+    branch), given the newline token ids that mark Stage 1's boundaries. Every tree's Stage 1
+    runs in one batch, then every tree's Stage 2 in another. Tree q draws from its own base
+    seed (one ``base_seed`` draw per prompt, in order), so a one-prompt call samples the tree
+    ``sample_tree_ids`` samples and a tree does not depend on the others."""
+    if not prompts:
+        raise ValueError("sample_tree: no prompts")
+    for prompt_ids in prompts:
+        _check_arguments(prompt_ids, k, b, t_min, t_max, max_new_tokens, early_eos_mode)
+    prompts = [list(prompt_ids) for prompt_ids in prompts]
     params = SamplingParams(max_new_tokens, temperature, top_p)
     newline = frozenset(newline_token_ids)
-    base = base_seed(generator)
+    bases = [base_seed(generator) for _ in prompts]
 
     def causal_stop(length: int, token: int) -> bool:
         return length >= t_max or (length >= t_min and token in newline)
 
-    prompt_seq, roots, children = None, [], []
+    prompt_seqs, roots, children = [], [], []
     try:
         with engine.measure() as executed:
-            # Stage 1: K roots, each stopped at tau_causal or at its EOS; kept cached until
-            # Stage 2 has forked them (a midpoint split forks a finished one).
+            # Stage 1: K roots per prompt, each stopped at tau_causal or at its EOS; kept cached
+            # until Stage 2 has forked them (a midpoint split forks a finished one).
             with engine.measure() as stage1:
-                root_seeds = [derive_seed(base, root) for root in range(k)]
-                if reprefill:
-                    roots = [engine.add(prompt, seed=seed, stop=causal_stop) for seed in root_seeds]
-                else:
-                    prompt_seq = engine.add(prompt)
-                    roots = engine.fork(prompt_seq, n=k, seeds=root_seeds, stop=causal_stop,
-                                        keep_cache=True)
-                engine.run(roots, params)
+                for prompt, base in zip(prompts, bases):
+                    root_seeds = [derive_seed(base, root) for root in range(k)]
+                    if reprefill:
+                        roots.append([engine.add(prompt, seed=seed, stop=causal_stop)
+                                      for seed in root_seeds])
+                        continue
+                    prompt_seqs.append(engine.add(prompt))
+                    roots.append(engine.fork(prompt_seqs[-1], n=k, seeds=root_seeds,
+                                             stop=causal_stop, keep_cache=True))
+                engine.run([root for tree in roots for root in tree], params)
             # Stage 2: plan every pair's branches, fork (or re-prefill) the ones that continue.
-            plans = [plan_branches(root.completion, root.finish_reason, b, early_eos_mode,
-                                   newline, midpoint_min_tokens) for root in roots]
-            starts = [(pair, branch, prefix) for pair, plan in enumerate(plans)
+            plans = [[plan_branches(root.completion, root.finish_reason, b, early_eos_mode,
+                                    newline, midpoint_min_tokens) for root in tree]
+                     for tree in roots]
+            starts = [(q, pair, branch, prefix) for q, tree in enumerate(plans)
+                      for pair, plan in enumerate(tree)
                       for branch, prefix in enumerate(plan.prefixes) if prefix is not None]
             with engine.measure() as stage2:
-                for pair, branch, prefix in starts:
-                    seed = derive_seed(base, k + pair * b + branch)
+                for q, pair, branch, prefix in starts:
+                    seed = derive_seed(bases[q], k + pair * b + branch)
                     budget = max_new_tokens - len(prefix)
                     if reprefill:
-                        children.append(engine.add(prompt + prefix, seed=seed,
+                        children.append(engine.add(prompts[q] + prefix, seed=seed,
                                                    max_new_tokens=budget))
                     else:
-                        source = roots[pair] if prefix else prompt_seq
-                        children += engine.fork(source, len(prompt) + len(prefix), seeds=[seed],
-                                                max_new_tokens=budget)
-                _free(engine, roots + [prompt_seq])
+                        source = roots[q][pair] if prefix else prompt_seqs[q]
+                        children += engine.fork(source, len(prompts[q]) + len(prefix),
+                                                seeds=[seed], max_new_tokens=budget)
+                _free(engine, [root for tree in roots for root in tree] + prompt_seqs)
                 engine.run(children, params)
     finally:
-        _free(engine, roots + [prompt_seq] + children)
-    for (pair, branch, prefix), child in zip(starts, children):
-        plans[pair].leaves[branch] = prefix + child.completion
-        plans[pair].finish_reasons[branch] = child.finish_reason
-    pairs = [TreePair(plan.category, plan.prefix_len, root.completion, plan.leaves,
-                      plan.finish_reasons) for plan, root in zip(plans, roots)]
-    return TreeRollout(
-        pairs=pairs, prompt_len=len(prompt),
-        stage1_generated=sum(root.num_generated for root in roots),
-        stage2_generated=sum(child.num_generated for child in children),
-        stage1=stage1, stage2=stage2, executed=executed)
+        _free(engine, [root for tree in roots for root in tree] + prompt_seqs + children)
+    stage2_generated = [0] * len(prompts)
+    for (q, pair, branch, prefix), child in zip(starts, children):
+        plans[q][pair].leaves[branch] = prefix + child.completion
+        plans[q][pair].finish_reasons[branch] = child.finish_reason
+        stage2_generated[q] += child.num_generated
+    return [TreeRollout(
+        pairs=[TreePair(plan.category, plan.prefix_len, root.completion, plan.leaves,
+                        plan.finish_reasons) for plan, root in zip(tree_plans, tree_roots)],
+        prompt_len=len(prompt),
+        stage1_generated=sum(root.num_generated for root in tree_roots),
+        stage2_generated=generated, stage1=stage1, stage2=stage2, executed=executed)
+        for prompt, tree_plans, tree_roots, generated in zip(prompts, plans, roots,
+                                                             stage2_generated)]
 
 
 def _free(engine: RolloutEngine, seqs) -> None:

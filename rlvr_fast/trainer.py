@@ -12,7 +12,11 @@ Per step, for the next training question x:
      TreeRL per-token credit of ``rlvr_fast.credit`` (prefix / continuation weights);
   4. loss: -(1/G) sum_i sum_t w_it log pi(y_t), summed in the order the arm names (token-weighted
      arms go through the fused ``weighted_token_nll`` op; ``baseline`` keeps the seed's eager
-     sum-then-scale path on purpose);
+     sum-then-scale path on purpose); flat steps may take TRL's normalisations instead
+     (``loss_type`` grpo / dapo / dr_grpo, ``sequence_scales``), its unscaled advantages
+     (``scale_rewards`` off), log pi of logits / temperature (``tempered_logprobs``) and zero
+     weight on completions cut at the cap (``mask_truncated``): what ``rlvr_fast.trl_compat``
+     maps TRL's settings onto;
   5. backward, gradient-norm clipping (norm logged before clipping), AdamW step. Arms that skip
      homogeneous groups (sigma_R = 0) run no backward there and either take a zero-gradient AdamW
      step or none.
@@ -21,9 +25,28 @@ responses of ``num_paths`` paths each (``rlvr_fast.parallel``), aggregate each r
 or by a summary, and credit every path by its Shapley value (or leave-one-out, or alone) under
 a utility on coalitions of paths, mixed with the outcome reward (``rlvr_fast.path_credit``); the
 loss sums over paths and summaries, -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t).
-Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``).
+Every step appends one checked line to the ledger. Arms are presets (``rlvr_fast.arms``). The
+trainer asks its task for a step's prompt ids and rewards: ``MathTask`` (the study's prompt and
+boxed-answer grading) unless one is given (``rlvr_fast.trl_compat`` gives TRL's reward functions).
 
-    trainer = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
+The study's remaining ablations are settings of the same loop:
+- ``questions_per_step`` Q > 1 (accum4): a step takes the next Q questions, samples all their
+  rollouts in one engine batch, credits each question as above, computes each contributing
+  question's gradient g_q (its own forward and backward) and steps once on the average of the
+  unit gradients, (1/n) sum_q g_q / |g_q| over the n questions whose rewards vary, clipped as
+  usual; zero-variance questions contribute nothing and are counted; when every question is
+  homogeneous the step is a zero-gradient AdamW step (or none). One ledger line per step holds
+  a sub-record per question (``ledger.MultiQuestionRecord``).
+- ``zero_cont_mass``: tree steps centre the continuation tokens' weights to zero signed token
+  mass (``TreeCredit.zero_continuation_mass``).
+- ``polyak_start`` s > 0 (ra_mst_tail50): an FP32 average of the weights after steps s, s + 1,
+  ... to the last (counted from 1: the study's 26..50), kept beside the live weights
+  (``rlvr_fast.polyak``, on the CPU when the device is short of memory), in every checkpoint,
+  evaluated (evals/polyak/) and saved as final_polyak/ at the end.
+- ``active_steps`` N: the run ends after the step that makes N steps with a backward pass, or
+  after ``steps`` steps, whichever comes first (the study's act30 / act35).
+
+    trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
 """
 
@@ -31,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -49,24 +73,29 @@ from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
 from rlvr_fast.evaluation import EvalResult, encode_prompts, evaluate
 from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
-from rlvr_fast.generation import sample_group
+from rlvr_fast.generation import sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
-from rlvr_fast.ledger import (LedgerWriter, ParallelStats, flat_step_record, parallel_step_record,
-                              tree_step_record)
+from rlvr_fast.ledger import (LedgerWriter, ParallelStats, StepRecord, flat_step_record,
+                              multi_question_step_record, parallel_step_record, tree_step_record)
+from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
 from rlvr_fast.parallel import AGGREGATORS, ParallelRollout, sample_parallel
 from rlvr_fast.path_credit import (PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES,
                                    ParallelCredit, outcome_utility, parallel_credit)
-from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_tree
+from rlvr_fast.polyak import PolyakAverage, trainable
+from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_trees_ids
 from rlvr_fast.run_directory import (RESUME_MAY_CHANGE, check_eval_name, open_run_directory,
                                      run_signature, whole_lines)
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
 from rlvr_fast.state_file import StateFileError, load_state, save_state
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
+# Per-sequence normalisers of the token-weighted loss (``sequence_scales``): the study's sum and
+# TRL's grpo, dapo and dr_grpo.
+LOSS_TYPES = ("sum", "grpo", "dapo", "dr_grpo")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
 SAMPLERS = ("flat", "tree", "parallel")
 CHECKPOINT_FILE = "state.safetensors"
@@ -77,6 +106,8 @@ MAX_BATCH = 1 << 16
 MAX_NEW_TOKENS = 1 << 20
 MAX_SHAPLEY_PERMUTATIONS = 1 << 20
 MAX_SEED = (1 << 63) - 1
+# Where run_evals writes each evaluation, under RUN/evals/.
+EVAL_DIRS = {"before": "before", "after": "", "polyak": "polyak"}
 
 
 @dataclass
@@ -97,6 +128,10 @@ class TrainConfig:
     skip_zero_var: bool = False
     zero_var_step: str = "skip"
     gate_min_chars: int | None = None
+    loss_type: str = "sum"
+    scale_rewards: bool = True
+    tempered_logprobs: bool = False
+    mask_truncated: bool = False
     eval_max_new_tokens: int = 2048
     max_batch: int = 256
     cuda_graphs: bool = True
@@ -125,6 +160,10 @@ class TrainConfig:
     lambda_path: float = 0.5
     judge_model: str = "policy"
     allow_nonfinite: bool = False
+    questions_per_step: int = 1
+    zero_cont_mass: bool = False
+    polyak_start: int = 0
+    active_steps: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -152,6 +191,16 @@ class TrainConfig:
              f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
             (self.gate_min_chars is None or self.gate_min_chars >= 0,
              f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
+            (self.loss_type in LOSS_TYPES,
+             f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"),
+            (self.loss_order == "token_weighted" or not (
+                self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated),
+             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+             "token_weighted"),
+            (self.sampler == "flat" or (self.loss_type == "sum" and self.scale_rewards
+                                        and not self.tempered_logprobs and not self.mask_truncated),
+             "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
+             "arms only"),
             (1 <= self.eval_max_new_tokens <= MAX_NEW_TOKENS,
              f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got "
              f"{self.eval_max_new_tokens}"),
@@ -197,6 +246,21 @@ class TrainConfig:
             (self.shapley_permutations != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
             (self.lambda_outcome >= 0 and self.lambda_path >= 0,
              "lambda_outcome and lambda_path must be >= 0"),
+            (self.questions_per_step >= 1,
+             f"questions_per_step must be >= 1, got {self.questions_per_step}"),
+            (self.questions_per_step == 1 or self.skip_zero_var, "questions_per_step > 1 needs "
+             "skip_zero_var: a zero-variance question has no gradient to scale to unit norm"),
+            (self.questions_per_step == 1 or self.loss_order == "token_weighted",
+             "questions_per_step > 1 needs loss_order token_weighted"),
+            (self.questions_per_step == 1 or self.sampler != "parallel",
+             "parallel-path arms take one question per step (questions_per_step 1)"),
+            (not self.zero_cont_mass or self.sampler == "tree",
+             "zero_cont_mass centres tree continuations: it needs sampler tree"),
+            (0 <= self.polyak_start <= self.steps, f"polyak_start must be in [0, steps = "
+             f"{self.steps}] (0: no Polyak average), got {self.polyak_start}"),
+            (self.active_steps is None or 1 <= self.active_steps <= self.steps,
+             f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
+             f"{self.active_steps}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -207,7 +271,9 @@ class TrainConfig:
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
         expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
-                    "sampler": (str,), "early_eos_mode": (str,), "aggregator": (str,),
+                    "sampler": (str,), "early_eos_mode": (str,), "loss_type": (str,),
+                    "scale_rewards": (bool,), "tempered_logprobs": (bool,),
+                    "mask_truncated": (bool,), "aggregator": (str,),
                     "path_utility": (str,), "path_credit": (str,), "path_reward_norm": (str,),
                     "judge_model": (str,), "shapley_antithetic": (bool,),
                     "lambda_outcome": numbers, "lambda_path": numbers,
@@ -215,6 +281,7 @@ class TrainConfig:
                     "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
                     "tree_reprefill": (bool,), "cuda_graphs": (bool,), "allow_nonfinite": (bool,),
                     "beta": numbers, "alpha": numbers,
+                    "zero_cont_mass": (bool,), "active_steps": (int, type(None)),
                     "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
                     "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
                     "gate_min_chars": (int, type(None))}
@@ -248,6 +315,11 @@ class TrainConfig:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def questions_needed(self) -> int:
+        """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
+        return self.steps * self.questions_per_step
 
 
 class NonFiniteError(ValueError):
@@ -309,14 +381,51 @@ def completion_token_nll(model, prompt_ids: list[int], completions: list[list[in
 
 
 def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
-                    token_weights: list[torch.Tensor]) -> torch.Tensor:
+                    token_weights: list[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
-    head, no [tokens, vocab] logits."""
-    ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
-    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:]
+    head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
+    (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
+    device = model.lm_head.weight.device
+    if device.type == "cpu":
+        # The prompt once and no padding: on a CPU the pass costs what it computes. On CUDA the
+        # padded batch keeps SDPA's causal flash path, which an arbitrary mask would leave.
+        ids, context, rows, targets = shared_prompt_batch(prompt_ids, completions, device)
+        hidden = model.model(ids, context)[0].index_select(0, rows)
+    else:
+        ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
+        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+        targets = padded_targets[mask]
+    if temperature != 1.0:
+        hidden = hidden / temperature
     weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden[mask], model.lm_head.weight, targets[mask], weights)
+    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
+
+
+def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], device
+                        ) -> tuple[torch.Tensor, ForwardContext, torch.Tensor, torch.Tensor]:
+    """One packed row: the prompt once, then each completion but its last token. A completion
+    token sees the whole prompt and its own earlier tokens at the positions it has in its own
+    sequence, so its hidden state is the one the padded batch computes. Returns ids [1, L], the
+    pass's context (positions, mask [1, 1, L, L]), the row of the hidden state that predicts
+    each completion token [N] (completion order) and those tokens [N]."""
+    prompt_len = len(prompt_ids)
+    bodies = [c[:-1] for c in completions]
+    ids = torch.tensor([prompt_ids + [t for body in bodies for t in body]], device=device)
+    segment = torch.cat([torch.full((prompt_len,), -1)]
+                        + [torch.full((len(b),), i) for i, b in enumerate(bodies)]).to(device)
+    positions = torch.cat([torch.arange(prompt_len)]
+                          + [prompt_len + torch.arange(len(b)) for b in bodies]).to(device)
+    order = torch.arange(ids.shape[1], device=device)
+    visible = (segment[:, None] == segment[None, :]) | (segment[None, :] == -1)
+    mask = (visible & (order[:, None] >= order[None, :]))[None, None]
+    rows, start = [], prompt_len
+    for body in bodies:
+        rows += [prompt_len - 1] + list(range(start, start + len(body)))
+        start += len(body)
+    targets = torch.tensor([t for c in completions for t in c], device=device)
+    return ids, ForwardContext(positions[None], mask=mask), torch.tensor(rows, device=device), \
+        targets
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -341,30 +450,111 @@ def parallel_grpo_loss(model, prompt_ids: list[int], rollout: ParallelRollout,
     return loss / (paths + len(rollout.summaries))
 
 
-def standardised_advantages(rewards: list[float]) -> tuple[torch.Tensor, float]:
+def standardised_advantages(rewards: list[float], *, scale: bool = True
+                            ) -> tuple[torch.Tensor, float]:
+    """A_i = (R_i - mean R) / (std R + 1e-4), or R_i - mean R without ``scale``, and std R.
+    NaN rewards (no reward function scored the completion) are left out of the mean and std and
+    get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
     r = torch.tensor(rewards, dtype=torch.float32)
-    mean, sigma = group_stats(r)
-    return (r - mean) / (sigma + ADVANTAGE_EPS), float(sigma)
+    scored = r[~r.isnan()]
+    if scored.numel() < 2:
+        return torch.zeros_like(r), 0.0
+    mean, sigma = group_stats(scored)
+    advantages = r - mean
+    if scale:
+        advantages = advantages / (sigma + ADVANTAGE_EPS)
+    return advantages.nan_to_num(0.0), float(sigma)
+
+
+def sequence_scales(lengths: list[int], loss_type: str, max_new_tokens: int,
+                    masked: list[bool] | None = None) -> torch.Tensor:
+    """s_i [G] float32 such that token weights A_i s_i, summed and divided by G (as
+    ``fused_grpo_loss`` does), give each loss type's normalisation of sum_t A_i log pi:
+    "sum" (the study's) 1; "grpo" 1 / |o_i| (per-sequence mean); "dapo" G / sum_j |o_j| (mean
+    over the group's tokens); "dr_grpo" 1 / max_new_tokens. ``masked`` completions (TRL's
+    mask_truncated_completions) get 0 and leave dapo's token count."""
+    group = len(lengths)
+    kept = torch.tensor([not m for m in masked] if masked else [True] * group)
+    counts = torch.tensor(lengths, dtype=torch.float32)
+    if loss_type == "sum":
+        scales = torch.ones(group)
+    elif loss_type == "grpo":
+        scales = 1.0 / counts.clamp(min=1.0)
+    elif loss_type == "dapo":
+        scales = torch.full((group,), group / float((counts * kept).sum().clamp(min=1.0)))
+    elif loss_type == "dr_grpo":
+        scales = torch.full((group,), 1.0 / max_new_tokens)
+    else:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    return scales * kept
 
 
 @dataclass
 class Rollouts:
-    """One step's completions (leaf order), the work the engine executed for them and, for a
-    tree step, the tree they came from."""
+    """One question's completions (leaf order), the work the engine executed for them (for
+    questions sampled in one batch, the batch's) and, for a tree step, the tree they came
+    from."""
 
     completions: list[list[int]]
     executed: EngineCounters
     tree: TreeRollout | None = None
 
 
-class GRPOTrainer:
+@dataclass
+class QuestionCredit:
+    """One question's graded rollouts and credit: texts, rewards, lengths, sigma_R, the
+    per-rollout advantages (flat steps; the sum_then_scale loss reads them) and the per-token
+    weights of every completion."""
+
+    texts: list[str]
+    rewards: list[float]
+    lengths: list[int]
+    sigma: float
+    advantages: torch.Tensor | None
+    token_weights: list[torch.Tensor]
+
+
+@dataclass
+class Update:
+    """What ``RLVRTrainer.update`` did: the loss and the gradient norm before clipping (None
+    when no backward ran); on multi-question steps, each contributing question's loss and
+    gradient norm before unit scaling."""
+
+    loss: float | None = None
+    grad_norm: float | None = None
+    question_losses: list[float] = field(default_factory=list)
+    question_grad_norms: list[float] = field(default_factory=list)
+
+
+class MathTask:
+    """The study's task: a question in the study's prompt template; reward 1 when the last
+    boxed answer grades correct against the problem's answer (with the derivation gate: and
+    starts at or after ``gate_min_chars`` characters). The trainer asks its task for a step's
+    prompt ids and rewards (``rlvr_fast.trl_compat`` supplies TRL's reward functions instead)."""
+
+    def __init__(self, tokenizer, gate_min_chars: int | None) -> None:
+        self.tokenizer, self.gate_min_chars = tokenizer, gate_min_chars
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return self.tokenizer.encode(render_prompt(problem.question))
+
+    def rewards(self, problem: Problem, texts: list[str], completions: list[list[int]]
+                ) -> list[float]:
+        answers = [final_answer(t, min_chars=self.gate_min_chars) for t in texts]
+        return [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
+
+
+class RLVRTrainer:
     def __init__(self, policy, config: TrainConfig, train_data: Sequence[Problem],
                  eval_data: dict[str, Sequence[Problem]] | None = None, *,
                  out_dir: str | os.PathLike | None = None, resume: bool = False,
-                 progress: bool = True, profile_steps: int = 0) -> None:
+                 progress: bool = True, profile_steps: int = 0, task=None) -> None:
         if not train_data:
             raise ValueError("train_data is empty")
+        if task is not None and config.sampler == "parallel":
+            raise ValueError("parallel-path arms vote on graded answers, so they take no task")
         self.policy, self.config = policy, config
+        self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         self.train_data = list(train_data)
         self.eval_data = {check_eval_name(name): problems
                           for name, problems in (eval_data or {}).items()}
@@ -389,6 +579,8 @@ class GRPOTrainer:
             self.judge = GenerativeJudge(policy if own else config.judge_model,
                                          engine=self.engine if own else None,
                                          device=policy.device)
+        # Allocated after the engine, so that a device short of memory keeps the KV cache.
+        self.polyak = PolyakAverage(policy.model) if config.polyak_start else None
         self.start_step = 0
         self.active_steps = 0
         self.ledger = None
@@ -400,118 +592,240 @@ class GRPOTrainer:
     def train(self) -> dict:
         if self.finished_summary is not None:
             return self.finished_summary
-        summary: dict = {"arm": self.config.arm, "steps": self.config.steps}
-        if self.config.eval_before and self.start_step == 0 and self.eval_data:
+        config = self.config
+        summary: dict = {"arm": config.arm}
+        if config.eval_before and self.start_step == 0 and self.eval_data:
             summary["eval_before"] = self.run_evals("before")
         totals: dict[str, float] = {}
-        steps = range(self.start_step, self.config.steps)
+        step = self.start_step
         profiler = self._start_profiler()
-        for step in tqdm(steps, desc=f"train {self.config.arm}", unit="step",
-                         disable=not self.progress, initial=self.start_step,
-                         total=self.config.steps):
-            problem = self.train_data[step % len(self.train_data)]
-            result = self.train_step(step, problem)
-            if not self.config.allow_nonfinite:
-                self.check_finite(step, result.record)
-            if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
-                profiler = self._stop_profiler(profiler)
-            for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full",
-                        "prefill_run", "decode_rows", "block_copies", "preemptions",
-                        "flops_out", "flops_full", "flops_pad_full"):
-                totals[key] = totals.get(key, 0) + result.record[key]
-            for phase, seconds in result.record["seconds"].items():
-                totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
-            if self.out_dir is not None and ((step + 1) % self.config.checkpoint_every == 0
-                                             or step + 1 == self.config.steps):
-                self.save_checkpoint(step + 1)
+        with tqdm(desc=f"train {config.arm}", unit="step", disable=not self.progress,
+                  initial=step, total=config.steps) as bar:
+            while step < config.steps and not self.reached_active_steps():
+                result = self.run_step(step)
+                if not config.allow_nonfinite:
+                    self.check_finite(step, result.record)
+                if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
+                    profiler = self._stop_profiler(profiler)
+                for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out",
+                            "bwd_full", "prefill_run", "decode_rows", "block_copies",
+                            "preemptions", "flops_out", "flops_full", "flops_pad_full"):
+                    totals[key] = totals.get(key, 0) + result.record[key]
+                for phase, seconds in result.record["seconds"].items():
+                    totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
+                step += 1
+                bar.update()
+                if self.polyak is not None and step >= config.polyak_start:
+                    self.polyak.add(self.policy.model)
+                if self.out_dir is not None and (step % config.checkpoint_every == 0
+                                                 or step == config.steps
+                                                 or self.reached_active_steps()):
+                    self.save_checkpoint(step)
         if profiler is not None:
             self._stop_profiler(profiler)
+        summary["steps"] = step
         summary["totals_this_run"] = totals
         if self.eval_data:
             summary["eval_after"] = self.run_evals("after")
         if self.out_dir is not None:
             self.policy.save(self.out_dir / "final")
+        if self.polyak is not None:
+            summary.update(self.finish_polyak())
+        if self.out_dir is not None:
             write_json_atomic(self.out_dir / "summary.json", summary)
             self.ledger.close()
         return summary
+
+    def reached_active_steps(self) -> bool:
+        return self.config.active_steps is not None and self.active_steps >= self.config.active_steps
+
+    def run_step(self, step: int) -> StepResult:
+        """Step ``step`` on its questions: the next ``questions_per_step`` of the training data,
+        which the run cycles through."""
+        count = self.config.questions_per_step
+        problems = [self.train_data[(step * count + i) % len(self.train_data)]
+                    for i in range(count)]
+        if count == 1:
+            return self.train_step(step, problems[0])
+        return self.multi_question_step(step, problems)
 
     def train_step(self, step: int, problem: Problem) -> StepResult:
         if self.config.sampler == "parallel":
             return self.parallel_step(step, problem)
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
-        prompt_ids = self.policy.tokenizer.encode(render_prompt(problem.question))
-        tree_step = (config.sampler == "tree"
-                     and self.active_steps >= config.bifurcate_after_active)
-
+        prompt_ids = self.task.prompt_ids(problem)
         with phase("rollout"):
             model.eval()
-            rollouts = self.sample_tree(prompt_ids) if tree_step else self.sample_flat(prompt_ids)
+            (rollouts,) = self.sample([prompt_ids], self.tree_step_due())
         with phase("reward"):
-            texts = self.policy.tokenizer.decode_batch(rollouts.completions)
-            answers = [final_answer(t, min_chars=config.gate_min_chars) for t in texts]
-            rewards = [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
-            lengths = [len(c) for c in rollouts.completions]
-            if tree_step:
-                tree = rollouts.tree
-                credit = tree_credit([rewards[2 * k:2 * k + 2] for k in range(len(tree.pairs))],
-                                     tree.prefix_lens, beta=config.beta, alpha=config.alpha,
-                                     clamped_prefix=config.clamped_prefix)
-                sigma = credit.sigma
-                token_weights = credit.token_weights([p.lengths for p in tree.pairs])
-            else:
-                advantages, sigma = standardised_advantages(rewards)
-                token_weights = [a.expand(n) for a, n in zip(advantages, lengths)]
+            credit = self.question_credit(problem, rollouts)
 
         def loss_fn():
             if config.loss_order == "sum_then_scale":
                 token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
-                return grpo_loss(token_nll, advantages.to(token_nll.device), config.loss_order)
-            return fused_grpo_loss(model, prompt_ids, rollouts.completions, token_weights)
+                return grpo_loss(token_nll, credit.advantages.to(token_nll.device),
+                                 config.loss_order)
+            return fused_grpo_loss(model, prompt_ids, rollouts.completions, credit.token_weights,
+                                   config.temperature if config.tempered_logprobs else 1.0)
 
-        active = not (sigma == 0 and config.skip_zero_var)
-        loss_value, grad_norm = self.update(phase, active, loss_fn)
-
-        common = dict(step=step, question_id=problem.id, rewards=rewards, sigma_r=sigma,
-                      active=active, optimizer_step=active or config.zero_var_step == "zero_grad",
-                      prompt_len=len(prompt_ids), executed=rollouts.executed,
-                      max_new_tokens=config.max_new_tokens, params=self.num_params,
-                      loss=loss_value, grad_norm=grad_norm, seconds=phase.seconds)
-        if tree_step:
-            record = tree_step_record(pairs=rollouts.tree.pairs,
-                                      stage2_gen=rollouts.tree.stage2_generated, **common)
-        else:
-            category = (PairCategory.FLAT_WARMUP if config.sampler == "tree"
-                        else PairCategory.FLAT)
-            record = flat_step_record(lengths=lengths, category=category, **common)
+        active = not (credit.sigma == 0 and config.skip_zero_var)
+        update = self.update(phase, active, loss_fn)
+        record = self.question_record(
+            step, problem, prompt_ids, rollouts, credit, active=active,
+            optimizer_step=active or config.zero_var_step == "zero_grad", loss=update.loss,
+            grad_norm=update.grad_norm, seconds=phase.seconds, executed=rollouts.executed)
         if self.ledger is not None:
             self.ledger.write(record)
-            self._append_rollouts(step, problem, len(prompt_ids), texts, lengths, rewards,
-                                  rollouts.tree)
-        return StepResult(rewards=rewards, texts=texts, record=record.to_json())
+            self._append_rollouts(step, problem, len(prompt_ids), credit.texts, credit.lengths,
+                                  credit.rewards, rollouts.tree)
+        return StepResult(rewards=credit.rewards, texts=credit.texts, record=record.to_json())
 
-    def update(self, phase: "Phases", active: bool, loss_fn) -> tuple[float | None, float | None]:
-        """Every arm's stepping rule: an active step runs ``loss_fn`` (the forward), a backward,
-        gradient clipping and an AdamW step; an inactive one a zero-gradient AdamW step or none
-        (``zero_var_step``). Returns the loss and the gradient norm before clipping (None, None
-        when no backward ran)."""
-        loss_value = grad_norm = None
+    def multi_question_step(self, step: int, problems: list[Problem]) -> StepResult:
+        """One optimizer step on several questions: their rollouts sampled in one batch, each
+        question credited on its own, the unit-normalised average of the contributing
+        questions' gradients (``update``), one ledger line with a sub-record per question."""
+        config, model = self.config, self.policy.model
+        phase = Phases(self.policy.device)
+        prompts = [self.task.prompt_ids(problem) for problem in problems]
+        with phase("rollout"):
+            model.eval()
+            batch = self.sample(prompts, self.tree_step_due())
+        with phase("reward"):
+            credits = [self.question_credit(p, r) for p, r in zip(problems, batch)]
+        contributing = [q for q, credit in enumerate(credits) if credit.sigma != 0]
+        update = self.update(phase, bool(contributing), *[
+            functools.partial(fused_grpo_loss, model, prompts[q], batch[q].completions,
+                              credits[q].token_weights,
+                              config.temperature if config.tempered_logprobs else 1.0)
+            for q in contributing])
+        optimizer_step = bool(contributing) or config.zero_var_step == "zero_grad"
+        losses = dict(zip(contributing, update.question_losses))
+        norms = dict(zip(contributing, update.question_grad_norms))
+        questions = [self.question_record(
+            step, problem, prompt, rollouts, credit, active=q in losses,
+            optimizer_step=optimizer_step, loss=losses.get(q), grad_norm=norms.get(q),
+            seconds={}, executed=EngineCounters())
+            for q, (problem, prompt, rollouts, credit) in enumerate(
+                zip(problems, prompts, batch, credits))]
+        record = multi_question_step_record(
+            step=step, questions=questions, active=bool(contributing),
+            optimizer_step=optimizer_step, executed=batch[0].executed, loss=update.loss,
+            grad_norm=update.grad_norm, seconds=phase.seconds)
+        if self.ledger is not None:
+            self.ledger.write(record)
+            self._write_rollouts({"step": step, "questions": [
+                rollouts_line(step, problem, len(prompt), credit.texts, credit.lengths,
+                              credit.rewards, rollouts.tree)
+                for problem, prompt, rollouts, credit in zip(problems, prompts, batch, credits)]})
+        return StepResult(rewards=[r for c in credits for r in c.rewards],
+                          texts=[t for c in credits for t in c.texts], record=record.to_json())
+
+    def tree_step_due(self) -> bool:
+        """Tree arms sample trees once ``bifurcate_after_active`` steps ran a backward pass."""
+        return (self.config.sampler == "tree"
+                and self.active_steps >= self.config.bifurcate_after_active)
+
+    def question_credit(self, problem: Problem, rollouts: Rollouts) -> QuestionCredit:
+        """Rewards (the task's: the study's grading with the arm's derivation gate by default)
+        and credit of one question's rollouts: the standardised advantage on every token of a
+        flat group (scaled per sequence as ``loss_type`` says), TreeRL credit on a tree (its
+        continuations centred with ``zero_cont_mass``)."""
+        config = self.config
+        texts = self.policy.tokenizer.decode_batch(rollouts.completions)
+        rewards = self.task.rewards(problem, texts, rollouts.completions)
+        lengths = [len(c) for c in rollouts.completions]
+        tree = rollouts.tree
+        if tree is None:
+            advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
+            eos = self.policy.tokenizer.eos_token_ids
+            truncated = [c[-1] not in eos for c in rollouts.completions]
+            scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens,
+                                     truncated if config.mask_truncated else None)
+            return QuestionCredit(texts, rewards, lengths, sigma, advantages,
+                                  [(a * s).expand(n)
+                                   for a, s, n in zip(advantages, scales, lengths)])
+        credit = tree_credit([rewards[2 * k:2 * k + 2] for k in range(len(tree.pairs))],
+                             tree.prefix_lens, beta=config.beta, alpha=config.alpha,
+                             clamped_prefix=config.clamped_prefix)
+        leaf_lengths = [p.lengths for p in tree.pairs]
+        if config.zero_cont_mass:
+            credit = credit.zero_continuation_mass(leaf_lengths)
+        return QuestionCredit(texts, rewards, lengths, credit.sigma, None,
+                              credit.token_weights(leaf_lengths))
+
+    def question_record(self, step: int, problem: Problem, prompt_ids: list[int],
+                        rollouts: Rollouts, credit: QuestionCredit, *, active: bool,
+                        optimizer_step: bool, loss: float | None, grad_norm: float | None,
+                        seconds: dict[str, float], executed: EngineCounters) -> StepRecord:
+        """The ledger record of one question's flat or tree rollouts."""
+        common = dict(step=step, question_id=problem.id, rewards=credit.rewards,
+                      sigma_r=credit.sigma, active=active, optimizer_step=optimizer_step,
+                      prompt_len=len(prompt_ids), executed=executed,
+                      max_new_tokens=self.config.max_new_tokens, params=self.num_params,
+                      loss=loss, grad_norm=grad_norm, seconds=seconds)
+        if rollouts.tree is not None:
+            return tree_step_record(pairs=rollouts.tree.pairs,
+                                    stage2_gen=rollouts.tree.stage2_generated, **common)
+        category = PairCategory.FLAT_WARMUP if self.config.sampler == "tree" else PairCategory.FLAT
+        return flat_step_record(lengths=credit.lengths, category=category, **common)
+
+    def update(self, phase: "Phases", active: bool, *loss_fns) -> Update:
+        """Every arm's stepping rule: an active step computes the step's gradient from
+        ``loss_fns`` (each runs one forward; one per step, or on a multi-question step one per
+        contributing question, ``accumulate_unit_gradients``), clips it and takes an AdamW
+        step; an inactive one takes a zero-gradient AdamW step or none (``zero_var_step``)."""
+        update = Update()
         if active:
             self.policy.model.train()
-            with phase("forward"):
-                loss = loss_fn()
-            with phase("backward"):
-                loss.backward()
+            if self.config.questions_per_step > 1:
+                update = self.accumulate_unit_gradients(phase, loss_fns)
+            else:
+                (loss_fn,) = loss_fns
+                update.loss = self.backward(phase, loss_fn)
             with phase("optimizer"):
-                grad_norm = self.clip_gradients()
+                update.grad_norm = self.clip_gradients()
                 self.optimizer.step()
-            loss_value = float(loss.detach())
             self.active_steps += 1
         elif self.config.zero_var_step == "zero_grad":
             with phase("optimizer"):
                 self.zero_grad_step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_value, grad_norm
+        return update
+
+    def backward(self, phase: "Phases", loss_fn) -> float:
+        """Forward (``loss_fn``) and backward into the parameters' .grad; the loss."""
+        with phase("forward"):
+            loss = loss_fn()
+        with phase("backward"):
+            loss.backward()
+        return float(loss.detach())
+
+    def accumulate_unit_gradients(self, phase: "Phases", loss_fns) -> Update:
+        """p.grad = (1/n) sum_q g_q / |g_q| over the n loss functions (questions), g_q the
+        gradient of loss q alone (its own backward) and |g_q| its L2 norm over all parameters; a
+        question whose gradient is exactly zero adds nothing. Every question then moves the
+        weights as much as any other whatever its length or advantages, and with
+        max_grad_norm >= 1 clipping never binds (|average| <= 1). The returned loss is the
+        surrogate (1/n) sum_q L_q / |g_q| whose gradient this is."""
+        totals = [torch.zeros_like(p) for p in self.params]
+        update = Update(loss=0.0)
+        for loss_fn in loss_fns:
+            loss = self.backward(phase, loss_fn)
+            with phase("backward"):
+                grads = [p.grad for p in self.params if p.grad is not None]
+                norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+                scale = 1.0 / (len(loss_fns) * norm) if norm > 0 else 0.0
+                for p, total in zip(self.params, totals):
+                    if p.grad is not None:
+                        total.add_(p.grad, alpha=scale)
+                    p.grad = None
+            update.loss += scale * loss
+            update.question_losses.append(loss)
+            update.question_grad_norms.append(norm)
+        for p, total in zip(self.params, totals):
+            p.grad = total
+        return update
 
     def parallel_step(self, step: int, problem: Problem) -> StepResult:
         """The step of parallel-path arms: R responses of K paths, graded paths and aggregates,
@@ -535,7 +849,7 @@ class GRPOTrainer:
         path_weights, summary_weights = credit.token_weights(
             [len(p) for p in rollout.paths], [len(s) for s in rollout.summaries])
         active = not (credit.homogeneous and config.skip_zero_var)
-        loss_value, grad_norm = self.update(phase, active, lambda: parallel_grpo_loss(
+        update = self.update(phase, active, lambda: parallel_grpo_loss(
             model, prompt_ids, rollout, path_weights, summary_weights))
 
         rewards = credit.path_returns.tolist()
@@ -558,7 +872,8 @@ class GRPOTrainer:
             optimizer_step=active or config.zero_var_step == "zero_grad",
             prompt_len=len(prompt_ids), lengths=lengths, parallel=stats,
             executed=rollout.executed, max_new_tokens=config.max_new_tokens,
-            params=self.num_params, loss=loss_value, grad_norm=grad_norm, seconds=phase.seconds)
+            params=self.num_params, loss=update.loss, grad_norm=update.grad_norm,
+            seconds=phase.seconds)
         if self.ledger is not None:
             self.ledger.write(record)
             details = dict(question=problem.question, gold=problem.answer,
@@ -604,20 +919,22 @@ class GRPOTrainer:
                                aggregator=config.aggregator, encode=self.policy.tokenizer.encode,
                                generator=self.generator)
 
-    def sample_flat(self, prompt_ids: list[int]) -> Rollouts:
-        out = sample_group(self.engine, prompt_ids, self.config.group_size, self.sampling,
-                           generator=self.generator)
-        return Rollouts(out.tokens, out.counters)
-
-    def sample_tree(self, prompt_ids: list[int]) -> Rollouts:
+    def sample(self, prompts: list[list[int]], tree_step: bool) -> list[Rollouts]:
+        """Each prompt's G rollouts (a K x B tree on tree steps), all prompts in one engine
+        batch; every ``Rollouts.executed`` is the batch's work."""
         config = self.config
-        tree = sample_tree(self.policy, prompt_ids, engine=self.engine, k=config.tree_k,
-                           b=config.tree_b, t_min=config.t_min, t_max=config.t_max,
-                           max_new_tokens=config.max_new_tokens,
-                           early_eos_mode=config.early_eos_mode, temperature=config.temperature,
-                           top_p=config.top_p, generator=self.generator,
-                           reprefill=config.tree_reprefill)
-        return Rollouts(tree.leaves, tree.executed, tree)
+        if tree_step:
+            trees = sample_trees_ids(
+                self.engine, prompts, newline_token_ids=self.policy.tokenizer.newline_token_ids,
+                k=config.tree_k, b=config.tree_b, t_min=config.t_min, t_max=config.t_max,
+                max_new_tokens=config.max_new_tokens, early_eos_mode=config.early_eos_mode,
+                temperature=config.temperature, top_p=config.top_p, generator=self.generator,
+                reprefill=config.tree_reprefill)
+            return [Rollouts(tree.leaves, tree.executed, tree) for tree in trees]
+        group = config.group_size
+        out = sample_groups(self.engine, prompts, group, self.sampling, generator=self.generator)
+        return [Rollouts(out.tokens[q * group:(q + 1) * group], out.counters)
+                for q in range(len(prompts))]
 
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
@@ -656,8 +973,8 @@ class GRPOTrainer:
                 progress=self.progress, desc=f"eval {name} ({label})", engine=self.engine)
             summaries[name] = result.summary()
             if self.out_dir is not None:
-                # The final evaluation is evals/NAME.jsonl; the one before training sits beside it.
-                directory = self.out_dir / "evals" / ("before" if label == "before" else "")
+                # The final evaluation is evals/NAME.jsonl; the others sit beside it.
+                directory = self.out_dir / "evals" / EVAL_DIRS[label]
                 write_text_atomic(directory / f"{name}.jsonl",
                                   "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
         return summaries
@@ -703,27 +1020,40 @@ class GRPOTrainer:
 
     def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree,
                          parallel: dict | None = None) -> None:
-        """What ``rlvr-fast verify`` re-derives the step's ledger line from: the answer to
-        re-grade the texts against, the prompt length, and on tree steps what the sampler
-        reported per pair (|p^(k)| is not in the texts: Stage 1's discarded tail is); on
-        parallel-path steps the paths, votes and credit of ``parallel_step``."""
-        line = {"step": step, "question_id": problem.id, "answer": problem.answer,
-                "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
-        if tree is not None:
-            line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
-                        stage1_lengths=[p.stage1_len for p in tree.pairs],
-                        stage2_gen=tree.stage2_generated)
-        if parallel is not None:
-            line["parallel"] = parallel
+        self._write_rollouts(rollouts_line(step, problem, prompt_len, texts, lengths, rewards,
+                                           tree, parallel))
+
+    def _write_rollouts(self, line: dict) -> None:
         append_line(self.out_dir / "rollouts.jsonl", json.dumps(line))
+
+    def finish_polyak(self) -> dict:
+        """The Polyak average's summary entries: the steps it spans and, when it holds any (an
+        ``active_steps`` run can end first), its evaluation (evals/polyak/) and final_polyak/.
+        The averaged weights are swapped in for that and the live ones swapped back after."""
+        info = {"polyak": {"first_step": self.config.polyak_start,
+                           "steps_averaged": self.polyak.count}}
+        if self.polyak.count == 0:
+            return info
+        model = self.policy.model
+        live = {name: p.detach().to("cpu", copy=True) for name, p in trainable(model).items()}
+        model.load_state_dict(self.polyak.average(), strict=False)
+        try:
+            if self.eval_data:
+                info["eval_polyak"] = self.run_evals("polyak")
+            if self.out_dir is not None:
+                self.policy.save(self.out_dir / "final_polyak")
+        finally:
+            model.load_state_dict(live, strict=False)
+        return info
 
     def save_checkpoint(self, next_step: int) -> None:
         """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
-        written atomically (``rlvr_fast.state_file``: no pickle)."""
+        written atomically (``rlvr_fast.state_file``: no pickle), with the Polyak sums."""
         save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
             "next_step": next_step, "model": self.policy.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()})
+            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
+            "polyak": self.polyak.state_dict() if self.polyak is not None else None})
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from. The file is
@@ -743,7 +1073,9 @@ class GRPOTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.generator.set_state(state["generator"])
             torch.set_rng_state(state["torch_rng"])
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            if self.polyak is not None:
+                self.polyak.load_state_dict(state["polyak"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None
         return next_step
@@ -782,6 +1114,24 @@ def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
             tensor = entry[name]
             if not isinstance(tensor, torch.Tensor) or tensor.shape != params[index].shape:
                 raise ValueError(f"optimizer {name} of parameter {index} has the wrong shape")
+
+
+def rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree,
+                  parallel: dict | None = None) -> dict:
+    """What ``rlvr-fast verify`` re-derives a question's ledger record from: the answer to
+    re-grade the texts against, the prompt length, and on tree steps what the sampler reported
+    per pair (|p^(k)| is not in the texts: Stage 1's discarded tail is); on parallel-path steps
+    the paths, votes and credit of ``parallel_step``. A multi-question step's line holds one per
+    question under "questions"."""
+    line = {"step": step, "question_id": problem.id, "answer": problem.answer,
+            "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
+    if tree is not None:
+        line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
+                    stage1_lengths=[p.stage1_len for p in tree.pairs],
+                    stage2_gen=tree.stage2_generated)
+    if parallel is not None:
+        line["parallel"] = parallel
+    return line
 
 
 def count_active_steps(ledger: Path) -> int:

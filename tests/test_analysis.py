@@ -19,7 +19,7 @@ from rlvr_fast.analysis.tables import mean_sd_cell
 from rlvr_fast.cli import main
 from rlvr_fast.data import synthetic_problems
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 SHORT = dict(steps=3, max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
 TREE_SHORT = dict(SHORT, t_min=8, t_max=16, bifurcate_after_active=0)
@@ -41,7 +41,7 @@ def tree_run(tmp_path_factory):
     """A root_restart run whose every step is a tree (tau_zero pairs on early EOS)."""
     out = tmp_path_factory.mktemp("tree") / "root_restart_s1"
     config = TrainConfig.from_arm("root_restart", seed=1, **TREE_SHORT)
-    GRPOTrainer(load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=out, progress=False).train()
+    RLVRTrainer(load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=out, progress=False).train()
     return out
 
 
@@ -140,7 +140,7 @@ def test_verify_regrades_a_parallel_path_step(tmp_path, capsys):
     r_out, U(P) and the exact Shapley values, each named with both values."""
     run = tmp_path / "shapley_vote_s1"
     config = TrainConfig.from_arm("shapley_vote", seed=1, **SHORT)
-    GRPOTrainer(load_policy("tiny"), config, TRAIN[:1], out_dir=run, progress=False).train()
+    RLVRTrainer(load_policy("tiny"), config, TRAIN[:1], out_dir=run, progress=False).train()
     assert main(["verify", str(run)]) == 0
 
     def box_the_answer_in_a_wrong_path(lines):
@@ -299,7 +299,7 @@ class Killed(Exception):
 def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monkeypatch):
     settings = dict(SHORT, checkpoint_every=1)
     plan = plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings)
-    train_step = GRPOTrainer.train_step
+    train_step = RLVRTrainer.train_step
 
     def killed_at_seed_2_step_2(trainer, step, problem):
         if trainer.config.seed == 2 and step == 2:
@@ -307,7 +307,7 @@ def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monk
             raise Killed
         return train_step(trainer, step, problem)
 
-    monkeypatch.setattr(GRPOTrainer, "train_step", killed_at_seed_2_step_2)
+    monkeypatch.setattr(RLVRTrainer, "train_step", killed_at_seed_2_step_2)
     with pytest.raises(Killed):
         run_sweep(plan, tmp_path, TRAIN, EVAL_SETS, lambda: load_policy("tiny"), progress=False)
     finished, interrupted = (run.path for run in plan)
@@ -316,7 +316,7 @@ def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monk
     finished_mtime = (finished / "summary.json").stat().st_mtime_ns
     before_kill = read_lines(interrupted / "ledger.jsonl")
 
-    monkeypatch.setattr(GRPOTrainer, "train_step", train_step)
+    monkeypatch.setattr(RLVRTrainer, "train_step", train_step)
     tables = run_sweep(plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings), tmp_path, TRAIN,
                        EVAL_SETS, lambda: load_policy("tiny"), progress=False)
     assert (finished / "summary.json").stat().st_mtime_ns == finished_mtime, "finished: skipped"
@@ -342,3 +342,23 @@ def test_a_sweep_refuses_a_run_directory_with_other_settings(sweep_dir, tmp_path
         assert main(["sweep", *args, "--out", str(out), "--quiet"]) == 2
         assert message in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_compare_and_report_read_the_ablation_arms(sweep_dir, tmp_path, capsys):
+    """A multi-question run (one ledger line per step, a sub-record per question) and a Polyak
+    run (evals/polyak/ beside evals/) verify, compare and report beside the flat arms."""
+    runs = []
+    for arm, settings in (("accum4", TREE_SHORT), ("ra_mst_tail50", dict(TREE_SHORT, polyak_start=2))):
+        runs.append(tmp_path / "runs" / f"{arm}_s1")
+        config = TrainConfig.from_arm(arm, seed=1, **settings)
+        RLVRTrainer(load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=runs[-1],
+                    progress=False).train()
+    assert (runs[1] / "evals" / "polyak" / "t.jsonl").is_file()
+    assert main(["verify", *map(str, runs)]) == 0
+    assert "verify: 2 of 2 runs PASS" in capsys.readouterr().out
+    assert main(["compare", str(sweep_dir / "runs"), *map(str, runs), "--format", "json"]) == 0
+    arms = [record["arm"] for record in json.loads(capsys.readouterr().out)["records"]]
+    assert {"accum4", "ra_mst_tail50"} <= set(arms)
+    assert main(["report", str(sweep_dir / "runs"), *map(str, runs), "--out",
+                 str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "tree_pairs.png").is_file()

@@ -61,3 +61,21 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     (out / "ledger.jsonl").write_text("")
     assert main(["train", "--arm", "baseline", "--steps", "1", "--out", str(out), *SHORT]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_multi_question_arm_and_active_steps_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    # On the first 12 synthetic questions at 96 tokens, the second step is the first active one.
+    assert main(["train", "--arm", "accum4", "--steps", "3", "--active-steps", "1",
+                 "--set", "t_min=8", "--set", "t_max=16", "--out", str(out), *SHORT,
+                 "--set", "max_new_tokens=96"]) == 0
+    lines = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    assert all(len(line["questions"]) == 4 for line in lines)
+    assert [line["active"] for line in lines] == [False, True]
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["active_steps"] == 1 and config["zero_cont_mass"]
+    assert f"{len(lines)} steps" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    assert main(["train", "--arm", "ra_flat", "--steps", "3", "--active-steps", "4",
+                 "--out", str(tmp_path / "bad"), *SHORT]) == 2
+    assert "active_steps must be in [1, steps = 3]" in capsys.readouterr().err

@@ -174,3 +174,44 @@ def test_token_weights_refuse_bad_lengths():
         credit.token_weights([[5, 3], [2, 4], [4, 4]])
     with pytest.raises(ValueError, match=r"leaf \(2, 1\) has length 3, shorter than its prefix of 4"):
         credit.token_weights([[5, 3], [2, 4], [4, 3], [1, 3]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_centred_continuations_carry_zero_signed_token_mass(data):
+    """Random trees: after ``zero_continuation_mass`` the continuation tokens' weights sum to
+    zero, every continuation weight moved by the same shift, and prefix weights did not move."""
+    pairs = data.draw(st.integers(1, 5))
+    rewards = data.draw(st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=2),
+                                 min_size=pairs, max_size=pairs))
+    taus = data.draw(st.lists(st.integers(0, 20), min_size=pairs, max_size=pairs))
+    lengths = [[tau + data.draw(st.integers(0, 60)) for _ in range(2)] for tau in taus]
+    credit = tree_credit(rewards, taus, beta=data.draw(st.sampled_from([0.0, 0.25])))
+    centred = credit.zero_continuation_mass(lengths)
+    counts = torch.tensor([[n - tau for n in row] for row, tau in zip(lengths, taus)],
+                          dtype=torch.float64)
+    mass = float((counts * centred.continuation.double()).sum())
+    assert abs(mass) <= 1e-4 * max(1.0, float(counts.sum()))
+    assert torch.equal(centred.prefix, credit.prefix)
+    shift = centred.continuation - credit.continuation
+    if counts.sum() > 0:
+        torch.testing.assert_close(shift, shift.flatten()[0].expand_as(shift))
+    # Token by token: the weights of the continuation tokens (t > tau_k) sum to zero.
+    weights = centred.token_weights(lengths)
+    continuation_sum = sum(float(w[tau:].double().sum()) for w, tau in
+                           zip(weights, [tau for tau in taus for _ in range(2)]))
+    assert abs(continuation_sum) <= 1e-4 * max(1.0, float(counts.sum()))
+
+
+def test_centring_by_hand_and_without_continuation_tokens():
+    # EXAMPLE, prefixes 2, 2, 1, 0 and leaves of 5, 3 | 2, 6 | 1, 1 | 4, 2 tokens: continuation
+    # counts 3, 1 | 0, 4 | 0, 0 | 4, 2 with weights (x SCALE) 0.5, -0.5 | 0.25, 0.25 |
+    # -0.25, -0.25 | 0.5, -0.5: mass (1.5 - 0.5 + 1 + 2 - 1) / SCALE = 3 / SCALE over 14 tokens.
+    credit = tree_credit(EXAMPLE, [2, 2, 1, 0])
+    centred = credit.zero_continuation_mass([[5, 3], [2, 6], [1, 1], [4, 2]])
+    torch.testing.assert_close(centred.continuation, credit.continuation - 3 / 14 / SCALE)
+    # Every pair terminal (leaf = prefix): no continuation tokens, nothing to centre.
+    terminal = tree_credit(EXAMPLE, [3, 3, 3, 3])
+    assert terminal.zero_continuation_mass([[3, 3]] * 4) is terminal
+    with pytest.raises(ValueError, match="shorter than its prefix"):
+        credit.zero_continuation_mass([[1, 3], [2, 6], [1, 1], [4, 2]])

@@ -68,6 +68,21 @@ def test_math_rows_with_answer_keep_level_and_solution(tmp_path: Path) -> None:
     assert third.level is None
 
 
+def test_subject_comes_from_subject_or_a_string_type(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [
+            {"problem": "A?", "answer": "1", "subject": "Algebra", "type": "ignored"},
+            {"problem": "B?", "answer": "2", "type": "Number Theory"},
+            {"question": "C?", "answer": "3", "type": 4},
+        ],
+    )
+    assert [p.subject for p in load_problems(path)] == ["Algebra", "Number Theory", None]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "A?", "answer": "1", "subject": 3}])
+    with pytest.raises(DataError, match="bad.jsonl:1: field 'subject' must be a string"):
+        load_problems(bad)
+
+
 def test_math_row_with_boxed_solution_only_takes_last_box(tmp_path: Path) -> None:
     solution = "First \\boxed{1}, then $\\boxed{\\frac{3}{4}}$."
     path = write_jsonl(tmp_path / "math.jsonl", [{"problem": "Q?", "solution": solution}])
@@ -193,7 +208,7 @@ def test_save_then_load_round_trips(tmp_path: Path) -> None:
         Problem(id="g-1", question="Eggs?\u2028Really?", answer="1234", source="gsm8k.jsonl",
                 solution="Some text.\n#### 1,234"),
         Problem(id="m-1", question="Find x.", answer="\\frac{1}{2}", source="math.jsonl", level=3,
-                solution="So $\\boxed{\\frac{1}{2}}$."),
+                solution="So $\\boxed{\\frac{1}{2}}$.", subject="Algebra"),
         Problem(id="a-1", question="AMC?", answer="36", source="amc.json"),
     ]
     path = tmp_path / "saved.jsonl"

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (LedgerError, LedgerWriter, StepRecord, check_conservation,
-                              flat_step_record, tree_step_record)
+from rlvr_fast.ledger import (LedgerError, LedgerWriter, MultiQuestionRecord, StepRecord,
+                              check_conservation, flat_step_record, multi_question_step_record,
+                              read_record, tree_step_record)
 from rlvr_fast.pairs import TreePair
 
 PARAMS = 10
@@ -229,3 +230,69 @@ def test_flat_builder_refuses_a_tree_category():
                          executed=EngineCounters(decode_rows=1),
                          max_new_tokens=8, params=1, loss=0.0, grad_norm=0.0, seconds={},
                          category="tau_zero")
+
+
+def flat_question(question_id, rewards, lengths, *, prompt_len=20, optimizer_step=True):
+    active = len(set(rewards)) > 1
+    return flat_step_record(**dict(
+        COMMON, question_id=question_id, rewards=rewards, sigma_r=0.5 if active else 0.0,
+        active=active, optimizer_step=optimizer_step, prompt_len=prompt_len, lengths=lengths,
+        seconds={}, loss=0.1 if active else None, grad_norm=2.0 if active else None))
+
+
+def multi_question_step(questions, **overrides):
+    fields = dict(step=7, questions=questions, active=any(q.active for q in questions),
+                  optimizer_step=True, loss=0.2, grad_norm=0.7, seconds={"rollout": 1.0},
+                  executed=EngineCounters(
+                      decode_rows=sum(n - 1 for q in questions for n in q.lengths)))
+    fields.update(overrides)
+    return multi_question_step_record(**fields)
+
+
+def test_a_multi_question_step_sums_its_questions_and_reads_back():
+    questions = [flat_question("a", [1.0, 0.0], [10, 30]), flat_question("b", [0.0, 0.0], [5, 7]),
+                 flat_question("c", [1.0, 1.0], [12, 12], prompt_len=9)]
+    record = multi_question_step(questions)
+    check_conservation(record)
+    assert record.zero_var_questions == 2 and record.active and not record.homogeneous
+    assert record.gen == record.leaf == 40 + 12 + 24
+    assert record.bwd_out == 40 and record.bwd_full == 2 * 20 + 40   # question a alone
+    assert record.pref == 2 * 20 + 2 * 20 + 2 * 9
+    assert record.flops_full == (2 * (record.pref + record.gen) + 6 * record.bwd_full) * PARAMS
+    line = json.loads(json.dumps(record.to_json()))
+    assert line["questions"][0]["flops_out"] == questions[0].flops_out
+    again = read_record(line)
+    assert isinstance(again, MultiQuestionRecord) and again == record
+    assert isinstance(read_record(questions[0].to_json()), StepRecord)
+
+
+def test_every_homogeneous_question_makes_a_zero_gradient_step():
+    questions = [flat_question("a", [1.0, 1.0], [10, 30]), flat_question("b", [0.0, 0.0], [5, 7])]
+    record = multi_question_step(questions, loss=None, grad_norm=None)
+    check_conservation(record)
+    assert record.homogeneous and not record.active and record.bwd_out == record.bwd_full == 0
+
+
+@pytest.mark.parametrize("break_it,law", [
+    (lambda r: setattr(r, "gen", r.gen + 1), "gen = sum over questions"),
+    (lambda r: setattr(r, "zero_var_questions", 0), "counts the homogeneous questions"),
+    (lambda r: setattr(r, "active", False), "active iff a question is"),
+    (lambda r: setattr(r.questions[1], "optimizer_step", False), "share the step's optimizer"),
+    (lambda r: setattr(r.questions[0], "step", 6), "belong to the step"),
+    (lambda r: setattr(r, "decode_rows", r.decode_rows + 1), "decode work"),
+    (lambda r: setattr(r.questions[1], "leaf", 99), "question b: ledger step 7: leaf = sum"),
+    (lambda r: setattr(r, "questions", r.questions[:1]), "at least 2 questions"),
+])
+def test_multi_question_laws_name_what_broke(break_it, law):
+    record = multi_question_step([flat_question("a", [1.0, 0.0], [10, 30]),
+                                  flat_question("b", [0.0, 0.0], [5, 7])])
+    break_it(record)
+    with pytest.raises(LedgerError, match=law):
+        check_conservation(record)
+
+
+def test_a_homogeneous_question_that_ran_backward_breaks_the_laws():
+    questions = [flat_question("a", [1.0, 0.0], [10, 30]), flat_question("b", [0.0, 0.0], [5, 7])]
+    questions[1] = dataclasses.replace(questions[1], active=True, bwd_out=12, bwd_full=52)
+    with pytest.raises(LedgerError, match="backward pass iff its rewards vary"):
+        check_conservation(multi_question_step(questions))

@@ -19,7 +19,7 @@ from rlvr_fast.parallel import sample_parallel, summarise, summary_context
 from rlvr_fast.path_credit import normalise, parallel_credit
 from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, PassAtK, shapley_exact
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 PARAMS = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9)
 
@@ -188,7 +188,7 @@ def record_of(line: dict) -> StepRecord:
 def summary_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("summary_run")
     config = TrainConfig.from_arm("shapley_summary", steps=2, **FAST)
-    GRPOTrainer(load_policy("tiny"), config, [EASY], out_dir=out, progress=False).train()
+    RLVRTrainer(load_policy("tiny"), config, [EASY], out_dir=out, progress=False).train()
     return out
 
 
@@ -233,7 +233,7 @@ def test_the_parallel_laws_catch_a_broken_line(summary_run, mutate, law):
 def test_judge_utility_with_monte_carlo_credit(tiny, tmp_path):
     config = TrainConfig.from_arm("shapley_vote", steps=1, path_utility="judge",
                                   shapley_permutations=4, **FAST)
-    trainer = GRPOTrainer(tiny, config, [EASY], out_dir=tmp_path, progress=False)
+    trainer = RLVRTrainer(tiny, config, [EASY], out_dir=tmp_path, progress=False)
     trainer.train()
     line = read_lines(tmp_path / "ledger.jsonl")[0]
     check_conservation(record_of(line))
@@ -264,7 +264,7 @@ def test_parallel_arms_learn_on_an_easy_question(tiny):
     sums, which the tiny model gets right about a third of the time)."""
     problems = synthetic_problems("train", 4, seed=11, levels=(1,))
     config = TrainConfig.from_arm("shapley_vote", steps=4, **dict(FAST, max_new_tokens=128))
-    trainer = GRPOTrainer(load_policy("tiny"), config, problems, progress=False)
+    trainer = RLVRTrainer(load_policy("tiny"), config, problems, progress=False)
     records = [trainer.train_step(i, p).record for i, p in enumerate(problems)]
     active = [r for r in records if r["active"]]
     assert active, "no step had a nonzero advantage"

@@ -172,10 +172,10 @@ def test_midpoint_split_of_a_long_early_eos_root_on_the_tiny_model(tiny, tmp_pat
         assert pair.root_tokens[pair.prefix_len - 1] in tiny.tokenizer.newline_token_ids
         assert 1 <= pair.prefix_len < len(pair.root_tokens)
 
-    from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+    from rlvr_fast.trainer import RLVRTrainer, TrainConfig
     config = TrainConfig.from_arm("midpoint_mst", steps=1, t_min=120, t_max=150,
                                   max_new_tokens=200, gate_min_chars=None, seed=0)
-    trainer = GRPOTrainer(tiny, config, [problem], out_dir=tmp_path, progress=False)
+    trainer = RLVRTrainer(tiny, config, [problem], out_dir=tmp_path, progress=False)
     trainer.train()
     line = json.loads((tmp_path / "ledger.jsonl").read_text())
     # Same seed, same prompt, first step a tree: the trainer sampled the very same tree.

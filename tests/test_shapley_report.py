@@ -15,7 +15,7 @@ from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, PassAtK
 from rlvr_fast.shapley_report import (bootstrap_spearman, build_report, rankdata,
                                       shapley_report, spearman, vote_deltas)
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 # Response 0: paths [right, right, wrong] credited by vote Shapley, phi = (7/12, 7/12, -1/6);
 # masking a right path leaves a two-way tie (1/2), masking the wrong one changes nothing:
@@ -118,7 +118,7 @@ def test_summary_runs_regenerate_the_summaries(tmp_path):
     problem = Problem(id="easy", question="What is 12 * 3?", answer="36", source="test")
     config = TrainConfig.from_arm("shapley_summary", steps=2, max_new_tokens=32, group_size=2,
                                   num_paths=2, gate_min_chars=None, lr=1e-4)
-    GRPOTrainer(load_policy("tiny"), config, [problem], out_dir=tmp_path, progress=False).train()
+    RLVRTrainer(load_policy("tiny"), config, [problem], out_dir=tmp_path, progress=False).train()
     report = shapley_report(tmp_path, max_steps=1, resamples=20)
     assert (report["steps"], report["responses"], report["paths"]) == (1, 2, 4)
     assert (tmp_path / "shapley_report" / "scatter.png").is_file()

@@ -12,10 +12,10 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import Problem, synthetic_problems
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.ledger import StepRecord, check_conservation
+from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import Policy, load_policy
-from rlvr_fast.trainer import (GRPOTrainer, Phases, TrainConfig, completion_token_nll,
+from rlvr_fast.trainer import (Phases, RLVRTrainer, TrainConfig, completion_token_nll,
                                fused_grpo_loss, grpo_loss, standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
@@ -25,7 +25,9 @@ TREE_ARMS = [name for name, settings in ARMS.items() if settings.get("sampler") 
 
 
 def fast_settings(arm: str) -> dict:
-    return TREE_FAST if arm in TREE_ARMS else FAST
+    settings = TREE_FAST if arm in TREE_ARMS else FAST
+    # A Polyak window that starts inside a three-step run.
+    return dict(settings, polyak_start=2) if ARMS[arm].get("polyak_start") else settings
 IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", source="test")
 
 
@@ -70,7 +72,7 @@ def tiny():
 
 
 def homogeneous_step(tiny, arm):
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
     before = [p.detach().clone() for p in trainer.params]
     record = trainer.train_step(0, IMPOSSIBLE).record
     changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.params))
@@ -104,15 +106,16 @@ def read_ledger(run_dir):
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     problems = synthetic_problems("train", 3, seed=11)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, steps=3, **fast_settings(arm)),
                           problems, out_dir=tmp_path, progress=False)
     summary = trainer.train()
     lines = read_ledger(tmp_path)
     assert [line["step"] for line in lines] == [0, 1, 2]
+    questions_per_step = ARMS[arm].get("questions_per_step", 1)
     for line in lines:
-        fields = {k: v for k, v in line.items() if not k.startswith("flops_")}
-        record = StepRecord(**fields)
+        record = read_record(line)
         check_conservation(record)
+        assert isinstance(record, MultiQuestionRecord) == (questions_per_step > 1)
         params = line["params"]
         assert line["flops_out"] == (2 * line["gen"] + 6 * line["bwd_out"]) * params
         assert line["flops_full"] == (2 * (line["pref"] + line["gen"]) + 6 * line["bwd_full"]) * params
@@ -122,9 +125,12 @@ def test_three_step_run_keeps_the_ledger_conserved(tiny, tmp_path, arm):
     if ARMS[arm]["gate_min_chars"]:
         rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
         for step in rollouts:
-            for text, reward in zip(step["texts"], step["rewards"]):
-                assert not reward or passes_gate(text)
+            for question in step.get("questions", [step]):
+                for text, reward in zip(question["texts"], question["rewards"]):
+                    assert not reward or passes_gate(text)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    if ARMS[arm].get("polyak_start"):
+        assert (tmp_path / "final_polyak" / "model.safetensors").is_file()
     verification = verify_run(tmp_path)
     assert verification.ok, "\n".join(verification.lines())
 
@@ -153,7 +159,7 @@ def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
     problems = synthetic_problems("train", 6, seed=7)
     config = TrainConfig.from_arm("stopped_tree", steps=6,
                                   **dict(TREE_FAST, bifurcate_after_active=1, gate_min_chars=None))
-    GRPOTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
+    RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_ledger(tmp_path)
     first_active = next(i for i, line in enumerate(lines) if line["active"])
     for i, line in enumerate(lines):
@@ -170,33 +176,34 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("arm", ["zg_flat", "root_restart"])
+@pytest.mark.parametrize("arm", ["zg_flat", "root_restart", "accum4"])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
-    """Tree arms also resume with the count of active steps taken so far (from the ledger)."""
+    """Tree arms also resume with the count of active steps taken so far (from the ledger);
+    multi-question steps with the questions they read."""
     problems = synthetic_problems("train", 5, seed=3)
     config = dict(steps=5, checkpoint_every=2, **fast_settings(arm))
     if arm in TREE_ARMS:
         config.update(bifurcate_after_active=1, gate_min_chars=None)
-    whole = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
+    whole = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config), problems,
                         out_dir=tmp_path / "whole", progress=False)
     whole.train()
 
-    interrupted = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    interrupted = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                               problems, out_dir=tmp_path / "resumed", progress=False)
-    step_fn = interrupted.train_step
+    step_fn = interrupted.run_step
 
-    def dies_during_step_3(step, problem):
+    def dies_during_step_3(step):
         if step == 3:
             raise Killed
-        return step_fn(step, problem)
+        return step_fn(step)
 
-    interrupted.train_step = dies_during_step_3
+    interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
     interrupted.ledger.close()
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
-    resumed = GRPOTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
+    resumed = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm(arm, **config),
                           problems, out_dir=tmp_path / "resumed", resume=True, progress=False)
     assert resumed.start_step == 2
     resumed.train()
@@ -217,7 +224,7 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
     crashed so. Here the policy reports the meta device, standing in for CUDA (tensors mapped
     onto it hold no data)."""
     problems = synthetic_problems("train", 1, seed=3)
-    trainer = GRPOTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
+    trainer = RLVRTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
                           out_dir=tmp_path, progress=False)
     trainer.train()
     path = tmp_path / "checkpoint" / "state.pt"
@@ -271,7 +278,7 @@ CUDA_FAST = dict(FAST, max_batch=8)
 def test_cuda_training_in_bf16_with_the_generator_on_the_device(tmp_path, arm):
     problems = synthetic_problems("train", 2, seed=5)
     settings = dict(fast_settings(arm), max_batch=8)
-    trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                           TrainConfig.from_arm(arm, steps=2, **settings), problems,
                           out_dir=tmp_path, progress=False)
     assert trainer.policy.dtype == torch.bfloat16
@@ -290,7 +297,7 @@ def test_cuda_rollouts_follow_the_run_seed():
     problem = synthetic_problems("train", 1, seed=5)[0]
     texts = []
     for seed in (1, 1, 2):
-        trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+        trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                               TrainConfig.from_arm("zg_flat", seed=seed, **CUDA_FAST), [problem],
                               progress=False)
         texts.append(trainer.train_step(0, problem).texts)
@@ -300,7 +307,7 @@ def test_cuda_rollouts_follow_the_run_seed():
 @pytest.mark.cuda
 def test_a_cuda_step_shows_every_phase_and_the_engine_in_nvtx(monkeypatch):
     problem = synthetic_problems("train", 1, seed=5)[0]
-    trainer = GRPOTrainer(load_policy("tiny", device="cuda"),
+    trainer = RLVRTrainer(load_policy("tiny", device="cuda"),
                           TrainConfig.from_arm("baseline", **CUDA_FAST), [problem], progress=False)
     events = record_nvtx(monkeypatch)
     trainer.train_step(0, problem)
@@ -316,7 +323,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     weights and generator state on the GPU, and repeats step 2's rollouts."""
     problems = synthetic_problems("train", 4, seed=3)
     config = TrainConfig.from_arm("zg_flat", steps=4, checkpoint_every=2, **CUDA_FAST)
-    interrupted = GRPOTrainer(load_policy("tiny", device="cuda"), config, problems,
+    interrupted = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
                               out_dir=tmp_path, progress=False)
     step_fn = interrupted.train_step
 
@@ -333,7 +340,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     saved = torch.load(tmp_path / "checkpoint" / "state.pt", map_location="cpu",
                        weights_only=False)
 
-    resumed = GRPOTrainer(load_policy("tiny", device="cuda"), config, problems,
+    resumed = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
                           out_dir=tmp_path, resume=True, progress=False)
     assert resumed.start_step == 2 and resumed.generator.device.type == "cuda"
     assert torch.equal(resumed.generator.get_state(), saved["generator"])
@@ -370,5 +377,5 @@ def test_unknown_arm_and_setting_list_the_valid_names():
 def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
     with pytest.raises(FileExistsError, match="--resume"):
-        GRPOTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
+        RLVRTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
                     out_dir=tmp_path, progress=False)

@@ -16,7 +16,7 @@ from rlvr_fast.data import synthetic_problems
 from rlvr_fast.kernels import zero_grad_adamw as kernel
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 SIZES = (1, 7, 1000, 100_003)
 
@@ -130,7 +130,7 @@ def test_zg_flat_training_matches_the_eager_zero_grad_path(tmp_path):
     for fused in (True, False):
         config = TrainConfig.from_arm("zg_flat", steps=10, lr=1e-4, max_new_tokens=64,
                                       fused_zero_grad_step=fused)
-        trainer = GRPOTrainer(load_policy("tiny"), config, problems, progress=False,
+        trainer = RLVRTrainer(load_policy("tiny"), config, problems, progress=False,
                               out_dir=tmp_path / str(fused))
         trainer.train()
         results.append(trainer)

@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rlvr_fast.analysis.compare import BASE_LABEL, Comparison, compare_runs
-from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
+from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs, question_lines
 from rlvr_fast.analysis.tables import markdown
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
@@ -155,8 +155,11 @@ def reward_figure(by_arm: dict[str, list[Run]]) -> Figure:
     figure = Figure(figsize=(11, 4), layout="tight")
     mean_axes, sigma_axes = figure.subplots(1, 2)
     for index, (arm, runs) in enumerate(by_arm.items()):
-        rewards = per_step(runs, lambda line: float(np.mean(line["rewards"])))
-        sigmas = per_step(runs, lambda line: float(line["sigma_r"]))
+        # A multi-question step shows the mean over its questions' groups.
+        rewards = per_step(runs, lambda line: float(np.mean(
+            [r for q in question_lines(line) for r in q["rewards"]])))
+        sigmas = per_step(runs, lambda line: float(np.mean(
+            [q["sigma_r"] for q in question_lines(line)])))
         plot_over_steps(mean_axes, rewards, arm, index)
         plot_over_steps(sigma_axes, sigmas, arm, index)
     mean_axes.set(title="Group reward mean per step", xlabel="training step",
@@ -171,9 +174,11 @@ def length_figure(by_arm: dict[str, list[Run]]) -> Figure:
     figure = Figure(figsize=(11, 4), layout="tight")
     length_axes, short_axes = figure.subplots(1, 2)
     for index, (arm, runs) in enumerate(by_arm.items()):
-        lengths = per_step(runs, lambda line: float(np.mean(line["lengths"])), rollouts=True)
+        lengths = per_step(runs, lambda line: float(np.mean(
+            [n for q in question_lines(line) for n in q["lengths"]])), rollouts=True)
         short = per_step(runs, lambda line: float(np.mean(
-            [not passes_gate(text, GATE_CHARS) for text in line["texts"]])), rollouts=True)
+            [not passes_gate(text, GATE_CHARS) for q in question_lines(line)
+             for text in q["texts"]])), rollouts=True)
         plot_over_steps(length_axes, lengths, arm, index)
         plot_over_steps(short_axes, 100 * short, arm, index)
     length_axes.set(title="Mean rollout length per step", xlabel="training step",
@@ -253,7 +258,7 @@ def pair_categories(by_arm: dict[str, list[Run]]) -> dict[str, dict[str, float]]
         counts: dict[str, float] = {}
         for run in runs:
             for line in run.ledger:
-                for pair in line.get("pairs", []):
+                for pair in (p for q in question_lines(line) for p in q.get("pairs", [])):
                     counts[pair[6]] = counts.get(pair[6], 0) + 1 / len(runs)
         result[arm] = counts
     return result

@@ -5,9 +5,12 @@
     RUN/ledger.jsonl           one checked ledger line per step (``rlvr_fast.ledger``)
     RUN/rollouts.jsonl         one line per step: texts, token lengths, rewards, the answer and
                                prompt length, and on tree steps the pairs' prefix lengths,
-                               categories, Stage-1 root lengths and Stage-2 token count
+                               categories, Stage-1 root lengths and Stage-2 token count; on a
+                               multi-question step one such line per question under "questions"
+                               (so are its ledger line's sub-records: ``question_lines``)
     RUN/evals/NAME.jsonl       per-item grades after training (``evaluation.ItemGrade``)
     RUN/evals/before/NAME.jsonl  the same before training
+    RUN/evals/polyak/NAME.jsonl  the same for the Polyak average of the weights (polyak_start)
     RUN/summary.json           written last: a run that has it is finished
 
 Files are read when first asked for. Anything missing or unreadable raises ``RunDirError`` with
@@ -126,16 +129,23 @@ class Run:
     def finished(self) -> bool:
         return (self.path / "summary.json").is_file()
 
-    def eval_files(self, before: bool = False) -> dict[str, Path]:
-        """NAME -> evals/NAME.jsonl (or evals/before/NAME.jsonl), sorted by name."""
-        directory = self.path / "evals" / ("before" if before else "")
+    def eval_files(self, before: bool = False, *, polyak: bool = False) -> dict[str, Path]:
+        """NAME -> evals/NAME.jsonl (or evals/before/NAME.jsonl, or evals/polyak/NAME.jsonl),
+        sorted by name."""
+        directory = self.path / "evals" / ("before" if before else "polyak" if polyak else "")
         return {p.stem: p for p in sorted(directory.glob("*.jsonl"))}
 
-    def evals(self, before: bool = False) -> dict[str, list[dict]]:
+    def evals(self, before: bool = False, *, polyak: bool = False) -> dict[str, list[dict]]:
         """NAME -> per-item grades, in the order they were written."""
-        key = "evals_before" if before else "evals"
+        key = "evals_before" if before else "evals_polyak" if polyak else "evals"
         return self._load(key, lambda: {name: read_jsonl(path) for name, path in
-                                        self.eval_files(before).items()})
+                                        self.eval_files(before, polyak=polyak).items()})
+
+
+def question_lines(line: dict) -> list[dict]:
+    """A ledger or rollouts line's per-question lines: its "questions" on a multi-question
+    step, else the line itself."""
+    return line["questions"] if "questions" in line else [line]
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

@@ -28,7 +28,7 @@ from rlvr_fast.analysis.run_dir import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.data import Problem
 from rlvr_fast.files import write_text_atomic
-from rlvr_fast.trainer import GRPOTrainer, TrainConfig
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 
 class SweepError(ValueError):
@@ -90,7 +90,7 @@ def run_sweep(plan: list[SweepRun], out: Path, train_data: Sequence[Problem],
                 continue
             bar.set_postfix_str(f"{run.config.arm} seed {run.config.seed}")
             started = time.perf_counter()
-            trainer = GRPOTrainer(load_policy(), run.config, train_data, eval_sets,
+            trainer = RLVRTrainer(load_policy(), run.config, train_data, eval_sets,
                                   out_dir=run.path, resume=is_run_dir(run.path), progress=False)
             trainer.train()
             bar.write(f"{run.path}: trained in {time.perf_counter() - started:.0f} s")

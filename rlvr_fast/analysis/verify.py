@@ -4,20 +4,23 @@ spirit of the study's verify_supplement.py. Checks per run directory:
   config      config.json holds a valid TrainConfig, the trainable parameter count P, the package
               versions (rlvr_fast and torch at least) and the git commit
   steps       ledger.jsonl and rollouts.jsonl hold exactly one line per step, 0 .. n-1, and all
-              config.steps of them once the run is finished (summary.json written)
+              config.steps of them once the run is finished (summary.json written), or, with
+              active_steps, up to the step that made that many active steps
   re-derived  each step's ledger line rebuilt from its rollouts line and config.json through the
               ledger's own constructors: rewards re-graded from the texts (derivation gate
               included), sigma_R, homogeneous / active / optimizer step by the arm's rules, flat
               or tree by the warmup rule, pair tuples and categories, gen, pref, pad_pref,
               untrim_gen, leaf, bwd_out, bwd_full, |p^(k)|, stage2_gen and the Out / Full /
               PadFull FLOPs at P; on parallel-path steps the path and summary grades, r_out
-              and (deterministic credits) phi and the returns; every one must equal the
-              recorded value
+              and (deterministic credits) phi and the returns; on multi-question steps each
+              question's sub-record that way, then the step's totals, zero-variance count and
+              stepping; every one must equal the recorded value
   laws        every recorded line satisfies the ledger's conservation laws
               (``ledger.check_conservation``), which also bound what only the engine knows
               (decode rows, prefill tokens run, KV blocks)
   evals       every saved eval item re-graded from its response text (extracted answer, grade,
-              derivation gate, a cap hit only at the cap); summary.json's counts agree
+              derivation gate, a cap hit only at the cap), the Polyak average's too;
+              summary.json's counts agree
 Not re-derived: token lengths from texts (decoding then encoding is not the identity), timings,
 losses and gradient norms.
 """
@@ -35,8 +38,9 @@ from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
 from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (LedgerError, ParallelStats, StepRecord, check_conservation,
-                              flat_step_record, parallel_step_record, tree_step_record)
+from rlvr_fast.ledger import (LedgerError, MultiQuestionRecord, ParallelStats, StepRecord,
+                              check_conservation, flat_step_record, multi_question_step_record,
+                              parallel_step_record, read_record, tree_step_record)
 from rlvr_fast.pairs import PairCategory, TreePair
 from rlvr_fast.path_credit import outcome_utility, parallel_credit
 from rlvr_fast.shapley import MajorityVote
@@ -50,6 +54,10 @@ DERIVED_FIELDS = ("step", "question_id", "rewards", "sigma_r", "homogeneous", "a
                   "untrim_gen", "leaf", "bwd_out", "bwd_full", "max_new_tokens", "params",
                   "stage1_lengths", "stage2_gen", "parallel", "flops_out", "flops_full",
                   "flops_pad_full")
+MULTI_QUESTION_FIELDS = ("step", "questions", "zero_var_questions", "homogeneous", "active",
+                         "optimizer_step", "gen", "pref", "pad_pref", "untrim_gen", "leaf",
+                         "bwd_out", "bwd_full", "max_new_tokens", "params", "flops_out",
+                         "flops_full", "flops_pad_full")
 REQUIRED_VERSIONS = ("rlvr_fast", "torch")
 SHOWN_FAILURES = 10
 
@@ -161,14 +169,28 @@ def check_steps(run: Run, config: TrainConfig) -> Check:
     if len(run.ledger) != len(run.rollouts):
         check.failures.append(f"ledger.jsonl has {len(run.ledger)} lines, rollouts.jsonl "
                               f"{len(run.rollouts)}")
-    if run.finished and len(run.ledger) != config.steps:
+    if run.finished and len(run.ledger) != finished_length(run.ledger, config):
+        target = (f" or the step of active step {config.active_steps}"
+                  if config.active_steps is not None else "")
         check.failures.append(f"finished run: ledger.jsonl has {len(run.ledger)} lines for "
-                              f"{config.steps} steps")
+                              f"{config.steps} steps{target}")
     if not run.finished:
         check.failures.append(f"unfinished run: {len(run.ledger)} of {config.steps} steps, no "
                               f"summary.json")
     check.detail = f"one ledger and one rollouts line for each of {len(run.ledger)} steps"
     return check
+
+
+def finished_length(ledger: list[dict], config: TrainConfig) -> int:
+    """The lines a finished run's ledger holds: config.steps, or with active_steps the step
+    whose backward pass made that many, if one did."""
+    if config.active_steps is not None:
+        active = 0
+        for index, line in enumerate(ledger):
+            active += bool(line.get("active"))
+            if active == config.active_steps:
+                return index + 1
+    return config.steps
 
 
 def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
@@ -177,14 +199,18 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
     graded = 0
     for recorded, rollout in zip(run.ledger, run.rollouts):
         step = recorded.get("step")
+        multi = config.questions_per_step > 1
         try:
-            expected = rederive_step(rollout, recorded, config, params, active_steps)
+            expected = (rederive_multi_question_step if multi else rederive_step)(
+                rollout, recorded, config, params, active_steps)
         except (KeyError, TypeError, ValueError) as err:
             check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
             continue
         active_steps += expected.active
-        graded += len(expected.rewards)
-        check.failures += field_mismatches(step, recorded, expected.to_json())
+        graded += sum(len(q.rewards) for q in expected.questions) if multi else len(
+            expected.rewards)
+        check.failures += field_mismatches(step, recorded, expected.to_json(),
+                                           MULTI_QUESTION_FIELDS if multi else DERIVED_FIELDS)
     tflops = [sum(line.get(key, 0) for line in run.ledger) / 1e12
               for key in ("flops_out", "flops_full", "flops_pad_full")]
     check.detail = (f"{len(run.ledger)} steps equal their re-derivation ({graded} rewards "
@@ -232,6 +258,34 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
                  rollout["categories"], rollout["prefix_lens"], rollout["stage1_lengths"],
                  strict=True))]
     return tree_step_record(pairs=pairs, stage2_gen=rollout["stage2_gen"], **common)
+
+
+def rederive_multi_question_step(rollout: dict, recorded: dict, config: TrainConfig,
+                                 params: int, active_steps: int) -> MultiQuestionRecord:
+    """A multi-question step: each question's sub-record re-derived as a step of its own (its
+    optimizer step is the step's: any question with varying rewards, or the zero-gradient rule),
+    then the step's line from them; the engine's counts, timings, loss and gradient norm are
+    copied from ``recorded``."""
+    if len(rollout["questions"]) != len(recorded["questions"]):
+        raise ValueError(f"rollouts.jsonl has {len(rollout['questions'])} questions, the ledger "
+                         f"{len(recorded['questions'])}")
+    if len(rollout["questions"]) != config.questions_per_step:
+        raise ValueError(f"{len(rollout['questions'])} questions, config.json says "
+                         f"{config.questions_per_step} per step")
+    questions = [rederive_step(dict(question, step=rollout["step"]), recorded_question, config,
+                               params, active_steps)
+                 for question, recorded_question in zip(rollout["questions"],
+                                                         recorded["questions"])]
+    active = any(q.active for q in questions)
+    optimizer_step = active or config.zero_var_step == "zero_grad"
+    executed = EngineCounters(**{f.name: recorded.get(f.name)
+                                 for f in dataclasses.fields(EngineCounters)})
+    return multi_question_step_record(
+        step=rollout["step"],
+        questions=[dataclasses.replace(q, optimizer_step=optimizer_step) for q in questions],
+        active=active, optimizer_step=optimizer_step, executed=executed,
+        loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
+        seconds=recorded.get("seconds", {}))
 
 
 def rederive_parallel_step(rollout: dict, recorded: dict, config: TrainConfig,
@@ -292,22 +346,25 @@ def field_mismatches(step, recorded: dict, expected: dict,
         if isinstance(have, list) and isinstance(want, list) and len(have) == len(want):
             index = next(i for i, (a, b) in enumerate(zip(have, want)) if a != b)
             name, have, want = f"{name}[{index}]", have[index], want[index]
+            if isinstance(have, dict) and isinstance(want, dict):
+                mismatches += field_mismatches(step, have, want, tuple(want), f"{prefix}{name}.")
+                continue
         mismatches.append(f"step {step} {prefix}{name}: recorded {have!r}, re-derived {want!r}")
     return mismatches
 
 
 def check_laws(run: Run) -> Check:
     check = Check("laws")
-    names = {f.name for f in dataclasses.fields(StepRecord)}
     categories: dict[str, int] = {}
     for line in run.ledger:
         try:
-            record = StepRecord(**{k: v for k, v in line.items() if k in names})
+            record = read_record(line)
             check_conservation(record)
         except (TypeError, LedgerError) as err:
             check.failures.append(f"step {line.get('step')}: {_describe(err)}")
             continue
-        for pair in record.pairs:
+        questions = record.questions if isinstance(record, MultiQuestionRecord) else [record]
+        for pair in (pair for question in questions for pair in question.pairs):
             categories[pair[6]] = categories.get(pair[6], 0) + 1
     check.detail = (f"{len(run.ledger)} lines conserve tokens; pairs: "
                     + ", ".join(f"{n} {c}" for c, n in sorted(categories.items())))
@@ -319,9 +376,10 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
     cap = config.eval_max_new_tokens
     counted = []
     summary = run.summary or {}
-    for before, summary_key in ((True, "eval_before"), (False, "eval_after")):
-        evals = run.evals(before)
-        label = "evals/before/" if before else "evals/"
+    for before, polyak, summary_key in ((True, False, "eval_before"), (False, False, "eval_after"),
+                                        (False, True, "eval_polyak")):
+        evals = run.evals(before, polyak=polyak)
+        label = "evals/before/" if before else "evals/polyak/" if polyak else "evals/"
         for name, items in evals.items():
             where = f"{label}{name}.jsonl"
             check.failures += eval_file_mismatches(where, items, cap)

@@ -94,20 +94,29 @@ def load_model(directory: str | os.PathLike, *, device: torch.device | str = "cp
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
     config = ModelConfig.from_file(directory / "config.json")
+    return build_model(config, read_hf_tensors(directory), device=device, dtype=dtype,
+                       source=str(directory))
+
+
+def build_model(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], *,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                source: str = "checkpoint") -> Qwen3ForCausalLM:
+    """Our model for ``config`` holding copies of ``hf_tensors`` (Hugging Face names, as in a
+    checkpoint file or a ``transformers`` model's ``state_dict``); errors name ``source``."""
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
-    tensors = hf_to_packed(read_hf_tensors(directory))
+    tensors = hf_to_packed(hf_tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     expected = {name: p for name, p in model.named_parameters()}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{directory}: tensors do not match the config "
+        raise CheckpointError(f"{source}: tensors do not match the config "
                               f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
     for name, param in expected.items():
         if tensors[name].shape != param.shape:
-            raise CheckpointError(f"{directory}: {name} has shape {tuple(tensors[name].shape)}, "
+            raise CheckpointError(f"{source}: {name} has shape {tuple(tensors[name].shape)}, "
                                   f"config implies {tuple(param.shape)}")
     model.to_empty(device=device)
     model.tie_weights()
