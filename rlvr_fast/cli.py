@@ -383,9 +383,11 @@ def run_select_data(args) -> dict:
         raise ValueError(f"--batch-questions must be >= 1, got {args.batch_questions}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
+    device = parse_device(args.device)
     problems = load_data(args.data)
-    policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    engine = RolloutEngine.for_policy(policy, max_batch=args.max_batch,
+    policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype])
+    engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
                                       cuda_graphs=not args.no_cuda_graphs)
     result = select_data(policy, engine, problems, settings, pass_range, args.out,
                          limit=args.limit, batch_questions=args.batch_questions,

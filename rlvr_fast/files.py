@@ -8,8 +8,8 @@ JSONL lines are appended and synced, and a kill at any moment leaves the old fil
         write_model_files(model, staging)
     remove_stale_files(run_dir)            # on start: temp files of killed writers, a half swap
 
-A writer's temp file sits beside its target (``.NAME.RANDOM.tmp``) so that ``os.replace`` stays
-on one filesystem; ``replaced_directory`` moves the old directory to ``.NAME.old`` for the
+A writer's temp file sits beside its target (``.NAME.RANDOM.tmp``; safetensors' own temp file,
+``.tmpRANDOM``, lands there too) so that ``os.replace`` stays on one filesystem; ``replaced_directory`` moves the old directory to ``.NAME.old`` for the
 instant between its two renames. ``remove_stale_files`` knows both names: it deletes the temp
 files and, when a kill fell between the renames, puts ``.NAME.old`` back.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -149,5 +150,11 @@ def remove_stale_files(root: str | os.PathLike) -> list[Path]:
     return touched
 
 
+# safetensors' save_file writes through a temp file of its own beside the target (Rust's
+# tempfile crate: ".tmp" and six letters or digits), which a kill leaves behind too.
+RUST_TEMP_NAME = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+
+
 def is_temp_name(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) \
+        or RUST_TEMP_NAME.fullmatch(name) is not None

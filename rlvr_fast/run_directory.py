@@ -60,8 +60,11 @@ def problems_sha256(problems: Sequence[Problem]) -> str:
 
 
 def policy_sha256(policy) -> str:
-    """The starting weights (names, dtypes, bytes) and the tokenizer (its JSON, eos and pad)."""
+    """The starting weights (names, dtypes, bytes; which are trained: a tied LM head is one
+    parameter, an untied one two) and the tokenizer (its JSON, eos and pad)."""
     digest = hashlib.sha256()
+    digest.update(json.dumps([name for name, p in policy.model.named_parameters()
+                              if p.requires_grad]).encode())
     for name, tensor in policy.model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())

@@ -71,7 +71,7 @@ from rlvr_fast.arms import ARMS, arm_settings
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
-from rlvr_fast.evaluation import EvalResult, encode_prompts, evaluate
+from rlvr_fast.evaluation import EvalResult, check_prompt_lengths, encode_prompts, evaluate
 from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
 from rlvr_fast.generation import sample_groups
 from rlvr_fast.grading import final_answer, grade_many
@@ -106,6 +106,7 @@ MAX_BATCH = 1 << 16
 MAX_NEW_TOKENS = 1 << 20
 MAX_SHAPLEY_PERMUTATIONS = 1 << 20
 MAX_SEED = (1 << 63) - 1
+MAX_QUESTIONS_PER_STEP = 1024
 # Where run_evals writes each evaluation, under RUN/evals/.
 EVAL_DIRS = {"before": "before", "after": "", "polyak": "polyak"}
 
@@ -246,8 +247,9 @@ class TrainConfig:
             (self.shapley_permutations != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
             (self.lambda_outcome >= 0 and self.lambda_path >= 0,
              "lambda_outcome and lambda_path must be >= 0"),
-            (self.questions_per_step >= 1,
-             f"questions_per_step must be >= 1, got {self.questions_per_step}"),
+            (1 <= self.questions_per_step <= MAX_QUESTIONS_PER_STEP,
+             f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got "
+             f"{self.questions_per_step}"),
             (self.questions_per_step == 1 or self.skip_zero_var, "questions_per_step > 1 needs "
              "skip_zero_var: a zero-variance question has no gradient to scale to unit norm"),
             (self.questions_per_step == 1 or self.loss_order == "token_weighted",
@@ -558,7 +560,10 @@ class RLVRTrainer:
         self.train_data = list(train_data)
         self.eval_data = {check_eval_name(name): problems
                           for name, problems in (eval_data or {}).items()}
-        encode_prompts(policy, self.train_data, config.max_new_tokens)
+        # Every prompt fits the model beside its completion, checked before anything is written.
+        check_prompt_lengths(policy, self.train_data,
+                             [self.task.prompt_ids(p) for p in self.train_data],
+                             config.max_new_tokens)
         for problems in self.eval_data.values():
             encode_prompts(policy, problems, config.eval_max_new_tokens)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -585,6 +590,7 @@ class RLVRTrainer:
         self.active_steps = 0
         self.ledger = None
         self.finished_summary = None
+        self.eval_before: dict | None = None  # in every checkpoint, for a resumed run's summary
         if self.out_dir is not None:
             self._open_run_dir(resume)
 
@@ -595,7 +601,9 @@ class RLVRTrainer:
         config = self.config
         summary: dict = {"arm": config.arm}
         if config.eval_before and self.start_step == 0 and self.eval_data:
-            summary["eval_before"] = self.run_evals("before")
+            self.eval_before = self.run_evals("before")
+        if self.eval_before is not None:
+            summary["eval_before"] = self.eval_before
         totals: dict[str, float] = {}
         step = self.start_step
         profiler = self._start_profiler()
@@ -1048,12 +1056,14 @@ class RLVRTrainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
-        written atomically (``rlvr_fast.state_file``: no pickle), with the Polyak sums."""
+        written atomically (``rlvr_fast.state_file``: no pickle), with the Polyak sums and the
+        before-training evaluation's summary."""
         save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
             "next_step": next_step, "model": self.policy.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
-            "polyak": self.polyak.state_dict() if self.polyak is not None else None})
+            "polyak": self.polyak.state_dict() if self.polyak is not None else None,
+            "eval_before": self.eval_before})
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from. The file is
@@ -1075,6 +1085,9 @@ class RLVRTrainer:
             torch.set_rng_state(state["torch_rng"])
             if self.polyak is not None:
                 self.polyak.load_state_dict(state["polyak"])
+            if state["eval_before"] is not None and not isinstance(state["eval_before"], dict):
+                raise ValueError("eval_before is not a mapping")
+            self.eval_before = state["eval_before"]
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None

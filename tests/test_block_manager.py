@@ -268,7 +268,7 @@ EXTREME = st.sampled_from([-INT64_MAX - 1, -2, -1, 0, 1, 2, 3, 2**31 - 1, 2**31,
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(num_blocks=EXTREME, block_size=EXTREME)
 def test_a_shape_that_overflows_is_refused(num_blocks, block_size):
-    """On main, BlockManager(-1, 4) and shapes whose slots overflow int64 were accepted."""
+    """Regression: BlockManager(-1, 4) and shapes whose slots overflow int64 were accepted."""
     fits = 1 <= num_blocks <= 2**31 - 1 and 1 <= block_size and num_blocks * block_size <= INT64_MAX
     if not fits:
         with pytest.raises(ValueError, match="need 1 <= num_blocks <= 2.31 - 1"):
@@ -285,9 +285,9 @@ def snapshot(manager, seqs):
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(block_size=st.sampled_from([1, 4, 2**40, 2**62]), data=st.data())
+@given(block_size=st.sampled_from([1, 4, 2**40, 2**58]), data=st.data())
 def test_huge_and_negative_counts_and_ids_raise_and_change_nothing(block_size, data):
-    """On main, allocate(2**63 - 1) overflowed blocks_for and the token slots and then crashed
+    """Regression: allocate(2**63 - 1) overflowed blocks_for and the token slots and then crashed
     the process, and a huge append made the token count negative. Every call here either
     succeeds with the invariants intact or raises a Python error and changes nothing."""
     manager = BlockManager(16, block_size)

@@ -41,8 +41,9 @@ def reached(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def stub_the_real_work(monkeypatch):
-    monkeypatch.setattr("rlvr_fast.trainer.GRPOTrainer.train", reached)
+    monkeypatch.setattr("rlvr_fast.trainer.RLVRTrainer.train", reached)
     monkeypatch.setattr("rlvr_fast.evaluation.generate", reached)
+    monkeypatch.setattr("rlvr_fast.select_data.sample_groups", reached)
 
 
 json_values = st.recursive(
@@ -175,6 +176,34 @@ def test_eval_keeps_the_cli_promise_for_generated_inputs(data, damage, max_new, 
         for name, source in evals:
             path = str(sandbox / "data.jsonl") if source == "DATA" else source
             argv += ["--eval", f"{name}={path}"]
+        assert_the_promise(sandbox, argv, digest(sandbox))
+    finally:
+        shutil.rmtree(sandbox)
+
+
+@CI
+@given(data=data_files, damage=st.none() | model_damage, k=numbers, max_new=numbers,
+       max_batch=numbers, batch_questions=numbers, limit=st.none() | numbers,
+       passes=st.lists(st.sampled_from(["0", "0.5", "1", "-1", "2", "nan", "x"]), max_size=2),
+       temperature=st.sampled_from(["0.8", "0", "-1", "inf", "nan", "x"]),
+       source=eval_sources, device=st.sampled_from(["cpu", "cuda", "bogus"]),
+       out=st.sampled_from(["sel.json", "sel.jsonl", "sel.txt", "file/sel.json",
+                            "missing/sel.json", "nonempty"]))
+def test_select_data_keeps_the_cli_promise_for_generated_inputs(data, damage, k, max_new,
+                                                                max_batch, batch_questions,
+                                                                limit, passes, temperature,
+                                                                source, device, out):
+    sandbox, _ = make_sandbox(data, damage, "new")
+    try:
+        path = str(sandbox / "data.jsonl") if source == "DATA" else source
+        argv = ["select-data", "--model", str(sandbox / "model"), "--data", path, "--k", k,
+                "--max-new-tokens", max_new, "--max-batch", max_batch, "--batch-questions",
+                batch_questions, "--temperature", temperature, "--device", device, "--quiet",
+                "--out", str(sandbox / out)]
+        for flag, value in zip(("--min-pass", "--max-pass"), passes):
+            argv += [flag, value]
+        if limit is not None:
+            argv += ["--limit", limit]
         assert_the_promise(sandbox, argv, digest(sandbox))
     finally:
         shutil.rmtree(sandbox)

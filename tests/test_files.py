@@ -29,17 +29,20 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
 def test_stale_temp_files_are_removed_on_start(tmp_path):
     """A SIGKILL skips the writer's cleanup: its temp file stays until the next start."""
     (tmp_path / "evals").mkdir()
-    for name in (".config.json.abc123.tmp", "evals/.t.jsonl.x.tmp", "keep.jsonl", ".keep"):
+    # .tmpAbC123: safetensors' own temp file, found beside a checkpoint killed mid-save.
+    for name in (".config.json.abc123.tmp", "evals/.t.jsonl.x.tmp", "evals/.tmpAbC123",
+                 "keep.jsonl", ".keep", ".tmpfile"):
         (tmp_path / name).write_text("x")
     (tmp_path / ".final.q1w2.tmp").mkdir()
     removed = remove_stale_files(tmp_path)
-    assert len(removed) == 3
-    assert sorted(p.name for p in tmp_path.rglob("*")) == [".keep", "evals", "keep.jsonl"]
+    assert len(removed) == 4
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".keep", ".tmpfile", "evals",
+                                                           "keep.jsonl"]
 
 
 def test_a_leftover_final_old_does_not_break_the_next_save(tmp_path):
     """A kill between the swap's two renames left .final.old and no final/: the next save
-    succeeds and leaves only the new directory (on main it failed and moved files away)."""
+    succeeds and leaves only the new directory (it used to fail and move files away)."""
     (tmp_path / ".final.old").mkdir()
     (tmp_path / ".final.old" / "tokenizer.json").write_text("old")
     with replaced_directory(tmp_path / "final") as staging:

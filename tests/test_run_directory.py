@@ -17,7 +17,7 @@ from rlvr_fast.files import remove_stale_files
 from rlvr_fast.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.run_directory import RunDirectoryError, whole_lines
 from rlvr_fast.state_file import StateFileError, save_state
-from rlvr_fast.trainer import CHECKPOINT_FILE, GRPOTrainer, NonFiniteError, TrainConfig
+from rlvr_fast.trainer import CHECKPOINT_FILE, RLVRTrainer, NonFiniteError, TrainConfig
 
 SETTINGS = dict(max_new_tokens=32, eval_max_new_tokens=32, lr=1e-4, checkpoint_every=2)
 PROBLEMS = synthetic_problems("train", 3, seed=3)
@@ -27,7 +27,7 @@ EVALS = {"t": synthetic_problems("test", 2, seed=3)}
 def trainer(out, *, arm="zg_flat", steps=3, resume=False, problems=PROBLEMS, evals=EVALS,
             **overrides):
     config = TrainConfig.from_arm(arm, steps=steps, **{**SETTINGS, **overrides})
-    return GRPOTrainer(load_policy("tiny"), config, problems, evals, out_dir=out, resume=resume,
+    return RLVRTrainer(load_policy("tiny"), config, problems, evals, out_dir=out, resume=resume,
                        progress=False)
 
 
@@ -67,7 +67,7 @@ def copy_of(run, tmp_path):
 
 
 def test_out_refuses_a_model_directory_and_leaves_it_intact(tmp_path):
-    """On main, --out pointing at a model directory overwrote its config.json and weights."""
+    """Regression: --out pointing at a model directory overwrote its config.json and weights."""
     model = tmp_path / "model"
     shutil.copytree(TINY_MODEL_DIR, model)
     before = tree_digest(model)
@@ -110,18 +110,20 @@ OTHER_PROBLEMS = synthetic_problems("train", 3, seed=4)
     (dict(steps=2), "a resume may extend it, not shorten it to 2"),
     (dict(problems=OTHER_PROBLEMS), "the training problems differ"),
     (dict(evals={"u": EVALS["t"]}), "the evaluation sets differ"),
-    (dict(untie=True), "the model .weights or tokenizer. differs"),
+    (dict(other_weights=True), "the model .weights or tokenizer. differs"),
 ])
 def test_resume_refuses_another_run_and_writes_nothing(finished, tmp_path, change, message):
-    """On main, --resume with another arm, seed or step count rewrote the config and mixed two
+    """Regression: --resume with another arm, seed or step count rewrote the config and mixed two
     runs in one ledger."""
     run = copy_of(finished, tmp_path)
     before = tree_digest(run)
-    if change.pop("untie", False):
-        policy = load_policy("tiny", untie=True)
+    if change.pop("other_weights", False):
+        policy = load_policy("tiny")
+        with torch.no_grad():
+            policy.model.model.norm.weight[0] += 1.0
         config = TrainConfig.from_arm("zg_flat", steps=3, **SETTINGS)
         with pytest.raises(RunDirectoryError, match=message):
-            GRPOTrainer(policy, config, PROBLEMS, EVALS, out_dir=run, resume=True,
+            RLVRTrainer(policy, config, PROBLEMS, EVALS, out_dir=run, resume=True,
                         progress=False)
     else:
         with pytest.raises(RunDirectoryError, match=message):
@@ -130,7 +132,7 @@ def test_resume_refuses_another_run_and_writes_nothing(finished, tmp_path, chang
 
 
 def test_a_finished_run_resumed_is_left_as_it_is(finished, tmp_path):
-    """On main, resuming a finished run truncated a partial last ledger line away and rewrote
+    """Regression: resuming a finished run truncated a partial last ledger line away and rewrote
     its summary; now nothing in it changes and the recorded summary comes back."""
     run = copy_of(finished, tmp_path)
     with open(run / "ledger.jsonl", "a") as file:
@@ -183,7 +185,7 @@ def renaming_to(name: str):
 KILL_POINTS = {
     "before config.json": ("rlvr_fast.trainer.write_json_atomic", 1),
     "during the before-training eval": ("rlvr_fast.trainer.evaluate", 1),
-    "during step 1's rollouts, before the first checkpoint": ("rlvr_fast.trainer.sample_group", 2),
+    "during step 1's rollouts, before the first checkpoint": ("rlvr_fast.trainer.sample_groups", 2),
     "during the first checkpoint write": ("rlvr_fast.state_file.save_file", 1),
     "at the first checkpoint's rename": ("os.replace", 1, renaming_to(CHECKPOINT_FILE)),
     "during the after-training eval": ("rlvr_fast.trainer.evaluate", 2),
@@ -195,9 +197,9 @@ KILL_POINTS = {
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_run_stopped_at_any_point_resumes_to_the_same_bytes(reference, tmp_path, monkeypatch,
                                                                point):
-    """On main, 7 of 25 kill trials (before the first checkpoint, during its write, during the
-    before-training eval) could never be resumed. scripts/probe_reliability.py kills a real
-    process at every file commit point; these are the in-process stand-ins."""
+    """Regression: 7 of 25 kill trials (before the first checkpoint, during its write, during the
+    before-training eval) could never be resumed. These stop the run in-process at each file
+    commit point; tests/test_kill_resume.py SIGKILLs real processes at random times."""
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         kill_at(patch, *KILL_POINTS[point])
@@ -252,7 +254,7 @@ IMPOSSIBLE = Problem(id="impossible", question="What is 12 + 30?", answer="-1", 
 
 
 def test_nonfinite_training_stops_at_its_step_with_the_last_checkpoint_intact(tmp_path):
-    """On main, lr=1e30 exited 0 with every weight inf. baseline runs a backward on every step,
+    """Regression: lr=1e30 exited 0 with every weight inf. baseline runs a backward on every step,
     so step 0 makes the weights huge and step 1's loss or weights are not finite."""
     run = tmp_path / "run"
     with pytest.raises(NonFiniteError, match=r"step \d: non-finite .*allow_nonfinite=true"):

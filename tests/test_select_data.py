@@ -25,9 +25,9 @@ def tiny():
     return policy, RolloutEngine.for_policy(policy, kv_blocks=512)
 
 
-def run(tiny, out, pass_range=PassRange(), **kwargs):
+def run(tiny, out, pass_range=None, **kwargs):
     policy, engine = tiny
-    return select_data(policy, engine, PROBLEMS, SETTINGS, pass_range, out, progress=False,
+    return select_data(policy, engine, PROBLEMS, SETTINGS, pass_range or PassRange(), out, progress=False,
                        **dict(dict(batch_questions=4), **kwargs))
 
 

@@ -54,7 +54,7 @@ class Exploit:
 
 
 def test_a_crafted_pickle_in_the_checkpoint_directory_is_never_loaded(tmp_path, monkeypatch):
-    """On main, checkpoint/state.pt was read with torch.load(weights_only=False): a crafted file
+    """Regression: checkpoint/state.pt was read with torch.load(weights_only=False): a crafted file
     ran code. State files are safetensors now; a pickle under the state file's name is refused
     without being unpickled."""
     monkeypatch.chdir(tmp_path)

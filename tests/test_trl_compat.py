@@ -149,7 +149,7 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, loss_typ
     assert scale > 0
     for name, grad in theirs.items():
         torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5 * scale,
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
     assert our_loss == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
 
 
