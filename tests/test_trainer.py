@@ -15,6 +15,7 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import Policy, load_policy
+from rlvr_fast.run_directory import RunDirectoryError
 from rlvr_fast.state_file import load_state
 from rlvr_fast.trainer import (CHECKPOINT_FILE, Phases, RLVRTrainer, TrainConfig,
                                completion_token_nll, fused_grpo_loss, grpo_loss,
@@ -376,6 +377,6 @@ def test_unknown_arm_and_setting_list_the_valid_names():
 
 def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(RunDirectoryError, match="not empty and not an rlvr_fast run directory"):
         RLVRTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
                     out_dir=tmp_path, progress=False)
