@@ -6,6 +6,8 @@ JSONL lines are appended and synced, and a kill at any moment leaves the old fil
     write_text_atomic(path, text)          # the same for text and JSON
     with replaced_directory(directory) as staging:   # a directory of files, swapped in whole
         write_model_files(model, staging)
+    with files_into(directory) as staging:           # files added to a directory, each whole
+        model.save_pretrained(staging)
     remove_stale_files(run_dir)            # on start: temp files of killed writers, a half swap
 
 A writer's temp file sits beside its target (``.NAME.RANDOM.tmp``; safetensors' own temp file,
@@ -115,6 +117,30 @@ def replaced_directory(directory: str | os.PathLike) -> Iterator[Path]:
     os.replace(staging, directory)
     fsync_directory(directory.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def files_into(directory: str | os.PathLike) -> Iterator[Path]:
+    """An empty staging directory beside ``directory``; once the block ends, each file written
+    there is synced and renamed into ``directory`` (made if missing), replacing a file of its
+    name and keeping every other entry (a Hugging Face ``save_model`` into a directory that also
+    holds checkpoints). Each file is whole; a kill between two renames leaves some files new and
+    some old. If the block raises, ``directory`` is untouched."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=temp_name_prefix(directory),
+                                    suffix=TEMP_SUFFIX))
+    try:
+        yield staging
+        for item in staging.iterdir():
+            if not item.is_file():
+                raise IsADirectoryError(f"{item}: files_into moves files only")
+            fsync_file(item)
+        for item in sorted(staging.iterdir()):
+            os.replace(item, directory / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    fsync_directory(directory)
 
 
 def old_directory(directory: Path) -> Path:

@@ -57,10 +57,14 @@ class Policy:
         """Write weights, config and tokenizer files as a Hugging Face directory, replacing
         ``directory`` whole and atomically."""
         with replaced_directory(directory) as staging:
-            write_model_files(self.model, staging)
-            for name in TOKENIZER_FILES:
-                if (self.path / name).is_file():
-                    shutil.copyfile(self.path / name, staging / name)
+            self.write_files(staging)
+
+    def write_files(self, directory: Path) -> None:
+        """Weights, config and tokenizer files into an existing ``directory`` (a staging one)."""
+        write_model_files(self.model, directory)
+        for name in TOKENIZER_FILES:
+            if (self.path / name).is_file():
+                shutil.copyfile(self.path / name, directory / name)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rlvr_fast.files import (append_line, atomic_path, remove_stale_files, replaced_directory,
-                             write_json_atomic, write_text_atomic)
+from rlvr_fast.files import (append_line, atomic_path, files_into, remove_stale_files,
+                             replaced_directory, write_json_atomic, write_text_atomic)
 
 
 class Killed(Exception):
@@ -78,3 +78,21 @@ def test_appended_lines_are_whole(tmp_path):
     append_line(path, '{"step": 0}')
     append_line(path, '{"step": 1}')
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_files_into_adds_files_whole_and_keeps_the_rest(tmp_path):
+    """A Hugging Face save_model into a directory that also holds checkpoints and a ledger run
+    replaces its own files and leaves every other entry; a failed write changes nothing."""
+    (tmp_path / "out" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "out" / "config.json").write_text("old")
+    with files_into(tmp_path / "out") as staging:
+        (staging / "config.json").write_text("new")
+        (staging / "model.safetensors").write_text("weights")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "checkpoint-2", "config.json", "model.safetensors"]
+    assert (tmp_path / "out" / "config.json").read_text() == "new"
+    with pytest.raises(RuntimeError), files_into(tmp_path / "out") as staging:
+        (staging / "config.json").write_text("newer")
+        raise RuntimeError
+    assert (tmp_path / "out" / "config.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "no staging directory left"

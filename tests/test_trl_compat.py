@@ -324,4 +324,8 @@ def test_save_steps_write_loadable_checkpoints_and_the_ledger(tmp_path):
     reloaded = load_policy(tmp_path / "checkpoint-2")
     for a, b in zip(reloaded.model.parameters(), trainer.policy.model.parameters()):
         assert torch.equal(a, b)
-    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()) == 2
+    trainer.save_model()
+    assert (tmp_path / "checkpoint-2" / "trainer_state.json").is_file(), "save_model keeps them"
+    assert (tmp_path / "ledger" / "ledger.jsonl").is_file()
+    assert load_policy(tmp_path).model.config == trainer.policy.model.config
