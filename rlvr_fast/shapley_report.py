@@ -30,7 +30,6 @@ The bootstrap CI is a local function (a shared statistics module may replace it)
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -39,14 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr_fast.analysis.run_dir import RunDirError, read_json, read_jsonl
 from rlvr_fast.data import render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.files import atomic_path, write_json_atomic, write_text_atomic
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.parallel import summarise, summary_context
 from rlvr_fast.path_credit import outcome_utility
 from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, TableUtility, shapley_exact, shapley_monte_carlo
-from rlvr_fast.files import atomic_path, write_json_atomic, write_text_atomic
 
 PAPER_PERMUTATIONS = 5
 
@@ -69,8 +69,11 @@ def load_parallel_steps(run_dir: Path) -> tuple[dict, list[dict]]:
     for path in (config_path, rollouts_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory?)")
-    config = json.loads(config_path.read_text())["config"]
-    lines = [json.loads(line) for line in rollouts_path.read_text().splitlines() if line.strip()]
+    meta = read_json(config_path)
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        raise RunDirError(f"{config_path}: no 'config' object")
+    lines = read_jsonl(rollouts_path)
     steps = [line for line in lines if "parallel" in line]
     if not steps:
         raise ValueError(f"{rollouts_path}: no parallel-path steps (arm {config.get('arm')!r})")

@@ -998,9 +998,10 @@ class RLVRTrainer:
         if recorded is not None and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
         summary = self.out_dir / "summary.json"
-        if recorded is not None and summary.exists() and recorded["config"]["steps"] == config["steps"]:
-            self.finished_summary = json.loads(summary.read_text(encoding="utf-8"))
-            return
+        if recorded is not None and recorded["config"]["steps"] == config["steps"]:
+            self.finished_summary = finished_summary(summary)
+            if self.finished_summary is not None:
+                return
         whole_lines(self.out_dir / "ledger.jsonl", self.start_step)
         whole_lines(self.out_dir / "rollouts.jsonl", self.start_step)
         self.active_steps = count_active_steps(self.out_dir / "ledger.jsonl")
@@ -1147,12 +1148,22 @@ def rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree,
     return line
 
 
+def finished_summary(path: Path) -> dict | None:
+    """summary.json of a finished run; None when there is none, or one that does not parse (the
+    run then finishes again from its last checkpoint and writes it anew)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def count_active_steps(ledger: Path) -> int:
     """Steps that ran a backward pass so far (tree arms bifurcate after a number of them)."""
     if not ledger.exists():
         return 0
     with open(ledger, encoding="utf-8") as file:
-        return sum(json.loads(line)["active"] for line in file if line.strip())
+        return sum(json.loads(line).get("active") is True for line in file if line.strip())
 
 
 def package_versions() -> dict[str, str]:

@@ -286,3 +286,11 @@ def test_a_question_longer_than_the_model_context_is_refused_before_anything_is_
     with pytest.raises(ValueError, match="big.jsonl: problem 'huge' has a prompt of"):
         trainer(tmp_path / "run", problems=[huge])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_finished_run_with_a_damaged_summary_finishes_again(finished, reference, tmp_path):
+    run = copy_of(finished, tmp_path)
+    (run / "summary.json").write_text("{")
+    summary = trainer(run, resume=True).train()
+    assert (run / "summary.json").read_text() == json.dumps(summary, indent=2) + "\n"
+    assert outputs(run) == reference
