@@ -556,7 +556,8 @@ def _check_tree(record: StepRecord, require) -> None:
 
 class LedgerWriter:
     """Appends checked lines to ``ledger.jsonl``; each line is flushed and fsynced, so a kill
-    leaves only whole lines behind."""
+    leaves at most a partial last line, which a resume drops
+    (``rlvr_fast.run_directory.whole_lines``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
