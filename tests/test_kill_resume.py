@@ -1,5 +1,5 @@
 """A run killed at any moment resumes to the same bytes: real `rlvr-fast train` processes are
-SIGKILLed at random times (twice per trial: the run, then its first resume), resumed with
+SIGKILLed at random moments (twice per trial: the run, then its first resume), resumed with
 --resume until they finish, and compared with an uninterrupted run: final weights, ledger (less
 timings), rollouts, evaluations and checkpoint byte for byte, and no temp file left behind.
 
@@ -10,6 +10,7 @@ each kill fell).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -49,24 +50,50 @@ def run_to_the_end(out: Path, resume: bool) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def run_and_kill(out: Path, resume: bool, after: float, *, from_directory: bool = False) -> str:
-    """Start the run and SIGKILL it ``after`` seconds in (counted from when it made ``out`` if
-    ``from_directory``), unless it ends first; what it had written by then, for the report."""
-    process = subprocess.Popen(command(out, resume), env=environment(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if from_directory:
-        while not out.exists() and process.poll() is None:
-            time.sleep(0.005)
-    try:
-        process.wait(timeout=after)
-        assert process.returncode == 0, process.stderr.read()
-        process.stderr.close()
-        return "finished first"
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        process.stderr.close()
-    return written(out)
+def snapshot(out: Path) -> tuple | None:
+    """What the run directory holds: every path with its size."""
+    entries = []
+    for directory, _, files in os.walk(out):  # the run renames and removes files meanwhile
+        for name in files:
+            with contextlib.suppress(OSError):
+                entries.append((directory, name, os.stat(os.path.join(directory, name)).st_size))
+    return tuple(sorted(entries)) if out.exists() else None
+
+
+def watch(process: subprocess.Popen, out: Path, changes: float, delay: float) -> bool:
+    """Poll ``out`` until it has changed ``changes`` times, then wait ``delay`` seconds and
+    SIGKILL the process; False if it ended first."""
+    seen, count = snapshot(out), 0
+    while process.poll() is None:
+        now = snapshot(out)
+        if now != seen:
+            seen, count = now, count + 1
+            if count >= changes:
+                time.sleep(delay)
+                if process.poll() is not None:
+                    break
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                return True
+        time.sleep(0.002)
+    return False
+
+
+def start(out: Path, resume: bool) -> subprocess.Popen:
+    return subprocess.Popen(command(out, resume), env=environment(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def run_and_kill(out: Path, resume: bool, changes: int, delay: float) -> str:
+    """Start the run and SIGKILL it ``delay`` seconds after the directory's ``changes``-th
+    change (a file written, grown or renamed), unless it ends first; what it had written by
+    then, for the report."""
+    process = start(out, resume)
+    killed = watch(process, out, changes, delay)
+    if not killed:
+        assert process.wait() == 0, process.stderr.read()
+    process.stderr.close()
+    return written(out) if killed else "finished first"
 
 
 def written(out: Path) -> str:
@@ -120,34 +147,35 @@ def flat_bytes(value, prefix=""):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run's outputs, the seconds until it made its directory (imports,
-    loading) and the seconds it took in all."""
+    """The uninterrupted run's outputs and how many changes of its directory the poll saw."""
     out = tmp_path_factory.mktemp("kill") / "reference"
-    started = time.perf_counter()
-    process = subprocess.Popen(command(out, False), env=environment(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while not out.exists() and process.poll() is None:
-        time.sleep(0.005)
-    startup = time.perf_counter() - started
-    assert process.wait(timeout=300) == 0, process.stderr.read()
+    process = start(out, resume=False)
+    seen, changes = None, 0
+    while process.poll() is None:
+        now = snapshot(out)
+        if now != seen:
+            seen, changes = now, changes + 1
+        time.sleep(0.002)
+    assert process.returncode == 0, process.stderr.read()
     process.stderr.close()
-    return outputs(out), startup, time.perf_counter() - started
+    return outputs(out), changes
 
 
 @pytest.mark.parametrize("trial", range(KILL_TRIALS))
 def test_a_run_killed_at_any_moment_resumes_bit_identical(reference, tmp_path, trial):
     """Regression: 7 of 25 kill trials could never be resumed (killed before the first
     checkpoint, during its write, during the before-training eval)."""
-    expected, startup, seconds = reference
+    expected, changes = reference
     draw = random.Random(trial)
     out = tmp_path / "run"
-    # Killed at a random moment of its work (from its directory on), then again while resuming
-    # (at a random moment after its start-up).
-    first = run_and_kill(out, resume=False, after=draw.uniform(0.0, seconds - startup),
-                         from_directory=True)
+    # Killed at a random change of its directory (plus up to 0.2 s), then again while resuming.
+    at = draw.randint(1, changes), draw.randint(1, max(1, changes // 2))
+    first = run_and_kill(out, resume=False, changes=at[0], delay=draw.uniform(0.0, 0.2))
     # A run killed before it made its directory wrote nothing: it starts again without --resume.
-    second = run_and_kill(out, resume=out.exists(), after=draw.uniform(startup, seconds))
+    second = run_and_kill(out, resume=out.exists(), changes=at[1], delay=draw.uniform(0.0, 0.2))
     run_to_the_end(out, resume=out.exists())
-    print(f"trial {trial}: first kill -> {first}; second kill -> {second}; resumed: identical")
+    print(f"trial {trial}: killed after change {at[0]} of {changes} -> {first}; resume killed "
+          f"after change {at[1]} -> {second}")
     assert not [p for p in out.rglob(".*")], "a temp file or half swap was left behind"
     assert outputs(out) == expected
+    print(f"trial {trial}: resumed to the same bytes")
