@@ -96,3 +96,16 @@ def test_files_into_adds_files_whole_and_keeps_the_rest(tmp_path):
         raise RuntimeError
     assert (tmp_path / "out" / "config.json").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "no staging directory left"
+
+
+def test_one_atomic_write_helper():
+    """Renames and temp files live in rlvr_fast/files.py only: every other writer goes through
+    it (there used to be five, each with its own temp-file names)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sources = [p for folder in ("rlvr_fast", "scripts") for p in (root / folder).rglob("*.py")
+               if p != root / "rlvr_fast" / "files.py"]
+    writers = ("os.replace(", "os.rename(", "tempfile.mk", "shutil.move(", "NamedTemporaryFile")
+    found = [f"{p.relative_to(root)}: {w}" for p in sources for w in writers
+             if w in p.read_text(encoding="utf-8")]
+    assert not found, found

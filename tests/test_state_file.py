@@ -90,3 +90,18 @@ def test_states_that_are_not_data_are_refused_before_writing(tmp_path):
     with pytest.raises(TypeError, match="cannot store a object"):
         save_state(tmp_path / "s.safetensors", {"x": object()})
     assert not list(tmp_path.iterdir())
+
+
+def test_no_code_unpickles_anything():
+    """No torch.load, pickle or numpy pickle load in the package, its scripts or benchmarks:
+    every file rlvr_fast reads back is safetensors or JSON."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sources = [p for folder in ("rlvr_fast", "scripts", "benchmarks", "kernels")
+               for p in (root / folder).rglob("*.py") if "wheels" not in p.parts]
+    assert len(sources) > 50
+    readers = ("torch.load(", "import pickle", "pickle.load", "allow_pickle=True", "import dill",
+               "import joblib", "weights_only=False")
+    found = [f"{p.relative_to(root)}: {r}" for p in sources for r in readers
+             if r in p.read_text(encoding="utf-8")]
+    assert not found, found
