@@ -1,7 +1,8 @@
 """The command line's promise, fuzzed: whatever the arguments and files, a command either gets
 to its real work or exits 2 with one line on stderr that names the problem, having written
-nothing. Generated inputs: option values (numbers, text, JSON of any shape for --set), data
-files and model directories with damaged contents, eval names, devices, output paths.
+nothing. Generated inputs: valid command lines with up to two options made wild (numbers, text, JSON
+of any shape for --set, data files and model directories with damaged contents, eval names,
+devices, output paths), so that examples get past the early checks to the deep ones.
 Training and decoding are stubbed out at the point where the real work starts, so an example
 costs a policy load at most.
 
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rlvr_fast.arms import ARMS
@@ -107,6 +108,7 @@ def run_cli(argv: list[str]) -> tuple[int | str, str]:
 
 def assert_the_promise(sandbox: Path, argv: list[str], before: dict) -> None:
     code, err = run_cli(argv)
+    event("reached the real work" if code == "reached" else f"exit {code}")
     if code == "reached":
         return
     assert code == 2, (argv, code, err)
@@ -129,51 +131,78 @@ def make_sandbox(data: bytes, damage, out_kind: str) -> tuple[Path, Path]:
 
 
 CI = settings(deadline=None, suppress_health_check=list(HealthCheck))
+VALID_DATA = "".join(json.dumps({"problem": f"What is {i} + 3?", "answer": str(i + 3)}) + "\n"
+                     for i in range(4)).encode()
+
+
+@st.composite
+def inputs(draw, valid: dict, wild: dict) -> dict:
+    """One value per option: a valid one, except for up to two options (often none) drawn from
+    their wild values, so that examples reach every check, the deep ones included."""
+    corrupt = draw(st.sets(st.sampled_from(sorted(wild)), max_size=2))
+    return {name: draw(wild[name] if name in corrupt else valid[name]) for name in valid}
+
+
+TRAIN_VALID = dict(
+    arm=st.sampled_from(list(ARMS)), steps=st.sampled_from(["1", "3"]),
+    seed=st.integers(0, 2**63 - 1).map(str),
+    sets=st.sampled_from([[], ["max_new_tokens=16"], ["lr=1e-4", "group_size=4"]]),
+    data=st.just(VALID_DATA), train_data=st.sampled_from(["DATA", "synthetic:train"]),
+    evals=st.sampled_from([[], [("t", "synthetic:test:2")], [("t", "DATA")]]),
+    model=st.sampled_from(["tiny", "MODEL"]), damage=st.none(), device=st.just("cpu"),
+    dtype=st.sampled_from(["auto", "fp32"]), out=st.sampled_from(["new", "new/nested"]),
+    resume=st.just(False))
+TRAIN_WILD = dict(
+    arm=st.text(max_size=8), steps=numbers, seed=numbers, sets=st.lists(set_pairs, min_size=1,
+                                                                        max_size=3),
+    data=data_files, train_data=st.just("synthetic:train:x") | st.just("DATA"),
+    evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
+    model=st.just("missing"), damage=model_damage,
+    device=st.sampled_from(["cuda", "cuda:3", "bogus", "meta", "cpu:0"]),
+    dtype=st.sampled_from(["bf16", "fp8"]), out=outs, resume=st.just(True))
 
 
 @CI
-@given(arm=st.sampled_from(list(ARMS)) | st.text(max_size=8), steps=numbers, seed=numbers,
-       sets=st.lists(set_pairs, max_size=3), data=data_files,
-       train_data=st.sampled_from(["DATA", "synthetic:train", "synthetic:train:x"]),
-       evals=st.lists(st.tuples(eval_names, eval_sources), max_size=2),
-       model=st.sampled_from(["tiny", "MODEL", "missing"]), damage=st.none() | model_damage,
-       device=st.sampled_from(["cpu", "cuda", "cuda:3", "bogus", "meta", "cpu:0"]),
-       dtype=st.sampled_from(["auto", "fp32", "bf16", "fp8"]), out=outs,
-       resume=st.booleans())
-def test_train_keeps_the_cli_promise_for_generated_inputs(arm, steps, seed, sets, data,
-                                                          train_data, evals, model, damage,
-                                                          device, dtype, out, resume):
-    sandbox, out_path = make_sandbox(data, damage, out)
+@given(args=inputs(TRAIN_VALID, TRAIN_WILD))
+def test_train_keeps_the_cli_promise_for_generated_inputs(args):
+    sandbox, out_path = make_sandbox(args["data"], args["damage"], args["out"])
     try:
         def path_of(spec):
             return str(sandbox / "data.jsonl") if spec == "DATA" else spec
 
-        argv = ["train", "--arm", arm, "--steps", steps, "--seed", seed, "--quiet",
-                "--train-data", path_of(train_data), "--device", device, "--dtype", dtype,
-                "--model", str(sandbox / "model") if model == "MODEL" else model,
-                "--out", str(out_path)]
-        for pair in sets:
+        model = str(sandbox / "model") if args["model"] == "MODEL" else args["model"]
+        argv = ["train", "--arm", args["arm"], "--steps", args["steps"], "--seed", args["seed"],
+                "--quiet", "--train-data", path_of(args["train_data"]), "--device",
+                args["device"], "--dtype", args["dtype"], "--model", model, "--out", str(out_path)]
+        for pair in args["sets"]:
             argv += ["--set", pair]
-        for name, source in evals:
+        for name, source in args["evals"]:
             argv += ["--eval", f"{name}={path_of(source)}"]
-        if resume:
+        if args["resume"]:
             argv.append("--resume")
         assert_the_promise(sandbox, argv, digest(sandbox))
     finally:
         shutil.rmtree(sandbox)
 
 
+EVAL_VALID = dict(data=st.just(VALID_DATA), damage=st.none(),
+                  max_new=st.sampled_from(["8", "16"]), max_batch=st.sampled_from(["4", "256"]),
+                  evals=st.sampled_from([[("t", "synthetic:test:2")], [("t", "DATA")]]),
+                  device=st.just("cpu"), out=st.sampled_from(["new", "new/nested"]))
+EVAL_WILD = dict(data=data_files, damage=model_damage, max_new=numbers, max_batch=numbers,
+                 evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
+                 device=st.sampled_from(["cuda", "bogus"]), out=outs)
+
+
 @CI
-@given(data=data_files, damage=st.none() | model_damage, max_new=numbers, max_batch=numbers,
-       evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
-       device=st.sampled_from(["cpu", "cuda", "bogus"]), out=outs)
-def test_eval_keeps_the_cli_promise_for_generated_inputs(data, damage, max_new, max_batch, evals,
-                                                         device, out):
-    sandbox, out_path = make_sandbox(data, damage, out)
+@given(args=inputs(EVAL_VALID, EVAL_WILD))
+def test_eval_keeps_the_cli_promise_for_generated_inputs(args):
+    sandbox, out_path = make_sandbox(args["data"], args["damage"], args["out"])
     try:
-        argv = ["eval", str(sandbox / "model"), "--max-new-tokens", max_new, "--max-batch",
-                max_batch, "--device", device, "--out", str(out_path)]
-        for name, source in evals:
+        argv = ["eval", str(sandbox / "model"), "--max-new-tokens", args["max_new"],
+                "--max-batch", args["max_batch"], "--device", args["device"], "--out",
+                str(out_path)]
+        for name, source in args["evals"]:
             path = str(sandbox / "data.jsonl") if source == "DATA" else source
             argv += ["--eval", f"{name}={path}"]
         assert_the_promise(sandbox, argv, digest(sandbox))
@@ -181,29 +210,38 @@ def test_eval_keeps_the_cli_promise_for_generated_inputs(data, damage, max_new, 
         shutil.rmtree(sandbox)
 
 
+SELECT_VALID = dict(
+    data=st.just(VALID_DATA), damage=st.none(), k=st.sampled_from(["2", "8"]),
+    max_new=st.sampled_from(["8", "512"]), max_batch=st.just("256"),
+    batch_questions=st.sampled_from(["1", "16"]), limit=st.sampled_from([None, "2"]),
+    passes=st.sampled_from([[], ["0", "1"], ["0.5"]]), temperature=st.just("0.8"),
+    source=st.sampled_from(["DATA", "synthetic:test:2"]), device=st.just("cpu"),
+    out=st.sampled_from(["sel.json", "sel.jsonl"]))
+SELECT_WILD = dict(
+    data=data_files, damage=model_damage, k=numbers, max_new=numbers, max_batch=numbers,
+    batch_questions=numbers, limit=numbers,
+    passes=st.lists(st.sampled_from(["0", "0.5", "1", "-1", "2", "nan", "x"]), min_size=1,
+                    max_size=2),
+    temperature=st.sampled_from(["0", "-1", "inf", "nan", "x"]), source=eval_sources,
+    device=st.sampled_from(["cuda", "bogus"]),
+    out=st.sampled_from(["sel.txt", "file/sel.json", "missing/sel.json", "nonempty"]))
+
+
 @CI
-@given(data=data_files, damage=st.none() | model_damage, k=numbers, max_new=numbers,
-       max_batch=numbers, batch_questions=numbers, limit=st.none() | numbers,
-       passes=st.lists(st.sampled_from(["0", "0.5", "1", "-1", "2", "nan", "x"]), max_size=2),
-       temperature=st.sampled_from(["0.8", "0", "-1", "inf", "nan", "x"]),
-       source=eval_sources, device=st.sampled_from(["cpu", "cuda", "bogus"]),
-       out=st.sampled_from(["sel.json", "sel.jsonl", "sel.txt", "file/sel.json",
-                            "missing/sel.json", "nonempty"]))
-def test_select_data_keeps_the_cli_promise_for_generated_inputs(data, damage, k, max_new,
-                                                                max_batch, batch_questions,
-                                                                limit, passes, temperature,
-                                                                source, device, out):
-    sandbox, _ = make_sandbox(data, damage, "new")
+@given(args=inputs(SELECT_VALID, SELECT_WILD))
+def test_select_data_keeps_the_cli_promise_for_generated_inputs(args):
+    sandbox, _ = make_sandbox(args["data"], args["damage"], "new")
     try:
-        path = str(sandbox / "data.jsonl") if source == "DATA" else source
-        argv = ["select-data", "--model", str(sandbox / "model"), "--data", path, "--k", k,
-                "--max-new-tokens", max_new, "--max-batch", max_batch, "--batch-questions",
-                batch_questions, "--temperature", temperature, "--device", device, "--quiet",
-                "--out", str(sandbox / out)]
-        for flag, value in zip(("--min-pass", "--max-pass"), passes):
+        path = str(sandbox / "data.jsonl") if args["source"] == "DATA" else args["source"]
+        argv = ["select-data", "--model", str(sandbox / "model"), "--data", path, "--k",
+                args["k"], "--max-new-tokens", args["max_new"], "--max-batch", args["max_batch"],
+                "--batch-questions", args["batch_questions"], "--temperature",
+                args["temperature"], "--device", args["device"], "--quiet", "--out",
+                str(sandbox / args["out"])]
+        for flag, value in zip(("--min-pass", "--max-pass"), args["passes"]):
             argv += [flag, value]
-        if limit is not None:
-            argv += ["--limit", limit]
+        if args["limit"] is not None:
+            argv += ["--limit", args["limit"]]
         assert_the_promise(sandbox, argv, digest(sandbox))
     finally:
         shutil.rmtree(sandbox)
