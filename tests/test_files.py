@@ -105,7 +105,8 @@ def test_one_atomic_write_helper():
     root = Path(__file__).resolve().parents[1]
     sources = [p for folder in ("rlvr_fast", "scripts") for p in (root / folder).rglob("*.py")
                if p != root / "rlvr_fast" / "files.py"]
-    writers = ("os.replace(", "os.rename(", "tempfile.mkstemp", "shutil.move(", "NamedTemporaryFile")
+    writers = ("os.replace(", "os.rename(", "tempfile.mkstemp", "shutil.move(",
+               "NamedTemporaryFile")
     found = [f"{p.relative_to(root)}: {w}" for p in sources for w in writers
              if w in p.read_text(encoding="utf-8")]
     assert not found, found
