@@ -246,6 +246,7 @@ def _guarded(what: str, collective, *args, **kwargs):
         cause = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
         if cause.startswith("[") and "] " in cause:  # gloo prefixes its source location
             cause = cause.split("] ", 1)[1]
+        cause = cause.split(". ")[0].rstrip(".")  # and appends advice to read the logs
         where = f"rank {rank()} of {world_size()}" if dist.is_initialized() else "this rank"
         raise ProcessGroupError(
             f"{where}: {what} failed: another rank died or did not answer within "

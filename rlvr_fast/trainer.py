@@ -46,6 +46,14 @@ The study's remaining ablations are settings of the same loop:
 - ``active_steps`` N: the run ends after the step that makes N steps with a backward pass, or
   after ``steps`` steps, whichever comes first (the study's act30 / act35).
 
+Data parallel (``rlvr_fast.distributed``, launched by torchrun or ``rlvr-fast train --nproc N``):
+W ranks share each multi-question step, rank r taking its contiguous W-th of the Q questions
+with the sampling seeds one process would give them; the contributing questions are counted
+over all ranks (the step is active iff any rank has one, and n is that count), each rank sums
+its g_q / (n |g_q|) (zeros if it has none) and the sums are all-reduced before clipping and the
+AdamW step, so the run is the one-process run up to fp32 rounding. Rank 0 writes the ledger from
+every rank's records, the checkpoints and the evaluations, which the ranks share item by item.
+
     trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
 """
