@@ -269,7 +269,7 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     except ChildFailedError as err:
         failed = ", ".join(f"rank {r} (exit status {f.exitcode})"
                            for r, f in sorted(err.failures.items()))
-        print(f"rlvr-fast: error: of {nproc} ranks, {failed} failed (its error is above)",
+        print(f"rlvr-fast: error: of {nproc} ranks, {failed} failed; their errors are above",
               file=sys.stderr)
         return next((f.exitcode for f in err.failures.values() if f.exitcode > 0), 1)
     return 0
