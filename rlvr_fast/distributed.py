@@ -28,7 +28,7 @@ its sockets and the others fail at their next collective, one that stops answeri
 fail after the timeout; either way each raises ``ProcessGroupError`` (the CLI prints it as one
 line and exits with status 3) and ``--resume`` continues from the last checkpoint, which records
 the world size. With no torchrun environment (or WORLD_SIZE 1) there is no process group and
-every function here is the identity of one process.
+every function here returns what one process has, without communicating.
 """
 
 from __future__ import annotations

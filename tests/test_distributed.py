@@ -100,6 +100,8 @@ def test_the_runs_cover_every_kind_of_step(runs):
     assert active[0] == active[3] == [False] * 4, "every rank homogeneous"
     assert any(active[1][:2]) and any(active[1][2:]), "both ranks contribute"
     assert any(active[2][:2]) and not any(active[2][2:]), "rank 1 joins with zero gradients"
+    assert [(line["active"], line["optimizer_step"]) for line in lines] == \
+        [(False, True), (True, True), (True, True), (False, True)], "zero-gradient AdamW steps"
     assert json.loads((two / "config.json").read_text())["world_size"] == 2
     assert "world_size" not in json.loads((one / "config.json").read_text())
 
@@ -119,6 +121,28 @@ def test_two_ranks_equal_one_process_taking_both_ranks_questions(runs):
         assert int(a["step"]) == int(b["step"]) == 4, "an AdamW step on every step"
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+
+
+def test_bitwise_where_no_two_unit_gradients_are_added(tmp_path):
+    """Two questions a step, one a rank: on steps where at most one question contributes, both
+    sides add nothing in another order, so weights and moments are bitwise equal."""
+    args = ["train", "--arm", "ra_flat", "--steps", "3", "--set", "questions_per_step=2",
+            "--set", "max_new_tokens=48", "--set", "gate_min_chars=null", "--set", "lr=1e-4",
+            "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    done = cli(*args, "--nproc", "2", "--out", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr
+    lines = read_jsonl(tmp_path / "two" / "ledger.jsonl")
+    assert [sum(q["active"] for q in line["questions"]) for line in lines] == [0, 0, 1]
+    single, double = (dict(load_model(tmp_path / run / "final").named_parameters())
+                      for run in ("one", "two"))
+    assert all(torch.equal(p, double[name]) for name, p in single.items())
+    states = [torch.load(tmp_path / run / "checkpoint" / "state.pt", weights_only=False)
+              for run in ("one", "two")]
+    for a, b in zip(states[0]["optimizer"]["state"].values(),
+                    states[1]["optimizer"]["state"].values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
 
 
 def rounded_floats(line: dict) -> list:
