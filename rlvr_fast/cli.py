@@ -4,6 +4,8 @@
     rlvr-fast train --arm baseline --model PATH --train-data math_train.json \\
         --eval math500=math500_test.json --seed 42 --out runs/baseline_s42
     rlvr-fast train ... --out runs/x --resume          # continue after a kill
+    rlvr-fast train --nproc 2 --set questions_per_step=4 ...  # 2 data-parallel ranks (torchrun)
+    torchrun --nproc_per_node 8 -m rlvr_fast.cli train --device cuda ...  # or torchrun itself
     rlvr-fast eval runs/x --eval test=synthetic:test:200
     rlvr-fast verify runs/x runs/y                     # re-derive ledgers and grades; exit 1 on FAIL
     rlvr-fast compare runs/* --reference baseline --format md|csv|json
@@ -16,6 +18,8 @@
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr naming the file, field or value, before
 anything is written; an interrupted command exits with 130 and leaves nothing half-written.
+A rank of a distributed run whose process group fails (another rank died or stopped
+answering) exits with status 3 and one line on stderr (``rlvr_fast.distributed``).
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ from pathlib import Path
 
 import torch
 
+from rlvr_fast import distributed
 from rlvr_fast.analysis.compare import compare_paths
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.arms import ARMS
 from rlvr_fast.data import MAX_PROBLEMS, DataError, load_problems, synthetic_problems
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.evaluation import evaluate
 from rlvr_fast.files import write_json_atomic, write_text_atomic
 from rlvr_fast.policy import load_policy
 from rlvr_fast.run_directory import check_eval_name
@@ -135,6 +139,15 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode eagerly on CUDA instead of replaying CUDA graphs")
 
 
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+                        help="run as N data-parallel ranks on this host (torchrun); a step's "
+                        "questions_per_step questions are split over them")
+    parser.add_argument("--dist-timeout", type=float, default=distributed.DEFAULT_TIMEOUT_S,
+                        metavar="SECONDS", help="with several ranks: fail, instead of waiting, "
+                        "when another rank has not answered a collective within SECONDS")
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
     parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
@@ -164,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--profile", type=int, default=0, metavar="STEPS",
                        help="write a Chrome trace of the first STEPS steps to OUT/trace.json")
     add_training_options(train)
+    add_launch_arguments(train)
 
     ev = commands.add_parser("eval", help="greedy evaluation of a model or a run directory")
     ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
@@ -172,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-batch", type=int, default=256,
                     help="sequences decoded at once (continuous batching)")
     add_device_arguments(ev)
+    add_launch_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
 
     runs_help = "run directories, or directories holding them (a sweep's runs/)"
@@ -256,12 +271,15 @@ def run_train(args) -> dict:
     device = parse_device(args.device)
     train_data = load_data(args.train_data, limit=config.questions_needed)
     eval_sets = parse_eval_sets(args.eval)
+    device = distributed.init(str(device), args.dist_timeout)
     policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
     trainer = RLVRTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
                           resume=args.resume, progress=not args.quiet,
                           profile_steps=args.profile)
     summary = trainer.train()
-    print_train_table(summary)
+    if distributed.is_main():
+        print_train_table(summary)
+    distributed.shutdown()
     return summary
 
 
@@ -308,22 +326,29 @@ def run_eval(args) -> dict:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ValueError(f"{args.out}: exists and is not a directory")
     eval_sets = parse_eval_sets(args.eval)
+    device = distributed.init(str(device), args.dist_timeout)
     policy = load_policy(args.model if args.model == "tiny" else model_path, device=device,
                          dtype=DTYPES[args.dtype])
     engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
                                       cuda_graphs=not args.no_cuda_graphs)
+    # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
+    main_rank = distributed.is_main()
     summaries = {}
     for name, problems in eval_sets.items():
-        result = evaluate(policy, problems, max_new_tokens=max_new_tokens,
-                          desc=f"eval {name}", engine=engine)
+        result = distributed.evaluate_sharded(policy, problems, max_new_tokens=max_new_tokens,
+                                              desc=f"eval {name}", engine=engine,
+                                              progress=main_rank)
         summaries[name] = result.summary()
+        if not main_rank:
+            continue
         print(f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
               f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}")
         if args.out:
             write_text_atomic(args.out / f"{name}.jsonl",
                               "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
-    if args.out:
+    if args.out and main_rank:
         write_json_atomic(args.out / "summary.json", summaries)
+    distributed.shutdown()
     return summaries
 
 
@@ -396,7 +421,21 @@ def run_select_data(args) -> dict:
     return result.counts()
 
 
+def without_nproc(argv: list[str]) -> list[str]:
+    """The command line each rank runs: ``argv`` without --nproc N."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     handlers = {"train": run_train, "eval": run_eval, "compare": run_compare,
                 "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report,
@@ -404,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "verify":
             return 0 if run_verify(args) else 1
+        if getattr(args, "nproc", 1) != 1:
+            return distributed.launch(without_nproc(argv), args.nproc)
         handlers[args.command](args)
     except USER_ERRORS as err:
         print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
@@ -411,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
+    except distributed.ProcessGroupError as err:
+        print(f"rlvr-fast: error: {err}", file=sys.stderr)
+        return 3
     return 0
 
 

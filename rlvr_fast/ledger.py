@@ -55,7 +55,10 @@ pad_pref, untrim_gen, leaf, bwd_out and bwd_full are the sums over its questions
 ``zero_var_questions`` counts the homogeneous ones, ``loss`` is the unit-normalised surrogate
 (1/n) sum_q L_q / |g_q| over the n questions that contributed and ``grad_norm`` the norm of
 their averaged unit gradients before clipping. The Q questions are sampled in one batch, so the
-engine's counts are the step's and a sub-record's are 0.
+engine's counts are the step's and a sub-record's are 0. A data-parallel step
+(``rlvr_fast.distributed``) is the same line with the questions of every rank in step order; its
+engine counts are the ranks' summed (``peak_kv_blocks`` the sum of each rank's peak) and its
+timings rank 0's, with an ``all_reduce`` phase on active steps.
 
 ``check_conservation`` enforces the laws every line must satisfy; a violation is a bug in the
 trainer or the sampler, so writing raises instead of recording a wrong line. Laws on every step:

@@ -111,12 +111,14 @@ def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
                      t_min: int = 96, t_max: int = 160, max_new_tokens: int = 512,
                      early_eos_mode: str = "terminal_dup", temperature: float = 0.8,
                      top_p: float = 0.9, generator: torch.Generator | None = None,
-                     reprefill: bool = False, midpoint_min_tokens: int = 32) -> list[TreeRollout]:
+                     bases: Sequence[int] | None = None, reprefill: bool = False,
+                     midpoint_min_tokens: int = 32) -> list[TreeRollout]:
     """One K x B tree per prompt on ``engine`` (whose end-of-sequence tokens end a root or a
     branch), given the newline token ids that mark Stage 1's boundaries. Every tree's Stage 1
     runs in one batch, then every tree's Stage 2 in another. Tree q draws from its own base
-    seed (one ``base_seed`` draw per prompt, in order), so a one-prompt call samples the tree
-    ``sample_tree_ids`` samples and a tree does not depend on the others."""
+    seed ``bases[q]`` (default: one ``base_seed`` draw per prompt, in order), so a one-prompt
+    call samples the tree ``sample_tree_ids`` samples and a tree does not depend on the
+    others."""
     if not prompts:
         raise ValueError("sample_tree: no prompts")
     for prompt_ids in prompts:
@@ -124,7 +126,10 @@ def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
     prompts = [list(prompt_ids) for prompt_ids in prompts]
     params = SamplingParams(max_new_tokens, temperature, top_p)
     newline = frozenset(newline_token_ids)
-    bases = [base_seed(generator) for _ in prompts]
+    if bases is None:
+        bases = [base_seed(generator) for _ in prompts]
+    elif len(bases) != len(prompts):
+        raise ValueError(f"sample_tree: {len(prompts)} bases needed, got {len(bases)}")
 
     def causal_stop(length: int, token: int) -> bool:
         return length >= t_max or (length >= t_min and token in newline)

@@ -46,6 +46,14 @@ The study's remaining ablations are settings of the same loop:
 - ``active_steps`` N: the run ends after the step that makes N steps with a backward pass, or
   after ``steps`` steps, whichever comes first (the study's act30 / act35).
 
+Data parallel (``rlvr_fast.distributed``, launched by torchrun or ``rlvr-fast train --nproc N``):
+W ranks share each multi-question step, rank r taking its contiguous W-th of the Q questions
+with the sampling seeds one process would give them; the contributing questions are counted
+over all ranks (the step is active iff any rank has one, and n is that count), each rank sums
+its g_q / (n |g_q|) (zeros if it has none) and the sums are all-reduced before clipping and the
+AdamW step, so the run is the one-process run up to fp32 rounding. Rank 0 writes the ledger from
+every rank's records, the checkpoints and the evaluations, which the ranks share item by item.
+
     trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
     summary = trainer.train()
 """
@@ -67,13 +75,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from rlvr_fast import distributed
 from rlvr_fast.arms import ARMS, arm_settings
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
-from rlvr_fast.evaluation import EvalResult, check_prompt_lengths, encode_prompts, evaluate
+from rlvr_fast.evaluation import EvalResult, check_prompt_lengths, encode_prompts
 from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
-from rlvr_fast.generation import sample_groups
+from rlvr_fast.generation import base_seed, sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
 from rlvr_fast.ledger import (LedgerWriter, ParallelStats, StepRecord, flat_step_record,
@@ -557,6 +566,7 @@ class RLVRTrainer:
             raise ValueError("parallel-path arms vote on graded answers, so they take no task")
         self.policy, self.config = policy, config
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
+        distributed.check_questions_per_step(config.questions_per_step)
         self.train_data = list(train_data)
         self.eval_data = {check_eval_name(name): problems
                           for name, problems in (eval_data or {}).items()}
@@ -566,8 +576,10 @@ class RLVRTrainer:
                              config.max_new_tokens)
         for problems in self.eval_data.values():
             encode_prompts(policy, problems, config.eval_max_new_tokens)
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.progress = progress
+        run_dir = Path(out_dir) if out_dir is not None else None
+        # Every rank reads the run directory (to resume); rank 0 alone writes it and prints.
+        self.out_dir = run_dir if distributed.is_main() else None
+        self.progress = progress and distributed.is_main()
         self.profile_steps = profile_steps
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.num_params = sum(p.numel() for p in self.params)
@@ -591,8 +603,9 @@ class RLVRTrainer:
         self.ledger = None
         self.finished_summary = None
         self.eval_before: dict | None = None  # in every checkpoint, for a resumed run's summary
-        if self.out_dir is not None:
-            self._open_run_dir(resume)
+        if run_dir is not None:
+            self._open_run_dir(run_dir, resume)
+        distributed.broadcast_parameters(policy.model)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
@@ -692,22 +705,29 @@ class RLVRTrainer:
     def multi_question_step(self, step: int, problems: list[Problem]) -> StepResult:
         """One optimizer step on several questions: their rollouts sampled in one batch, each
         question credited on its own, the unit-normalised average of the contributing
-        questions' gradients (``update``), one ledger line with a sub-record per question."""
+        questions' gradients (``update``), one ledger line with a sub-record per question.
+        On several ranks (``rlvr_fast.distributed``) each takes its share of the questions,
+        with the sampling seeds one process would give them; whether the step is active, and
+        the average's divisor, are summed over the ranks."""
         config, model = self.config, self.policy.model
         phase = Phases(self.policy.device)
+        bases = [base_seed(self.generator) for _ in problems]
+        mine = distributed.shard(len(problems))
+        problems, bases = problems[mine], bases[mine]
         prompts = [self.task.prompt_ids(problem) for problem in problems]
         with phase("rollout"):
             model.eval()
-            batch = self.sample(prompts, self.tree_step_due())
+            batch = self.sample(prompts, self.tree_step_due(), bases)
         with phase("reward"):
             credits = [self.question_credit(p, r) for p, r in zip(problems, batch)]
         contributing = [q for q, credit in enumerate(credits) if credit.sigma != 0]
-        update = self.update(phase, bool(contributing), *[
+        step_contributing = distributed.sum_over_ranks(len(contributing))
+        update = self.update(phase, step_contributing > 0, *[
             functools.partial(fused_grpo_loss, model, prompts[q], batch[q].completions,
                               credits[q].token_weights,
                               config.temperature if config.tempered_logprobs else 1.0)
-            for q in contributing])
-        optimizer_step = bool(contributing) or config.zero_var_step == "zero_grad"
+            for q in contributing], questions=step_contributing)
+        optimizer_step = step_contributing > 0 or config.zero_var_step == "zero_grad"
         losses = dict(zip(contributing, update.question_losses))
         norms = dict(zip(contributing, update.question_grad_norms))
         questions = [self.question_record(
@@ -716,18 +736,21 @@ class RLVRTrainer:
             seconds={}, executed=EngineCounters())
             for q, (problem, prompt, rollouts, credit) in enumerate(
                 zip(problems, prompts, batch, credits))]
+        lines = [rollouts_line(step, problem, len(prompt), credit.texts, credit.lengths,
+                               credit.rewards, rollouts.tree)
+                 for problem, prompt, rollouts, credit in zip(problems, prompts, batch, credits)]
+        questions, lines, executed, loss = distributed.gather_step(
+            questions, lines, batch[0].executed, update.loss)
         record = multi_question_step_record(
-            step=step, questions=questions, active=bool(contributing),
-            optimizer_step=optimizer_step, executed=batch[0].executed, loss=update.loss,
+            step=step, questions=questions, active=step_contributing > 0,
+            optimizer_step=optimizer_step, executed=executed, loss=loss,
             grad_norm=update.grad_norm, seconds=phase.seconds)
         if self.ledger is not None:
             self.ledger.write(record)
-            self._write_rollouts({"step": step, "questions": [
-                rollouts_line(step, problem, len(prompt), credit.texts, credit.lengths,
-                              credit.rewards, rollouts.tree)
-                for problem, prompt, rollouts, credit in zip(problems, prompts, batch, credits)]})
-        return StepResult(rewards=[r for c in credits for r in c.rewards],
-                          texts=[t for c in credits for t in c.texts], record=record.to_json())
+            self._write_rollouts({"step": step, "questions": lines})
+        return StepResult(rewards=[r for line in lines for r in line["rewards"]],
+                          texts=[t for line in lines for t in line["texts"]],
+                          record=record.to_json())
 
     def tree_step_due(self) -> bool:
         """Tree arms sample trees once ``bifurcate_after_active`` steps ran a backward pass."""
@@ -778,19 +801,24 @@ class RLVRTrainer:
         category = PairCategory.FLAT_WARMUP if self.config.sampler == "tree" else PairCategory.FLAT
         return flat_step_record(lengths=credit.lengths, category=category, **common)
 
-    def update(self, phase: "Phases", active: bool, *loss_fns) -> Update:
+    def update(self, phase: "Phases", active: bool, *loss_fns,
+               questions: int | None = None) -> Update:
         """Every arm's stepping rule: an active step computes the step's gradient from
         ``loss_fns`` (each runs one forward; one per step, or on a multi-question step one per
-        contributing question, ``accumulate_unit_gradients``), clips it and takes an AdamW
+        contributing question of the ``questions`` the step has over all ranks,
+        ``accumulate_unit_gradients``, summed over the ranks), clips it and takes an AdamW
         step; an inactive one takes a zero-gradient AdamW step or none (``zero_var_step``)."""
         update = Update()
         if active:
             self.policy.model.train()
             if self.config.questions_per_step > 1:
-                update = self.accumulate_unit_gradients(phase, loss_fns)
+                update = self.accumulate_unit_gradients(phase, loss_fns, questions)
             else:
                 (loss_fn,) = loss_fns
                 update.loss = self.backward(phase, loss_fn)
+            if distributed.world_size() > 1:
+                with phase("all_reduce"):
+                    distributed.all_reduce_gradients(self.params)
             with phase("optimizer"):
                 update.grad_norm = self.clip_gradients()
                 self.optimizer.step()
@@ -809,13 +837,17 @@ class RLVRTrainer:
             loss.backward()
         return float(loss.detach())
 
-    def accumulate_unit_gradients(self, phase: "Phases", loss_fns) -> Update:
+    def accumulate_unit_gradients(self, phase: "Phases", loss_fns,
+                                  questions: int | None = None) -> Update:
         """p.grad = (1/n) sum_q g_q / |g_q| over the n loss functions (questions), g_q the
         gradient of loss q alone (its own backward) and |g_q| its L2 norm over all parameters; a
         question whose gradient is exactly zero adds nothing. Every question then moves the
         weights as much as any other whatever its length or advantages, and with
         max_grad_norm >= 1 clipping never binds (|average| <= 1). The returned loss is the
-        surrogate (1/n) sum_q L_q / |g_q| whose gradient this is."""
+        surrogate (1/n) sum_q L_q / |g_q| whose gradient this is. On several ranks n is
+        ``questions``, the step's count over all of them, and this is the rank's part of the
+        sum (zeros when it has no loss functions)."""
+        n = len(loss_fns) if questions is None else questions
         totals = [torch.zeros_like(p) for p in self.params]
         update = Update(loss=0.0)
         for loss_fn in loss_fns:
@@ -823,7 +855,7 @@ class RLVRTrainer:
             with phase("backward"):
                 grads = [p.grad for p in self.params if p.grad is not None]
                 norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-                scale = 1.0 / (len(loss_fns) * norm) if norm > 0 else 0.0
+                scale = 1.0 / (n * norm) if norm > 0 else 0.0
                 for p, total in zip(self.params, totals):
                     if p.grad is not None:
                         total.add_(p.grad, alpha=scale)
@@ -927,9 +959,11 @@ class RLVRTrainer:
                                aggregator=config.aggregator, encode=self.policy.tokenizer.encode,
                                generator=self.generator)
 
-    def sample(self, prompts: list[list[int]], tree_step: bool) -> list[Rollouts]:
+    def sample(self, prompts: list[list[int]], tree_step: bool,
+               bases: list[int] | None = None) -> list[Rollouts]:
         """Each prompt's G rollouts (a K x B tree on tree steps), all prompts in one engine
-        batch; every ``Rollouts.executed`` is the batch's work."""
+        batch, prompt q from base seed ``bases[q]`` (default: one draw of the run's generator
+        per prompt); every ``Rollouts.executed`` is the batch's work."""
         config = self.config
         if tree_step:
             trees = sample_trees_ids(
@@ -937,10 +971,11 @@ class RLVRTrainer:
                 k=config.tree_k, b=config.tree_b, t_min=config.t_min, t_max=config.t_max,
                 max_new_tokens=config.max_new_tokens, early_eos_mode=config.early_eos_mode,
                 temperature=config.temperature, top_p=config.top_p, generator=self.generator,
-                reprefill=config.tree_reprefill)
+                bases=bases, reprefill=config.tree_reprefill)
             return [Rollouts(tree.leaves, tree.executed, tree) for tree in trees]
         group = config.group_size
-        out = sample_groups(self.engine, prompts, group, self.sampling, generator=self.generator)
+        out = sample_groups(self.engine, prompts, group, self.sampling, generator=self.generator,
+                            bases=bases)
         return [Rollouts(out.tokens[q * group:(q + 1) * group], out.counters)
                 for q in range(len(prompts))]
 
@@ -976,7 +1011,7 @@ class RLVRTrainer:
     def run_evals(self, label: str) -> dict[str, dict]:
         summaries = {}
         for name, problems in self.eval_data.items():
-            result: EvalResult = evaluate(
+            result: EvalResult = distributed.evaluate_sharded(
                 self.policy, problems, max_new_tokens=self.config.eval_max_new_tokens,
                 progress=self.progress, desc=f"eval {name} ({label})", engine=self.engine)
             summaries[name] = result.summary()
@@ -988,23 +1023,32 @@ class RLVRTrainer:
         return summaries
 
     # ------------------------------------------------------------------ run directory
-    def _open_run_dir(self, resume: bool) -> None:
-        """Start the run in ``out_dir``, or resume it there (see ``rlvr_fast.run_directory``):
-        from its checkpoint, or from step 0 when it was killed before the first one."""
+    def _open_run_dir(self, run_dir: Path, resume: bool) -> None:
+        """Start the run in ``run_dir``, or resume it there (see ``rlvr_fast.run_directory``):
+        from its checkpoint, or from step 0 when it was killed before the first one. On several
+        ranks rank 0 (which holds ``self.out_dir``) alone checks, cleans and writes the
+        directory; every rank reads the checkpoint and the ledger's active steps."""
         config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
-        recorded = open_run_directory(self.out_dir, signature, config, self.train_data, resume)
-        checkpoint = self.out_dir / "checkpoint" / CHECKPOINT_FILE
+        recorded = None
+        if self.out_dir is not None:
+            recorded = open_run_directory(run_dir, signature, config, self.train_data, resume)
+        recorded = distributed.all_gather(recorded)[0]
+        checkpoint = run_dir / "checkpoint" / CHECKPOINT_FILE
         if recorded is not None and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
-        summary = self.out_dir / "summary.json"
+        summary = run_dir / "summary.json"
         if recorded is not None and recorded["config"]["steps"] == config["steps"]:
             self.finished_summary = finished_summary(summary)
             if self.finished_summary is not None:
                 return
-        whole_lines(self.out_dir / "ledger.jsonl", self.start_step)
-        whole_lines(self.out_dir / "rollouts.jsonl", self.start_step)
-        self.active_steps = count_active_steps(self.out_dir / "ledger.jsonl")
+        if self.out_dir is not None:
+            whole_lines(self.out_dir / "ledger.jsonl", self.start_step)
+            whole_lines(self.out_dir / "rollouts.jsonl", self.start_step)
+        self.active_steps = count_active_steps(run_dir / "ledger.jsonl", self.start_step)
+        distributed.agree((self.start_step, self.active_steps), "the step to resume from")
+        if self.out_dir is None:
+            return
         if recorded is None or recorded["config"] != config:
             # summary.json goes first: a kill in between leaves an unfinished run to resume.
             summary.unlink(missing_ok=True)
@@ -1018,9 +1062,12 @@ class RLVRTrainer:
         change."""
         config = json.loads(json.dumps(self.config.to_json()))
         if recorded is None:
-            return {"rlvr_fast_run": signature, "config": config, "model": str(self.policy.path),
+            meta = {"rlvr_fast_run": signature, "config": config, "model": str(self.policy.path),
                     "trainable_parameters": self.num_params, "versions": package_versions(),
                     "git_commit": git_commit(), "changes": []}
+            if distributed.world_size() > 1:
+                meta["world_size"] = distributed.world_size()
+            return meta
         change = {name: [recorded["config"].get(name), config[name]]
                   for name in RESUME_MAY_CHANGE if recorded["config"].get(name) != config[name]}
         return {**recorded, "rlvr_fast_run": signature, "config": config,
@@ -1057,10 +1104,11 @@ class RLVRTrainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
-        written atomically (``rlvr_fast.state_file``: no pickle), with the Polyak sums and the
-        before-training evaluation's summary."""
+        written atomically (``rlvr_fast.state_file``: no pickle), with the world size, the Polyak
+        sums and the before-training evaluation's summary."""
         save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
-            "next_step": next_step, "model": self.policy.model.state_dict(),
+            "next_step": next_step, "world_size": distributed.world_size(),
+            "model": self.policy.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
             "polyak": self.polyak.state_dict() if self.polyak is not None else None,
@@ -1074,6 +1122,7 @@ class RLVRTrainer:
         # byte tensors (a CUDA generator's state too); load_state_dict copies weights and
         # moments onto the parameters' device.
         state = load_state(path)
+        distributed.check_world_size(state.get("world_size", 1), path)
         try:
             next_step = state["next_step"]
             if isinstance(next_step, bool) or not isinstance(next_step, int) \
@@ -1158,12 +1207,14 @@ def finished_summary(path: Path) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
-def count_active_steps(ledger: Path) -> int:
-    """Steps that ran a backward pass so far (tree arms bifurcate after a number of them)."""
+def count_active_steps(ledger: Path, steps: int) -> int:
+    """Steps among the first ``steps`` whole ledger lines that ran a backward pass (tree arms
+    bifurcate after a number of them)."""
     if not ledger.exists():
         return 0
     with open(ledger, encoding="utf-8") as file:
-        return sum(json.loads(line).get("active") is True for line in file if line.strip())
+        lines = [line for line in file if line.endswith("\n") and line.strip()][:steps]
+    return sum(json.loads(line).get("active") is True for line in lines)
 
 
 def package_versions() -> dict[str, str]:

@@ -183,11 +183,11 @@ def renaming_to(name: str):
 
 KILL_POINTS = {
     "before config.json": ("rlvr_fast.trainer.write_json_atomic", 1),
-    "during the before-training eval": ("rlvr_fast.trainer.evaluate", 1),
+    "during the before-training eval": ("rlvr_fast.distributed.evaluate_sharded", 1),
     "during step 1's rollouts, before the first checkpoint": ("rlvr_fast.trainer.sample_groups", 2),
     "during the first checkpoint write": ("rlvr_fast.state_file.save_file", 1),
     "at the first checkpoint's rename": ("os.replace", 1, renaming_to(CHECKPOINT_FILE)),
-    "during the after-training eval": ("rlvr_fast.trainer.evaluate", 2),
+    "during the after-training eval": ("rlvr_fast.distributed.evaluate_sharded", 2),
     "at the final directory's rename": ("os.replace", 1, renaming_to("final")),
     "before summary.json": ("rlvr_fast.trainer.write_json_atomic", 2),
 }
