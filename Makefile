@@ -16,11 +16,15 @@ $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 
 install: $(STAMP)
 
-# Tests, every benchmark once as a smoke check (no timings asserted), then the GPU suite's dry
-# run (every stage on the CPU at tiny sizes).
+# Lint and format checks, tests, every benchmark once as a smoke check (no timings asserted), the
+# C++ extension built without its AVX2 path (what aarch64 compiles) and checked against the
+# installed one, then the GPU suite's dry run (every stage on the CPU at tiny sizes).
 test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q benchmarks --benchmark-disable
+	$(BIN)/python scripts/check_scalar_build.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --dry-run
 
 bench: install
@@ -45,4 +49,4 @@ tiny-model: install
 	$(BIN)/python scripts/train_tiny.py --out rlvr_fast/assets/tiny
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .benchmarks
+	rm -rf $(VENV) build *.egg-info .pytest_cache .benchmarks .ruff_cache

@@ -10,6 +10,7 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
 CPP_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cpp"))
+CPP_HEADERS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.h"))
 
 
 def cpp_extension():
@@ -25,7 +26,7 @@ def cpp_extension():
     extension = CppExtension("rlvr_fast._C", CPP_SOURCES,
                              extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off",
                                                  "-fopenmp"],
-                             extra_link_args=["-fopenmp"])
+                             extra_link_args=["-fopenmp"], depends=CPP_HEADERS)
     return [extension], {"build_ext": BuildExtension}
 
 

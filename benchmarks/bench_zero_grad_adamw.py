@@ -1,7 +1,7 @@
 """Zero-gradient AdamW steps: eager ``p.grad = zeros_like(p); opt.step()`` vs ``zero_grad_adamw_``.
 
-CPU: P = 10M and 50M float32 parameters in 5 tensors (the issue's measurement sizes), the C++
-kernel, beside the memory floor measured in the same run: one in-place pass over p, m and v
+CPU: P = 10M and 50M float32 parameters in 5 tensors (the sizes the step was first measured at),
+the C++ kernel, beside the memory floor measured in the same run: one in-place pass over p, m and v
 (``mul_(1.0)``: each read and written once, the least any AdamW step can move).
 CUDA (skipped without a GPU): P = 752M float32 parameters in 8 tensors (Qwen3-0.6B's size with
 its embeddings), torch's default foreach AdamW vs the Triton kernel. State after one real step.

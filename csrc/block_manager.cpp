@@ -9,6 +9,11 @@
 // operation checks that it can succeed before it changes anything, so a failed call (out of
 // blocks, unknown sequence) leaves the manager as it was and raises a Python exception.
 //
+// Every count and id from Python is checked before it is used: block ids are int32 (the block
+// tables the kernels read), so at most 2^31 - 1 blocks; token counts and cache slots are int64,
+// and every sum of them is checked against overflow, so a huge or negative number raises a
+// ValueError instead of wrapping around.
+//
 // Threading model: none inside. A BlockManager is plain data owned by one sampler; calls from
 // several Python threads must be serialised by the caller (the GIL is held throughout each call,
 // so two calls never interleave inside the manager).
@@ -17,12 +22,28 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace {
+
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
+// The slots one append_batch / append_many call returns (128 MiB of int64): far above any
+// prefill pass, far below a size whose allocation would take the machine down.
+constexpr int64_t kMaxSlotsPerCall = int64_t{1} << 24;
+
+// a + b for counts already known to be >= 0, or a ValueError naming `op`.
+int64_t checked_sum(int64_t a, int64_t b, const char* op) {
+  if (b > kMaxInt64 - a) {
+    throw pybind11::value_error(std::string(op) + ": token count overflows int64 (" +
+                                std::to_string(a) + " + " + std::to_string(b) + ")");
+  }
+  return a + b;
+}
 
 struct Sequence {
   std::vector<int32_t> blocks;
@@ -32,10 +53,7 @@ struct Sequence {
 class BlockManager {
  public:
   BlockManager(int64_t num_blocks, int64_t block_size)
-      : block_size_(block_size), ref_counts_(num_blocks, 0) {
-    if (num_blocks < 1 || block_size < 1) {
-      throw pybind11::value_error("BlockManager: num_blocks and block_size must be >= 1");
-    }
+      : block_size_(checked_shape(num_blocks, block_size)), ref_counts_(num_blocks, 0) {
     // Hand out low block ids first: pop from the back of a descending list.
     for (int64_t b = num_blocks - 1; b >= 0; --b) {
       free_.push_back(static_cast<int32_t>(b));
@@ -52,9 +70,7 @@ class BlockManager {
     for (int64_t i = 0; i < blocks_for(num_tokens); ++i) {
       seq.blocks.push_back(take_block());
     }
-    const int64_t id = next_id_++;
-    sequences_.emplace(id, std::move(seq));
-    return id;
+    return add_sequence(std::move(seq));
   }
 
   // Returns the (src, dst) block copies the caller must perform before writing.
@@ -63,7 +79,7 @@ class BlockManager {
       throw pybind11::value_error("append: num_tokens must be >= 0");
     }
     Sequence& seq = find(seq_id);
-    const int64_t new_total = seq.num_tokens + num_tokens;
+    const int64_t new_total = checked_sum(seq.num_tokens, num_tokens, "append");
     const bool copy_last = num_tokens > 0 && seq.num_tokens % block_size_ != 0 &&
                            ref_counts_[seq.blocks.back()] > 1;
     const int64_t extra = blocks_for(new_total) - static_cast<int64_t>(seq.blocks.size());
@@ -98,9 +114,7 @@ class BlockManager {
     for (int32_t b : copy.blocks) {
       ++ref_counts_[b];
     }
-    const int64_t id = next_id_++;
-    sequences_.emplace(id, std::move(copy));
-    return id;
+    return add_sequence(std::move(copy));
   }
 
   // append(seq, num_tokens) for every sequence in order, as one call that either succeeds
@@ -144,6 +158,11 @@ class BlockManager {
   // Block tables of several sequences as one zero-padded int32 tensor
   // [len(seq_ids), max(min_width, longest table)].
   torch::Tensor block_tables(const std::vector<int64_t>& seq_ids, int64_t min_width) {
+    // No sequence holds more blocks than exist, so a wider table is padding only.
+    if (min_width > num_blocks()) {
+      throw pybind11::value_error("block_tables: min_width " + std::to_string(min_width) +
+                                  " is more than the " + std::to_string(num_blocks()) + " blocks");
+    }
     int64_t width = std::max<int64_t>(min_width, 0);
     std::vector<const Sequence*> rows;
     for (int64_t id : seq_ids) {
@@ -211,7 +230,12 @@ class BlockManager {
     require_free(count_needed(seq_ids, counts, op), op);
     int64_t total = 0;
     for (int64_t count : counts) {
-      total += count;
+      total = checked_sum(total, count, op);
+    }
+    if (total > kMaxSlotsPerCall) {
+      throw pybind11::value_error(std::string(op) + ": " + std::to_string(total) +
+                                  " new tokens in one call, more than " +
+                                  std::to_string(kMaxSlotsPerCall));
     }
     std::vector<std::pair<int32_t, int32_t>> copies;
     auto slots = torch::empty({total}, torch::kInt64);
@@ -259,13 +283,39 @@ class BlockManager {
           ++needed;
         }
       }
-      needed += blocks_for(seq.num_tokens + counts[i]) - static_cast<int64_t>(seq.blocks.size());
+      // At most num_blocks per term and per copy, so `needed` cannot overflow.
+      needed += blocks_for(checked_sum(seq.num_tokens, counts[i], op)) -
+                static_cast<int64_t>(seq.blocks.size());
     }
     return needed;
   }
 
+  // ceil(num_tokens / block_size) for num_tokens >= 0, without the overflow of the usual
+  // (num_tokens + block_size - 1) / block_size near INT64_MAX.
   int64_t blocks_for(int64_t num_tokens) const {
-    return (num_tokens + block_size_ - 1) / block_size_;
+    return num_tokens / block_size_ + (num_tokens % block_size_ != 0 ? 1 : 0);
+  }
+
+  // The block size, once the shape is known to fit: block ids in int32 and every cache slot
+  // (block * block_size + offset) in int64.
+  static int64_t checked_shape(int64_t num_blocks, int64_t block_size) {
+    if (num_blocks < 1 || num_blocks > kMaxBlocks || block_size < 1 ||
+        block_size > kMaxInt64 / num_blocks) {
+      throw pybind11::value_error(
+          "BlockManager: need 1 <= num_blocks <= 2^31 - 1 and 1 <= block_size with "
+          "num_blocks * block_size <= 2^63 - 1, got " + std::to_string(num_blocks) + " and " +
+          std::to_string(block_size));
+    }
+    return block_size;
+  }
+
+  int64_t add_sequence(Sequence&& seq) {
+    if (next_id_ == kMaxInt64) {
+      throw pybind11::value_error("BlockManager: sequence ids exhausted");
+    }
+    const int64_t id = next_id_++;
+    sequences_.emplace(id, std::move(seq));
+    return id;
   }
 
   void require_free(int64_t needed, const char* op) const {

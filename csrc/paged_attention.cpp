@@ -6,13 +6,15 @@
 // of row r (decode: T = 1; prefill of a suffix: each query's own position + 1). Query head h reads KV
 // head h / (Hq / Hkv) (GQA); scale 1 / sqrt(D). Per (row, query, head): scores, max, exp,
 // normaliser and the weighted sum of values in float32; tasks run in parallel with
-// at::parallel_for. An AVX2 + FMA version is chosen at run time when D is a multiple of 8.
+// at::parallel_for. An AVX2 + FMA version is chosen at run time when D is a multiple of 8 (on
+// x86-64 builds; see cpu_features.h).
 // The result equals the torch reference (gather + SDPA) up to float32 rounding, not bitwise.
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+
+#include "cpu_features.h"
 
 #include <algorithm>
 #include <cmath>
@@ -60,6 +62,7 @@ void attend_head_baseline(const HeadTask& t, float* scores) {
   for (int64_t i = 0; i < t.dim; ++i) t.out[i] /= sum;
 }
 
+#if RLVR_FAST_AVX2
 __attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, float* scores) {
   for (int64_t w = 0; w < t.length; ++w) {
     const float* key = t.keys + t.slots[w] * t.slot_stride;
@@ -82,6 +85,7 @@ __attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, flo
     _mm256_storeu_ps(t.out + i, _mm256_div_ps(acc, sum));
   }
 }
+#endif
 
 // Cache slot (block * block_size + offset) of each of a row's first `length` tokens.
 void fill_slots(const int32_t* table, int64_t block_size, int64_t length, int64_t* slots) {
@@ -132,9 +136,10 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
     }
   }
   auto out = torch::empty_like(q);
-  static const bool has_avx2_fma =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const auto attend_head = has_avx2_fma && dim % 8 == 0 ? attend_head_avx2 : attend_head_baseline;
+  auto attend_head = attend_head_baseline;
+#if RLVR_FAST_AVX2
+  if (cpu_has_avx2_fma() && dim % 8 == 0) attend_head = attend_head_avx2;
+#endif
   const float* q_data = q.data_ptr<float>();
   const float* k_data = k_cache.data_ptr<float>();
   const float* v_data = v_cache.data_ptr<float>();

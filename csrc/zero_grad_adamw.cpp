@@ -21,6 +21,8 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_features.h"
+
 namespace {
 
 struct StepScalars {
@@ -64,7 +66,8 @@ constexpr int64_t kBlock = 32768;
 
 // One block of k steps, on (p, m, v) already in float. Always inlined into the two entry points
 // below, so that it is compiled once for the baseline ISA, where std::fma is a call to libm's
-// fmaf, and once for AVX2 + FMA, where it is one vfmadd instruction and the loops vectorise.
+// fmaf, and (on x86-64 builds, cpu_features.h) once for AVX2 + FMA, where it is one vfmadd
+// instruction and the loops vectorise.
 // Both round identically: fmaf and vfmadd are the correctly rounded fma, and vector mul, div and
 // add are the IEEE operations the scalar code performs (-ffp-contract=off still holds).
 template <typename T>
@@ -94,18 +97,22 @@ void advance_block_baseline(float* p, float* m, float* v, float* d, int64_t coun
   advance_block<T>(p, m, v, d, count, lerp_weight, beta2, eps, steps);
 }
 
+#if RLVR_FAST_AVX2
 template <typename T>
 __attribute__((target("avx2,fma"))) void advance_block_avx2(
     float* p, float* m, float* v, float* d, int64_t count, float lerp_weight, float beta2,
     float eps, const std::vector<StepScalars>& steps) {
   advance_block<T>(p, m, v, d, count, lerp_weight, beta2, eps, steps);
 }
+#endif
 
 template <typename T>
 void zero_grad_steps(T* param, T* exp_avg, T* exp_avg_sq, int64_t numel, float lerp_weight,
                      float beta2, float eps, const std::vector<StepScalars>& steps) {
-  static const bool has_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const auto advance = has_avx2_fma ? advance_block_avx2<T> : advance_block_baseline<T>;
+  auto advance = advance_block_baseline<T>;
+#if RLVR_FAST_AVX2
+  if (cpu_has_avx2_fma()) advance = advance_block_avx2<T>;
+#endif
   const int64_t blocks = (numel + kBlock - 1) / kBlock;
   at::parallel_for(0, blocks, 1, [&](int64_t first_block, int64_t end_block) {
     std::vector<float> buffer(4 * kBlock);

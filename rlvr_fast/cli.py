@@ -16,9 +16,10 @@
     rlvr-fast select-data --model tiny --data synthetic:train:400 --k 8 --out zpd.json
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
-Bad input exits with status 2 and one line on stderr; nothing is half-written. A rank of a
-distributed run whose process group fails (another rank died or stopped answering) exits with
-status 3 and one line on stderr (``rlvr_fast.distributed``).
+Bad input exits with status 2 and one line on stderr naming the file, field or value, before
+anything is written; an interrupted command exits with 130 and leaves nothing half-written.
+A rank of a distributed run whose process group fails (another rank died or stopped
+answering) exits with status 3 and one line on stderr (``rlvr_fast.distributed``).
 """
 
 from __future__ import annotations
@@ -35,29 +36,47 @@ from rlvr_fast.analysis.compare import compare_paths
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.arms import ARMS
-from rlvr_fast.data import DataError, load_problems, synthetic_problems
+from rlvr_fast.data import MAX_PROBLEMS, DataError, load_problems, synthetic_problems
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.models.checkpoint import CheckpointError
-from rlvr_fast.models.config import ConfigError
+from rlvr_fast.files import write_json_atomic, write_text_atomic
 from rlvr_fast.policy import load_policy
+from rlvr_fast.run_directory import check_eval_name
 from rlvr_fast.select_data import PassRange, SelectionSettings, select_data
 from rlvr_fast.shapley_report import shapley_report
-from rlvr_fast.tokenizer import TokenizerError
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig, write_json_atomic, write_text_atomic
+from rlvr_fast.trainer import MAX_BATCH, MAX_NEW_TOKENS, RLVRTrainer, TrainConfig
 
-USER_ERRORS = (ValueError, DataError, CheckpointError, ConfigError, TokenizerError,
-               FileExistsError, FileNotFoundError, IsADirectoryError)
+# Every error a user's input can cause is a ValueError naming the input (DataError,
+# ConfigError, CheckpointError, TokenizerError, StateFileError, RunDirectoryError, ...), or an
+# OSError naming the file.
+USER_ERRORS = (ValueError, OSError)
+# Settings with their own option: --set may not give them a second value.
+OPTION_SETTINGS = {"steps": "--steps", "seed": "--seed", "arm": "--arm"}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error here."""
+
+    def error(self, message: str):
+        self.exit(2, f"rlvr-fast: error: {message.splitlines()[0]} (see {self.prog} --help)\n")
 
 
 def load_data(spec: str, *, limit: int | None = None):
-    """A path, or synthetic:SPLIT[:N] (N defaults to ``limit`` or 200)."""
+    """A path, or synthetic:SPLIT[:N] (N defaults to ``limit`` or 200; a ``limit`` above the
+    size limit loads that many, which the trainer cycles through)."""
     if spec.startswith("synthetic:"):
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdigit()):
+        if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdecimal()):
             raise ValueError(f"bad data spec {spec!r} (expected synthetic:SPLIT[:N])")
-        count = int(parts[2]) if len(parts) == 3 else (limit or 200)
-        return synthetic_problems(parts[1], count)
-    return load_problems(spec, limit=limit)
+        count = int(parts[2]) if len(parts) == 3 else min(limit or 200, MAX_PROBLEMS)
+        try:
+            problems = synthetic_problems(parts[1], count)
+        except ValueError as err:
+            raise DataError(f"{spec}: {err}") from None
+    else:
+        problems = load_problems(spec, limit=limit)
+    if not problems:
+        raise DataError(f"{spec}: no problems")
+    return problems
 
 
 def parse_eval_sets(specs: list[str]) -> dict[str, list]:
@@ -68,7 +87,7 @@ def parse_eval_sets(specs: list[str]) -> dict[str, list]:
             raise ValueError(f"--eval wants NAME=PATH or NAME=synthetic:SPLIT[:N], got {spec!r}")
         if name in sets:
             raise ValueError(f"--eval name {name!r} given twice")
-        sets[name] = load_data(source)
+        sets[check_eval_name(name)] = load_data(source)
     return sets
 
 
@@ -79,11 +98,34 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set wants key=value, got {pair!r}")
+        if key in OPTION_SETTINGS:
+            raise ValueError(f"--set {key}: {key} is chosen with {OPTION_SETTINGS[key]}")
         try:
             overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             overrides[key] = raw
     return overrides
+
+
+def parse_device(text: str) -> torch.device:
+    """cpu or cuda[:N], the latter only where that GPU exists."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text!r}: expected cpu or cuda[:N]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {text}: {count} CUDA device(s) available")
+    return device
+
+
+def positive(what: str, value: int, most: int) -> int:
+    if not 1 <= value <= most:
+        raise ValueError(f"{what} must be in [1, {most:,}], got {value}")
+    return value
 
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -125,7 +167,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlvr-fast", description="Fast GRPO for RLVR on math.")
+    parser = ArgumentParser(prog="rlvr-fast", description="Fast GRPO for RLVR on math.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one arm")
     train.add_argument("--arm", required=True, help=f"one of: {', '.join(ARMS)}")
@@ -224,9 +266,12 @@ def training_overrides(args) -> dict:
 def run_train(args) -> dict:
     overrides = training_overrides(args)
     config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
+    if args.profile < 0:
+        raise ValueError(f"--profile must be >= 0, got {args.profile}")
+    device = parse_device(args.device)
     train_data = load_data(args.train_data, limit=config.questions_needed)
     eval_sets = parse_eval_sets(args.eval)
-    device = distributed.init(args.device, args.dist_timeout)
+    device = distributed.init(str(device), args.dist_timeout)
     policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
     trainer = RLVRTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
                           resume=args.resume, progress=not args.quiet,
@@ -275,17 +320,22 @@ def run_eval(args) -> dict:
     model_path = Path(args.model)
     if (model_path / "final" / "config.json").is_file():
         model_path = model_path / "final"
+    max_new_tokens = positive("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)
+    max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
+    device = parse_device(args.device)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"{args.out}: exists and is not a directory")
     eval_sets = parse_eval_sets(args.eval)
-    device = distributed.init(args.device, args.dist_timeout)
+    device = distributed.init(str(device), args.dist_timeout)
     policy = load_policy(args.model if args.model == "tiny" else model_path, device=device,
                          dtype=DTYPES[args.dtype])
-    engine = RolloutEngine.for_policy(policy, max_batch=args.max_batch,
+    engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
                                       cuda_graphs=not args.no_cuda_graphs)
     # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
     main_rank = distributed.is_main()
     summaries = {}
     for name, problems in eval_sets.items():
-        result = distributed.evaluate_sharded(policy, problems, max_new_tokens=args.max_new_tokens,
+        result = distributed.evaluate_sharded(policy, problems, max_new_tokens=max_new_tokens,
                                               desc=f"eval {name}", engine=engine,
                                               progress=main_rank)
         summaries[name] = result.summary()
@@ -327,8 +377,9 @@ def run_sweep(args) -> None:
     train_data = load_data(args.train_data,
                            limit=max(run.config.questions_needed for run in plan))
     eval_sets = parse_eval_sets(args.eval)
+    device = parse_device(args.device)
     tables = sweep(plan, args.out, train_data, eval_sets,
-                   lambda: load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype],
+                   lambda: load_policy(args.model, device=device, dtype=DTYPES[args.dtype],
                                        untie=args.untie),
                    progress=not args.quiet)
     print(tables, end="")
@@ -341,7 +392,8 @@ def run_shapley_report(args) -> dict:
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
     report = shapley_report(args.run_dir, out_dir=args.out, max_steps=args.max_steps,
-                            seed=args.seed, resamples=args.resamples, device=args.device)
+                            seed=args.seed, resamples=args.resamples,
+                            device=parse_device(args.device))
     print(report["table"], end="")
     return report
 
@@ -356,9 +408,11 @@ def run_select_data(args) -> dict:
         raise ValueError(f"--batch-questions must be >= 1, got {args.batch_questions}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
+    device = parse_device(args.device)
     problems = load_data(args.data)
-    policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    engine = RolloutEngine.for_policy(policy, max_batch=args.max_batch,
+    policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype])
+    engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
                                       cuda_graphs=not args.no_cuda_graphs)
     result = select_data(policy, engine, problems, settings, pass_range, args.out,
                          limit=args.limit, batch_questions=args.batch_questions,
@@ -393,13 +447,24 @@ def main(argv: list[str] | None = None) -> int:
             return distributed.launch(without_nproc(argv), args.nproc)
         handlers[args.command](args)
     except USER_ERRORS as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"rlvr-fast: error: {message}", file=sys.stderr)
+        print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("rlvr-fast: interrupted", file=sys.stderr)
+        return 130
     except distributed.ProcessGroupError as err:
         print(f"rlvr-fast: error: {err}", file=sys.stderr)
         return 3
     return 0
+
+
+def error_line(err: Exception) -> str:
+    """One line: the message's first line; an OSError's file and reason."""
+    if isinstance(err, OSError) and err.strerror:
+        where = err.filename if err.filename is not None else type(err).__name__
+        return f"{where}: {err.strerror}"
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -61,12 +61,19 @@ import math
 import os
 import random
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import add, mul, sub
 from pathlib import Path
+
+from rlvr_fast.files import write_text_atomic
+
+# Input size limits: past them a set takes minutes and gigabytes to build or to tokenize, and no
+# math problem set comes near them (MATH has 12,500 problems, its longest under 5,000 chars).
+MAX_PROBLEMS = 50_000
+MAX_TEXT_CHARS = 100_000
+MAX_FILE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,13 @@ def load_problems(path: str | os.PathLike[str], *, limit: int | None = None) -> 
     path = Path(path)
     problems: list[Problem] = []
     first_seen: dict[str, str] = {}
-    # islice stops before reading past ``limit`` rows, so later bad rows don't matter.
-    for index, (where, row) in enumerate(itertools.islice(_read_rows(path), limit)):
+    # islice stops before reading past ``limit`` rows, so later bad rows don't matter; one row
+    # past the size limit is enough to refuse the file.
+    rows = min(MAX_PROBLEMS + 1, MAX_PROBLEMS + 1 if limit is None else limit)
+    for index, (where, row) in enumerate(itertools.islice(_read_rows(path), rows)):
+        if index == MAX_PROBLEMS:
+            raise DataError(f"{path}: more than {MAX_PROBLEMS:,} problems (the size limit of a "
+                            "problem set)")
         problem = _parse_row(row, where, default_id=f"{path.stem}-{index}", file_name=path.name)
         if problem.id in first_seen:
             raise DataError(
@@ -127,28 +139,23 @@ def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> 
     if path.suffix != ".jsonl":
         # load_problems picks the parser by suffix, so only .jsonl reads back.
         raise ValueError(f"{path}: save_problems writes JSONL; use a .jsonl path")
-    lines = [json.dumps(dataclasses.asdict(p), ensure_ascii=False) + "\n" for p in problems]
-    # The temp file sits in the target's directory so os.replace stays on one filesystem.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.writelines(lines)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        os.unlink(tmp_name)
-        raise
+    write_text_atomic(path, "".join(json.dumps(dataclasses.asdict(p), ensure_ascii=False) + "\n"
+                                    for p in problems))
 
 
 def _read_rows(path: Path) -> Iterator[tuple[str, object]]:
     """Rows with their location, ``path:LINE`` (JSONL) or ``path:item N`` (JSON array)."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise DataError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_FILE_BYTES >> 20} "
+                        "MiB size limit of a problem file")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from err
     if path.suffix == ".jsonl":
         return _jsonl_rows(path, text)
     if path.suffix == ".json":
@@ -179,6 +186,9 @@ def _decode_json(text: str, path: Path, *, line_number: int | None) -> object:
         # A JSONL line is parsed on its own, so the decoder's line is always 1 there.
         line = err.lineno if line_number is None else line_number
         raise DataError(f"{path}:{line}: invalid JSON: {err.msg} (column {err.colno})") from err
+    except RecursionError:
+        where = path if line_number is None else f"{path}:{line_number}"
+        raise DataError(f"{where}: JSON nested too deeply") from None
 
 
 def _top_level_list(document: object, path: Path) -> list[object]:
@@ -242,7 +252,7 @@ def _math_answer(row: dict[str, object], where: str) -> tuple[str, str | None]:
 
 
 def _gsm8k_answer(row: dict[str, object], where: str) -> tuple[str, str | None]:
-    text = str(row["answer"])
+    text = _within_limit(str(row["answer"]), "answer", where)
     _, marker, tail = text.rpartition("####")
     gold = tail.replace(",", "").strip()
     if not marker:
@@ -268,7 +278,7 @@ def _answer_text(value: object, where: str) -> str:
     text = str(value).strip()
     if not text:
         raise DataError(f"{where}: field 'answer' is empty")
-    return text
+    return _within_limit(text, "answer", where)
 
 
 def _required_text(row: dict[str, object], field: str, where: str) -> str:
@@ -277,7 +287,14 @@ def _required_text(row: dict[str, object], field: str, where: str) -> str:
         raise DataError(f"{where}: field '{field}' must be a string, got {_type_name(value)}")
     if not value.strip():
         raise DataError(f"{where}: field '{field}' is empty")
-    return value.strip()
+    return _within_limit(value.strip(), field, where)
+
+
+def _within_limit(text: str, field: str, where: str) -> str:
+    if len(text) > MAX_TEXT_CHARS:
+        raise DataError(f"{where}: field '{field}' has {len(text):,} characters, over the "
+                        f"{MAX_TEXT_CHARS:,} limit")
+    return text
 
 
 def _optional_text(row: dict[str, object], field: str, where: str) -> str | None:
@@ -419,8 +436,9 @@ def synthetic_problems(
 ) -> list[Problem]:
     """Draw ``n`` distinct problems of ``split``, cycling through ``levels`` in turn."""
     _check_choice("split", split, SPLITS)
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    if not 0 <= n <= MAX_PROBLEMS:
+        raise ValueError(f"n must be in [0, {MAX_PROBLEMS:,}] (the size limit of a problem set), "
+                         f"got {n:,}")
     for level in levels:
         _check_choice("level", level, LEVELS)
     if not levels:

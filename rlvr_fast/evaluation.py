@@ -70,6 +70,26 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def encode_prompts(policy, problems: Sequence[Problem], max_new_tokens: int) -> list[list[int]]:
+    """Every problem's prompt token ids, checked by ``check_prompt_lengths``."""
+    prompts = policy.tokenizer.encode_batch([render_prompt(p.question) for p in problems])
+    check_prompt_lengths(policy, problems, prompts, max_new_tokens)
+    return prompts
+
+
+def check_prompt_lengths(policy, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
+                         max_new_tokens: int) -> None:
+    """Each prompt leaves room for ``max_new_tokens`` in the model's positions: a longer
+    sequence decodes past what the model was trained on (and a huge question would take minutes
+    and gigabytes before failing anywhere else). The error names the problem and its file."""
+    context = policy.config.max_position_embeddings
+    for problem, ids in zip(problems, prompts):
+        if len(ids) + max_new_tokens > context:
+            raise ValueError(f"{problem.source}: problem {problem.id!r} has a prompt of "
+                             f"{len(ids):,} tokens; with max_new_tokens {max_new_tokens:,} it "
+                             f"exceeds the model's {context:,} positions")
+
+
 def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
              progress: bool = True, desc: str = "eval", params: SamplingParams | None = None,
              generator: torch.Generator | None = None,
@@ -83,7 +103,7 @@ def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
     if not problems:
         raise ValueError("evaluate: no problems")
     params = params or SamplingParams.greedy(max_new_tokens)
-    prompts = [policy.tokenizer.encode(render_prompt(p.question)) for p in problems]
+    prompts = encode_prompts(policy, problems, params.max_new_tokens)
     with tqdm(total=len(problems), desc=desc, unit="item", disable=not progress) as bar:
         out = generate(engine or policy.engine(), prompts, params, generator=generator,
                        on_finish=lambda _: bar.update(1))

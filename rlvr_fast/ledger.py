@@ -559,7 +559,8 @@ def _check_tree(record: StepRecord, require) -> None:
 
 class LedgerWriter:
     """Appends checked lines to ``ledger.jsonl``; each line is flushed and fsynced, so a kill
-    leaves only whole lines behind."""
+    leaves at most a partial last line, which a resume drops
+    (``rlvr_fast.run_directory.whole_lines``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -573,14 +574,3 @@ class LedgerWriter:
 
     def close(self) -> None:
         self.file.close()
-
-
-def truncate_jsonl(path: Path, keep_lines: int) -> None:
-    """Keep the first ``keep_lines`` whole lines of a JSONL file (resume after a kill)."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    whole = [line for line in lines[:keep_lines] if line.endswith("\n")]
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("".join(whole), encoding="utf-8")
-    os.replace(temp, path)

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
+from rlvr_fast.files import replaced_directory
+from rlvr_fast.models.checkpoint import CheckpointError, load_model, write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.tokenizer import TOKENIZER_FILES, Tokenizer
@@ -53,12 +54,17 @@ class Policy:
         return self.config.num_parameters(untied=untied)
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write weights, config and tokenizer files as a Hugging Face directory."""
-        save_model(self.model, directory)
+        """Write weights, config and tokenizer files as a Hugging Face directory, replacing
+        ``directory`` whole and atomically."""
+        with replaced_directory(directory) as staging:
+            self.write_files(staging)
+
+    def write_files(self, directory: Path) -> None:
+        """Weights, config and tokenizer files into an existing ``directory`` (a staging one)."""
+        write_model_files(self.model, directory)
         for name in TOKENIZER_FILES:
-            source = self.path / name
-            if source.is_file() and source.resolve() != (Path(directory) / name).resolve():
-                shutil.copyfile(source, Path(directory) / name)
+            if (self.path / name).is_file():
+                shutil.copyfile(self.path / name, directory / name)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:

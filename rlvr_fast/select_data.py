@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -38,10 +39,11 @@ from tqdm import tqdm
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.engine.token_sampler import derive_seed
+from rlvr_fast.evaluation import encode_prompts
+from rlvr_fast.files import write_text_atomic
 from rlvr_fast.generation import sample_groups
 from rlvr_fast.grading import final_answer, grade_many
-from rlvr_fast.ledger import truncate_jsonl
-from rlvr_fast.trainer import write_text_atomic
+from rlvr_fast.trainer import MAX_GROUP_SIZE, MAX_NEW_TOKENS, MAX_SEED
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,14 @@ class SelectionSettings:
     seed: int = 42
 
     def __post_init__(self) -> None:
-        checks = [(self.k >= 1, f"--k must be >= 1, got {self.k}"),
-                  (self.max_new_tokens >= 1,
-                   f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
-                  (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
+        checks = [(1 <= self.k <= MAX_GROUP_SIZE,
+                   f"--k must be in [1, {MAX_GROUP_SIZE}], got {self.k}"),
+                  (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+                   f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got "
+                   f"{self.max_new_tokens}"),
+                  (0 < self.temperature < math.inf,
+                   f"--temperature must be a finite number > 0, got {self.temperature}"),
+                  (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**63 - 1], got {self.seed}"),
                   (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
                   (self.gate_min_chars is None or self.gate_min_chars >= 0,
                    f"--gate-min-chars must be >= 0, got {self.gate_min_chars}")]
@@ -141,6 +147,7 @@ def select_data(policy, engine: RolloutEngine, problems: Sequence[Problem],
         raise ValueError(f"--out must end in .json or .jsonl, got {out}")
     if not problems:
         raise ValueError("select-data: no problems in --data")
+    encode_prompts(policy, problems, settings.max_new_tokens)  # a long question fails here
     rates = measure_pass_rates(policy, engine, problems, settings, rates_path(out),
                                batch_questions=batch_questions, progress=progress)
     kept = stratified([(problems[r.index], r) for r in rates if r.rate in pass_range],
@@ -196,9 +203,13 @@ def read_rates(path: Path, header: dict) -> list[QuestionRate]:
     exist; ``ValueError`` when it was made with other settings or data."""
     if not path.exists():
         return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-             if line.endswith("\n")]
-    truncate_jsonl(path, len(lines))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a select-data rates file (not UTF-8: {err.reason})") from None
+    lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    if text and not text.endswith("\n"):  # a line cut short by a kill
+        write_text_atomic(path, "".join(lines))
     if not lines:
         return []
     try:

@@ -30,25 +30,23 @@ The bootstrap CI is a local function (a shared statistics module may replace it)
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from rlvr_fast.analysis.run_dir import RunDirError, read_json, read_jsonl
 from rlvr_fast.data import render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.files import atomic_path, write_json_atomic, write_text_atomic
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.parallel import summarise, summary_context
 from rlvr_fast.path_credit import outcome_utility
 from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, TableUtility, shapley_exact, shapley_monte_carlo
-from rlvr_fast.trainer import write_json_atomic, write_text_atomic
 
 PAPER_PERMUTATIONS = 5
 
@@ -71,8 +69,11 @@ def load_parallel_steps(run_dir: Path) -> tuple[dict, list[dict]]:
     for path in (config_path, rollouts_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory?)")
-    config = json.loads(config_path.read_text())["config"]
-    lines = [json.loads(line) for line in rollouts_path.read_text().splitlines() if line.strip()]
+    meta = read_json(config_path)
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        raise RunDirError(f"{config_path}: no 'config' object")
+    lines = read_jsonl(rollouts_path)
     steps = [line for line in lines if "parallel" in line]
     if not steps:
         raise ValueError(f"{rollouts_path}: no parallel-path steps (arm {config.get('arm')!r})")
@@ -308,15 +309,11 @@ def write_scatter(responses: list[ResponsePoints], path: Path, title: str) -> No
     axes.set_ylabel("delta_j = r_out(all) - r_out(without j)")
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
     try:
-        figure.savefig(temp, format="png")
-        os.replace(temp, path)
+        with atomic_path(path) as temp:
+            figure.savefig(temp, format="png")
     finally:
         plt.close(figure)
-        if os.path.exists(temp):
-            os.unlink(temp)
 
 
 def shapley_report(run_dir: Path, *, out_dir: Path | None = None, **settings) -> dict:

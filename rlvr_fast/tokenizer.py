@@ -66,7 +66,11 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         if not path.is_file():
             raise TokenizerError(f"{directory}: no tokenizer.json")
-        backend = RustTokenizer.from_file(str(path))
+        try:
+            backend = RustTokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises a bare Exception
+            raise TokenizerError(f"{path}: unreadable tokenizer ({str(err).splitlines()[0]})") \
+                from None
         tok_config = _read_json(directory / "tokenizer_config.json")
         eos = _eos_ids(directory, tok_config, backend)
         pad = _token_id(tok_config.get("pad_token"), backend)
@@ -77,22 +81,34 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise TokenizerError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+    except (UnicodeDecodeError, OSError, RecursionError) as err:
+        raise TokenizerError(f"{path}: unreadable ({err})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _token_id(token: str | dict | None, backend: RustTokenizer) -> int | None:
     if isinstance(token, dict):
         token = token.get("content")
-    return None if token is None else backend.token_to_id(token)
+    return backend.token_to_id(token) if isinstance(token, str) else None
 
 
 def _eos_ids(directory: Path, tok_config: dict, backend: RustTokenizer) -> list[int]:
     for name in ("generation_config.json", "config.json"):
         eos = _read_json(directory / name).get("eos_token_id")
-        if eos is not None:
-            return [eos] if isinstance(eos, int) else list(eos)
+        if eos is None:
+            continue
+        ids = eos if isinstance(eos, list) else [eos]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                              and 0 <= i < backend.get_vocab_size(with_added_tokens=True)
+                              for i in ids):
+            raise TokenizerError(f"{directory / name}: eos_token_id must be token ids of the "
+                                 f"tokenizer, got {eos!r}")
+        return ids
     eos = _token_id(tok_config.get("eos_token"), backend)
     if eos is None:
         raise TokenizerError(f"{directory}: no eos_token_id in generation_config.json or "

@@ -64,8 +64,8 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,13 +80,13 @@ from rlvr_fast.arms import ARMS, arm_settings
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats, tree_credit
 from rlvr_fast.data import Problem, render_prompt
 from rlvr_fast.engine import EngineCounters, RolloutEngine, SamplingParams
-from rlvr_fast.evaluation import EvalResult
+from rlvr_fast.evaluation import EvalResult, check_prompt_lengths, encode_prompts
+from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
 from rlvr_fast.generation import base_seed, sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
 from rlvr_fast.ledger import (LedgerWriter, ParallelStats, StepRecord, flat_step_record,
-                              multi_question_step_record, parallel_step_record, tree_step_record,
-                              truncate_jsonl)
+                              multi_question_step_record, parallel_step_record, tree_step_record)
 from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
@@ -96,7 +96,10 @@ from rlvr_fast.path_credit import (PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITI
                                    ParallelCredit, outcome_utility, parallel_credit)
 from rlvr_fast.polyak import PolyakAverage, trainable
 from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_trees_ids
+from rlvr_fast.run_directory import (RESUME_MAY_CHANGE, check_eval_name, open_run_directory,
+                                     run_signature, whole_lines)
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
+from rlvr_fast.state_file import StateFileError, load_state, save_state
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 # Per-sequence normalisers of the token-weighted loss (``sequence_scales``): the study's sum and
@@ -104,6 +107,15 @@ LOSS_ORDERS = ("sum_then_scale", "token_weighted")
 LOSS_TYPES = ("sum", "grpo", "dapo", "dr_grpo")
 ZERO_VAR_STEPS = ("zero_grad", "skip")
 SAMPLERS = ("flat", "tree", "parallel")
+CHECKPOINT_FILE = "state.safetensors"
+# Upper limits of the sizes a run allocates for: past them a typo asks for more memory or time
+# than any machine has, rather than a larger experiment.
+MAX_GROUP_SIZE = 4096
+MAX_BATCH = 1 << 16
+MAX_NEW_TOKENS = 1 << 20
+MAX_SHAPLEY_PERMUTATIONS = 1 << 20
+MAX_SEED = (1 << 63) - 1
+MAX_QUESTIONS_PER_STEP = 1024
 # Where run_evals writes each evaluation, under RUN/evals/.
 EVAL_DIRS = {"before": "before", "after": "", "polyak": "polyak"}
 
@@ -157,6 +169,7 @@ class TrainConfig:
     lambda_outcome: float = 0.5
     lambda_path: float = 0.5
     judge_model: str = "policy"
+    allow_nonfinite: bool = False
     questions_per_step: int = 1
     zero_cont_mass: bool = False
     polyak_start: int = 0
@@ -167,11 +180,14 @@ class TrainConfig:
         checks = [
             (self.arm in ARMS, f"unknown arm {self.arm!r} (valid: {', '.join(ARMS)})"),
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.group_size >= 2 and self.group_size % 2 == 0,
-             f"group_size must be even and >= 2 (rollouts are ledgered in pairs), got {self.group_size}"),
+            (0 <= self.seed <= MAX_SEED, f"seed must be in [0, 2**63 - 1], got {self.seed}"),
+            (2 <= self.group_size <= MAX_GROUP_SIZE and self.group_size % 2 == 0,
+             f"group_size must be even and in [2, {MAX_GROUP_SIZE}] (rollouts are ledgered in "
+             f"pairs), got {self.group_size}"),
             (self.temperature > 0, f"temperature must be > 0 for rollouts, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+             f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
              f"betas must be two numbers in [0, 1), got {self.betas}"),
@@ -195,14 +211,18 @@ class TrainConfig:
                                         and not self.tempered_logprobs and not self.mask_truncated),
              "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
              "arms only"),
-            (self.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1"),
-            (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
-            (self.checkpoint_every >= 1, f"checkpoint_every must be >= 1"),
+            (1 <= self.eval_max_new_tokens <= MAX_NEW_TOKENS,
+             f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got "
+             f"{self.eval_max_new_tokens}"),
+            (1 <= self.max_batch <= MAX_BATCH,
+             f"max_batch must be in [1, {MAX_BATCH}], got {self.max_batch}"),
+            (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
             (self.sampler in SAMPLERS, f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"),
             (self.early_eos_mode in EARLY_EOS_MODES, f"early_eos_mode must be one of "
              f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}"),
             (self.tree_b == 2, f"tree_b must be 2 (the ledger records pairs), got {self.tree_b}"),
-            (self.tree_k >= 1, f"tree_k must be >= 1, got {self.tree_k}"),
+            (1 <= self.tree_k <= MAX_GROUP_SIZE // 2,
+             f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {self.tree_k}"),
             (self.sampler != "tree" or self.group_size == self.tree_k * self.tree_b,
              f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
              f"warmup and tree steps train on as many leaves, got {self.group_size}"),
@@ -224,7 +244,8 @@ class TrainConfig:
              f"{', '.join(PATH_CREDITS)}, got {self.path_credit!r}"),
             (self.path_reward_norm in PATH_REWARD_NORMS, f"path_reward_norm must be one of "
              f"{', '.join(PATH_REWARD_NORMS)}, got {self.path_reward_norm!r}"),
-            (self.shapley_permutations >= 0, "shapley_permutations must be >= 0 (0: exact)"),
+            (0 <= self.shapley_permutations <= MAX_SHAPLEY_PERMUTATIONS,
+             f"shapley_permutations must be in [0, {MAX_SHAPLEY_PERMUTATIONS}] (0: exact)"),
             (self.shapley_permutations > 0 or self.path_credit != "shapley"
              or self.num_paths <= MAX_EXACT_PLAYERS, f"exact Shapley takes at most "
              f"{MAX_EXACT_PLAYERS} paths; set shapley_permutations for {self.num_paths}"),
@@ -235,8 +256,9 @@ class TrainConfig:
             (self.shapley_permutations != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
             (self.lambda_outcome >= 0 and self.lambda_path >= 0,
              "lambda_outcome and lambda_path must be >= 0"),
-            (self.questions_per_step >= 1,
-             f"questions_per_step must be >= 1, got {self.questions_per_step}"),
+            (1 <= self.questions_per_step <= MAX_QUESTIONS_PER_STEP,
+             f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got "
+             f"{self.questions_per_step}"),
             (self.questions_per_step == 1 or self.skip_zero_var, "questions_per_step > 1 needs "
              "skip_zero_var: a zero-variance question has no gradient to scale to unit norm"),
             (self.questions_per_step == 1 or self.loss_order == "token_weighted",
@@ -268,7 +290,8 @@ class TrainConfig:
                     "lambda_outcome": numbers, "lambda_path": numbers,
                     "skip_zero_var": (bool,), "eval_before": (bool,),
                     "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
-                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "beta": numbers, "alpha": numbers,
+                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "allow_nonfinite": (bool,),
+                    "beta": numbers, "alpha": numbers,
                     "zero_cont_mass": (bool,), "active_steps": (int, type(None)),
                     "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
                     "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
@@ -285,6 +308,10 @@ class TrainConfig:
                 ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
             if not ok:
                 raise ValueError(f"{f.name} has the wrong type: {value!r}")
+            # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
+            if any(isinstance(v, float) and not math.isfinite(v)
+                   for v in (value if f.name == "betas" else (value,))):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
 
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
@@ -304,6 +331,10 @@ class TrainConfig:
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
+
+
+class NonFiniteError(ValueError):
+    """Training produced a non-finite loss, gradient norm or weight."""
 
 
 @dataclass
@@ -537,7 +568,14 @@ class RLVRTrainer:
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
         self.train_data = list(train_data)
-        self.eval_data = dict(eval_data or {})
+        self.eval_data = {check_eval_name(name): problems
+                          for name, problems in (eval_data or {}).items()}
+        # Every prompt fits the model beside its completion, checked before anything is written.
+        check_prompt_lengths(policy, self.train_data,
+                             [self.task.prompt_ids(p) for p in self.train_data],
+                             config.max_new_tokens)
+        for problems in self.eval_data.values():
+            encode_prompts(policy, problems, config.eval_max_new_tokens)
         run_dir = Path(out_dir) if out_dir is not None else None
         # Every rank reads the run directory (to resume); rank 0 alone writes it and prints.
         self.out_dir = run_dir if distributed.is_main() else None
@@ -563,16 +601,22 @@ class RLVRTrainer:
         self.start_step = 0
         self.active_steps = 0
         self.ledger = None
+        self.finished_summary = None
+        self.eval_before: dict | None = None  # in every checkpoint, for a resumed run's summary
         if run_dir is not None:
             self._open_run_dir(run_dir, resume)
         distributed.broadcast_parameters(policy.model)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
+        if self.finished_summary is not None:
+            return self.finished_summary
         config = self.config
         summary: dict = {"arm": config.arm}
         if config.eval_before and self.start_step == 0 and self.eval_data:
-            summary["eval_before"] = self.run_evals("before")
+            self.eval_before = self.run_evals("before")
+        if self.eval_before is not None:
+            summary["eval_before"] = self.eval_before
         totals: dict[str, float] = {}
         step = self.start_step
         profiler = self._start_profiler()
@@ -580,6 +624,8 @@ class RLVRTrainer:
                   initial=step, total=config.steps) as bar:
             while step < config.steps and not self.reached_active_steps():
                 result = self.run_step(step)
+                if not config.allow_nonfinite:
+                    self.check_finite(step, result.record)
                 if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                     profiler = self._stop_profiler(profiler)
                 for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out",
@@ -978,29 +1024,55 @@ class RLVRTrainer:
 
     # ------------------------------------------------------------------ run directory
     def _open_run_dir(self, run_dir: Path, resume: bool) -> None:
-        """Every rank reads the checkpoint and the ledger's active steps; then rank 0 (which
-        holds ``self.out_dir``) truncates the logs to the checkpoint and opens the ledger."""
-        checkpoint = run_dir / "checkpoint" / "state.pt"
-        # Resuming a run killed before its first checkpoint starts it over: no weights were
-        # saved for the steps its ledger holds, so those lines are truncated away below.
-        if resume and checkpoint.exists():
+        """Start the run in ``run_dir``, or resume it there (see ``rlvr_fast.run_directory``):
+        from its checkpoint, or from step 0 when it was killed before the first one. On several
+        ranks rank 0 (which holds ``self.out_dir``) alone checks, cleans and writes the
+        directory; every rank reads the checkpoint and the ledger's active steps."""
+        config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
+        signature = run_signature(config, self.policy, self.train_data, self.eval_data)
+        recorded = None
+        if self.out_dir is not None:
+            recorded = open_run_directory(run_dir, signature, config, self.train_data, resume)
+        recorded = distributed.all_gather(recorded)[0]
+        checkpoint = run_dir / "checkpoint" / CHECKPOINT_FILE
+        if recorded is not None and checkpoint.exists():
             self.start_step = self.load_checkpoint(checkpoint)
-        elif not resume and (run_dir / "ledger.jsonl").exists():
-            raise FileExistsError(f"{run_dir}: already holds a run (use --resume, or a new --out)")
+        summary = run_dir / "summary.json"
+        if recorded is not None and recorded["config"]["steps"] == config["steps"]:
+            self.finished_summary = finished_summary(summary)
+            if self.finished_summary is not None:
+                return
+        if self.out_dir is not None:
+            whole_lines(self.out_dir / "ledger.jsonl", self.start_step)
+            whole_lines(self.out_dir / "rollouts.jsonl", self.start_step)
         self.active_steps = count_active_steps(run_dir / "ledger.jsonl", self.start_step)
         distributed.agree((self.start_step, self.active_steps), "the step to resume from")
         if self.out_dir is None:
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        truncate_jsonl(self.out_dir / "ledger.jsonl", self.start_step)
-        truncate_jsonl(self.out_dir / "rollouts.jsonl", self.start_step)
-        meta = {"config": self.config.to_json(), "model": str(self.policy.path),
-                "trainable_parameters": self.num_params, "versions": package_versions(),
-                "git_commit": git_commit()}
-        if distributed.world_size() > 1:
-            meta["world_size"] = distributed.world_size()
-        write_json_atomic(self.out_dir / "config.json", meta)
+        if recorded is None or recorded["config"] != config:
+            # summary.json goes first: a kill in between leaves an unfinished run to resume.
+            summary.unlink(missing_ok=True)
+            write_json_atomic(self.out_dir / "config.json",
+                              self.run_meta(signature, recorded))
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
+
+    def run_meta(self, signature: dict, recorded: dict | None) -> dict:
+        """config.json: the run's signature, settings and provenance; a resume that changes a
+        setting it may change (an extension) keeps the first start's provenance and lists the
+        change."""
+        config = json.loads(json.dumps(self.config.to_json()))
+        if recorded is None:
+            meta = {"rlvr_fast_run": signature, "config": config, "model": str(self.policy.path),
+                    "trainable_parameters": self.num_params, "versions": package_versions(),
+                    "git_commit": git_commit(), "changes": []}
+            if distributed.world_size() > 1:
+                meta["world_size"] = distributed.world_size()
+            return meta
+        change = {name: [recorded["config"].get(name), config[name]]
+                  for name in RESUME_MAY_CHANGE if recorded["config"].get(name) != config[name]}
+        return {**recorded, "rlvr_fast_run": signature, "config": config,
+                "changes": [*recorded.get("changes", []),
+                            {"at_step": self.start_step, **change}]}
 
     def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree,
                          parallel: dict | None = None) -> None:
@@ -1008,8 +1080,7 @@ class RLVRTrainer:
                                            tree, parallel))
 
     def _write_rollouts(self, line: dict) -> None:
-        with open(self.out_dir / "rollouts.jsonl", "a", encoding="utf-8") as file:
-            file.write(json.dumps(line) + "\n")
+        append_line(self.out_dir / "rollouts.jsonl", json.dumps(line))
 
     def finish_polyak(self) -> dict:
         """The Polyak average's summary entries: the steps it spans and, when it holds any (an
@@ -1032,33 +1103,80 @@ class RLVRTrainer:
         return info
 
     def save_checkpoint(self, next_step: int) -> None:
-        """Weights, optimizer and RNG state after ``next_step`` steps (and the Polyak sums),
-        written atomically."""
-        state = {"next_step": next_step, "world_size": distributed.world_size(),
-                 "model": self.policy.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict(),
-                 "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
-                 "polyak": self.polyak.state_dict() if self.polyak is not None else None}
-        directory = self.out_dir / "checkpoint"
-        directory.mkdir(exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=directory, prefix=".state.")
-        with os.fdopen(handle, "wb") as file:
-            torch.save(state, file)
-        os.replace(temp, directory / "state.pt")
+        """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
+        written atomically (``rlvr_fast.state_file``: no pickle), with the world size, the Polyak
+        sums and the before-training evaluation's summary."""
+        save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
+            "next_step": next_step, "world_size": distributed.world_size(),
+            "model": self.policy.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
+            "polyak": self.polyak.state_dict() if self.polyak is not None else None,
+            "eval_before": self.eval_before})
 
     def load_checkpoint(self, path: Path) -> int:
-        # Read onto the CPU: Generator.set_state and torch.set_rng_state take CPU byte tensors
-        # (a CUDA generator's state too); load_state_dict copies weights and moments onto the
-        # parameters' device.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        """Restore a checkpoint of this run; returns the step to continue from. The file is
+        checked against the run (step range, parameter names and shapes) before anything is
+        restored, so that a damaged or foreign file fails here, not steps later."""
+        # State files load onto the CPU: Generator.set_state and torch.set_rng_state take CPU
+        # byte tensors (a CUDA generator's state too); load_state_dict copies weights and
+        # moments onto the parameters' device.
+        state = load_state(path)
         distributed.check_world_size(state.get("world_size", 1), path)
-        self.policy.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        if self.polyak is not None:
-            self.polyak.load_state_dict(state["polyak"])
-        return int(state["next_step"])
+        try:
+            next_step = state["next_step"]
+            if isinstance(next_step, bool) or not isinstance(next_step, int) \
+                    or not 0 <= next_step <= self.config.steps:
+                raise ValueError(f"next_step {next_step!r} is outside [0, {self.config.steps}]")
+            check_optimizer_state(state["optimizer"], self.params)
+            self.policy.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+            torch.set_rng_state(state["torch_rng"])
+            if self.polyak is not None:
+                self.polyak.load_state_dict(state["polyak"])
+            if state["eval_before"] is not None and not isinstance(state["eval_before"], dict):
+                raise ValueError("eval_before is not a mapping")
+            self.eval_before = state["eval_before"]
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None
+        return next_step
+
+    def check_finite(self, step: int, record: dict) -> None:
+        """Stop at the first step whose loss, gradient norm or weights are not finite, before
+        it is checkpointed: the last checkpoint stays the last good state."""
+        bad = [f"{name} {record[name]}" for name in ("loss", "grad_norm")
+               if record.get(name) is not None and not math.isfinite(record[name])]
+        finite = torch.stack([p.detach().isfinite().all() for p in self.params]).all()
+        if not bad and bool(finite):
+            return
+        if not bool(finite):
+            bad.append("weight " + next(name for name, p in self.policy.model.named_parameters()
+                                        if not p.detach().isfinite().all()))
+        checkpoint = None if self.out_dir is None else self.out_dir / "checkpoint" / CHECKPOINT_FILE
+        kept = "" if checkpoint is None else (
+            f"; {checkpoint} keeps the last good state" if checkpoint.exists()
+            else "; no checkpoint was written yet")
+        raise NonFiniteError(f"step {step}: non-finite {', '.join(bad)} (lr "
+                             f"{self.config.lr:g}){kept}; --set allow_nonfinite=true trains on")
+
+
+def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
+    """AdamW moments of the checkpoint have the shapes of the run's parameters (torch's
+    load_state_dict checks only the number of parameters, and a wrong shape would fail at the
+    next optimizer step)."""
+    moments = state["state"]
+    if not isinstance(moments, dict):
+        raise ValueError("optimizer state is not a mapping")
+    for index, entry in moments.items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"optimizer state for parameter {index!r}, the run has "
+                             f"{len(params)}")
+        for name in ("exp_avg", "exp_avg_sq"):
+            tensor = entry[name]
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != params[index].shape:
+                raise ValueError(f"optimizer {name} of parameter {index} has the wrong shape")
 
 
 def rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree,
@@ -1079,26 +1197,24 @@ def rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree,
     return line
 
 
+def finished_summary(path: Path) -> dict | None:
+    """summary.json of a finished run; None when there is none, or one that does not parse (the
+    run then finishes again from its last checkpoint and writes it anew)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def count_active_steps(ledger: Path, steps: int) -> int:
-    """Steps among the first ``steps`` that ran a backward pass (tree arms bifurcate after a
-    number of them)."""
+    """Steps among the first ``steps`` whole ledger lines that ran a backward pass (tree arms
+    bifurcate after a number of them)."""
     if not ledger.exists():
         return 0
     with open(ledger, encoding="utf-8") as file:
-        lines = [line for line in file if line.endswith("\n")][:steps]
-    return sum(json.loads(line)["active"] for line in lines)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(temp, path)
-
-
-def write_json_atomic(path: Path, data) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+        lines = [line for line in file if line.endswith("\n") and line.strip()][:steps]
+    return sum(json.loads(line).get("active") is True for line in lines)
 
 
 def package_versions() -> dict[str, str]:

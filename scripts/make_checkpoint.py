@@ -31,7 +31,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 import rlvr_fast
-from rlvr_fast.models.checkpoint import save_model
+from rlvr_fast.files import replaced_directory
+from rlvr_fast.models.checkpoint import write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 
@@ -111,8 +112,9 @@ def make_checkpoint(config_path: Path, out: Path, *, seed: int = 0,
     config = ModelConfig.from_file(config_path)
     dtype = getattr(torch, config.torch_dtype)
     model = random_model(config, seed=seed, device=torch.device(device), dtype=dtype)
-    save_model(model, out)
-    write_tokenizer(out, config)
+    with replaced_directory(out) as staging:  # weights and tokenizer appear together
+        write_model_files(model, staging)
+        write_tokenizer(staging, config)
     return config
 
 

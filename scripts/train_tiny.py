@@ -28,8 +28,6 @@ import argparse
 import json
 import math
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +39,8 @@ from tqdm import tqdm
 from rlvr_fast.data import render_prompt, synthetic_problems, worked_solution
 from rlvr_fast.engine import SamplingParams
 from rlvr_fast.evaluation import evaluate
-from rlvr_fast.models.checkpoint import replace_directory, save_model
+from rlvr_fast.files import replaced_directory
+from rlvr_fast.models.checkpoint import write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.policy import load_policy
@@ -167,7 +166,7 @@ def train(model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args
 
 
 def write_checkpoint(model, tokenizer: Tokenizer, eos_id: int, staging: Path) -> None:
-    save_model(model, staging)
+    write_model_files(model, staging)
     tokenizer.save(str(staging / "tokenizer.json"))
     (staging / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
@@ -214,26 +213,24 @@ def main() -> None:
           f"model: {config.num_parameters()} parameters")
     final_loss = train(model, token_rows, args, eos_id)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
-    write_checkpoint(model, tokenizer, eos_id, staging)
-    held_out = synthetic_problems("test", args.eval_problems, seed=args.seed)
-    policy = load_policy(staging)
-    report = evaluate(policy, held_out, max_new_tokens=256, desc="greedy eval").summary()
-    rollout_params = SamplingParams(max_new_tokens=256, temperature=0.8, top_p=0.9)
-    sampled = evaluate(policy, held_out, params=rollout_params, desc="sampled eval",
-                       generator=torch.Generator().manual_seed(args.seed)).summary()
-    card = {"trained_by": "scripts/train_tiny.py", "settings": {
-                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "guess_probability_by_level": GUESS_PROBABILITY, "sampled_with": "temperature 0.8, top-p 0.9",
-            "parameters_untied": config.num_parameters(),
-            "corpus_tokens": sum(len(ids) for ids, _ in token_rows), "final_train_loss": round(final_loss, 4),
-            "greedy_test": report, "sampled_test": sampled,
-            "train_seconds": round(time.time() - started, 1)}
-    (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    replace_directory(staging, args.out)
+    with replaced_directory(args.out) as staging:
+        write_checkpoint(model, tokenizer, eos_id, staging)
+        held_out = synthetic_problems("test", args.eval_problems, seed=args.seed)
+        policy = load_policy(staging)
+        report = evaluate(policy, held_out, max_new_tokens=256, desc="greedy eval").summary()
+        rollout_params = SamplingParams(max_new_tokens=256, temperature=0.8, top_p=0.9)
+        sampled = evaluate(policy, held_out, params=rollout_params, desc="sampled eval",
+                           generator=torch.Generator().manual_seed(args.seed)).summary()
+        card = {"trained_by": "scripts/train_tiny.py", "settings": {
+                    k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "guess_probability_by_level": GUESS_PROBABILITY,
+                "sampled_with": "temperature 0.8, top-p 0.9",
+                "parameters_untied": config.num_parameters(),
+                "corpus_tokens": sum(len(ids) for ids, _ in token_rows),
+                "final_train_loss": round(final_loss, 4),
+                "greedy_test": report, "sampled_test": sampled,
+                "train_seconds": round(time.time() - started, 1)}
+        (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(json.dumps(card, indent=2))
 
 

@@ -8,12 +8,18 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 # Without a GPU, Triton kernels run in the interpreter on CPU tensors; set before triton loads.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hf_models import random_hf_model
+
+# ``pytest --hypothesis-profile=probe`` runs the property and fuzz tests with many more examples
+# than CI does (the numbers of the reliability probe).
+settings.register_profile("probe", max_examples=2000, deadline=None,
+                          suppress_health_check=list(HealthCheck))
 
 
 def pytest_collection_modifyitems(config, items):

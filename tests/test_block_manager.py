@@ -1,12 +1,12 @@
-"""C++ BlockManager: unit cases and a random-operation state machine (100 runs of up to 200
+"""C++ BlockManager: unit cases, a random-operation state machine (100 runs of up to 200
 random allocate / append / append_batch / fork (whole or prefix) / free calls: about 1.9 x 10^4
-checked operations per test run)."""
+checked operations per test run), and every entry point fed huge and negative counts and ids."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rlvr_fast._C import BlockManager
@@ -129,7 +129,7 @@ def test_failures_are_clear_and_change_nothing():
     assert (manager.num_free_blocks(), manager.block_table(seq).tolist(),
             manager.num_tokens(seq)) == before
     manager.check_invariants()
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(ValueError, match="need 1 <= num_blocks"):
         BlockManager(0, 16)
 
 
@@ -257,3 +257,68 @@ class RandomOperations(RuleBasedStateMachine):
 TestRandomOperations = RandomOperations.TestCase
 TestRandomOperations.settings = settings(max_examples=100, stateful_step_count=200,
                                          deadline=None, derandomize=True)
+
+
+INT64_MAX = 2**63 - 1
+# Values at and around every boundary the manager computes with, and any int64.
+EXTREME = st.sampled_from([-INT64_MAX - 1, -2, -1, 0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**62,
+                           INT64_MAX - 1, INT64_MAX]) | st.integers(-INT64_MAX - 1, INT64_MAX)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(num_blocks=EXTREME, block_size=EXTREME)
+def test_a_shape_that_overflows_is_refused(num_blocks, block_size):
+    """Regression: BlockManager(-1, 4) and shapes whose slots overflow int64 were accepted."""
+    fits = 1 <= num_blocks <= 2**31 - 1 and 1 <= block_size and num_blocks * block_size <= INT64_MAX
+    if not fits:
+        with pytest.raises(ValueError, match="need 1 <= num_blocks <= 2.31 - 1"):
+            BlockManager(num_blocks, block_size)
+        return
+    assume(num_blocks <= 4096)  # a valid manager of 2^31 blocks takes 24 GB
+    manager = BlockManager(num_blocks, block_size)
+    assert manager.num_free_blocks() == num_blocks and manager.block_size == block_size
+
+
+def snapshot(manager, seqs):
+    return (manager.num_free_blocks(), manager.num_sequences,
+            {s: (manager.num_tokens(s), manager.block_table(s).tolist()) for s in seqs})
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(block_size=st.sampled_from([1, 4, 2**40, 2**58]), data=st.data())
+def test_huge_and_negative_counts_and_ids_raise_and_change_nothing(block_size, data):
+    """Regression: allocate(2**63 - 1) overflowed blocks_for and the token slots and then crashed
+    the process, and a huge append made the token count negative. Every call here either
+    succeeds with the invariants intact or raises a Python error and changes nothing."""
+    manager = BlockManager(16, block_size)
+    seqs = [manager.allocate(block_size + 1), manager.allocate(1)]
+    seqs.append(manager.fork(seqs[0]))
+    calls = {
+        "allocate": lambda: manager.allocate(data.draw(EXTREME)),
+        "append": lambda: manager.append(data.draw(st.sampled_from(seqs) | EXTREME),
+                                         data.draw(EXTREME)),
+        "append_batch": lambda: manager.append_batch(data.draw(st.lists(
+            st.sampled_from(seqs) | EXTREME, max_size=3)), data.draw(EXTREME)),
+        "append_many": lambda: manager.append_many(
+            data.draw(st.lists(st.sampled_from(seqs), min_size=1, max_size=3, unique=True)),
+            data.draw(st.lists(EXTREME, min_size=1, max_size=3))),
+        "blocks_needed": lambda: manager.blocks_needed(seqs, [data.draw(EXTREME)] * len(seqs)),
+        "fork": lambda: manager.fork(data.draw(st.sampled_from(seqs) | EXTREME),
+                                     data.draw(EXTREME)),
+        "free": lambda: manager.free(data.draw(EXTREME.filter(lambda i: i not in seqs))),
+        "block_tables": lambda: manager.block_tables(seqs, data.draw(EXTREME)),
+        "ref_count": lambda: manager.ref_count(data.draw(EXTREME)),
+        "num_tokens": lambda: manager.num_tokens(data.draw(EXTREME)),
+    }
+    for name in data.draw(st.lists(st.sampled_from(sorted(calls)), min_size=1, max_size=6)):
+        before = snapshot(manager, seqs)
+        try:
+            result = calls[name]()
+        except (ValueError, KeyError, IndexError, RuntimeError):
+            assert snapshot(manager, seqs) == before, f"a failed {name} changed the manager"
+            continue
+        if name in ("allocate", "fork"):
+            assert manager.num_tokens(result) >= 0
+        manager.check_invariants()
+        for seq in seqs:
+            assert 0 <= manager.num_tokens(seq) and len(manager.block_table(seq)) <= 16

@@ -174,7 +174,7 @@ GRADE_CASES = [
     ("2, 2, 5", "2, 5", True),
     ("a=3, b=-1", "a=-1, b=3", False),  # labels on both sides must agree
     ("a=3, b=-1", "b=-1, a=3", True),
-    # issue 14's misses, one row each, with a near miss beside it
+    # answer forms the grader once missed, one row each, with a near miss beside it
     ("(2,12) \\cup (12,102)", "(2,12)\\cup(12,102)", True),
     ("(2,12)\\cup(12,102)", "(2,12)\\cup(12,103)", False),
     ("x = -5, p = \\frac{14}{3}", "-5, \\frac{14}{3}", True),

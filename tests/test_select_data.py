@@ -25,9 +25,9 @@ def tiny():
     return policy, RolloutEngine.for_policy(policy, kv_blocks=512)
 
 
-def run(tiny, out, pass_range=PassRange(), **kwargs):
+def run(tiny, out, pass_range=None, **kwargs):
     policy, engine = tiny
-    return select_data(policy, engine, PROBLEMS, SETTINGS, pass_range, out, progress=False,
+    return select_data(policy, engine, PROBLEMS, SETTINGS, pass_range or PassRange(), out, progress=False,
                        **dict(dict(batch_questions=4), **kwargs))
 
 
@@ -112,7 +112,7 @@ def test_select_data_from_the_command_line(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "of 6 questions with 0 <= pass < 1" in printed
     assert len(json.loads(out.read_text())) <= 6
-    for args, message in ((["--k", "0"], "--k must be >= 1"),
+    for args, message in ((["--k", "0"], "--k must be in [1, 4096]"),
                           (["--min-pass", "0.9", "--max-pass", "0.1"], "is above --max-pass"),
                           (["--out", str(tmp_path / "x.csv")], "--out must end in .json")):
         argv = ["select-data", "--data", "synthetic:train:2", "--out", str(out), *args]

@@ -15,8 +15,11 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.ledger import MultiQuestionRecord, check_conservation, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.policy import Policy, load_policy
-from rlvr_fast.trainer import (Phases, RLVRTrainer, TrainConfig, completion_token_nll,
-                               fused_grpo_loss, grpo_loss, standardised_advantages)
+from rlvr_fast.run_directory import RunDirectoryError
+from rlvr_fast.state_file import load_state
+from rlvr_fast.trainer import (CHECKPOINT_FILE, Phases, RLVRTrainer, TrainConfig,
+                               completion_token_nll, fused_grpo_loss, grpo_loss,
+                               standardised_advantages)
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
 # Tree arms on the tiny model: split at the first newline after 8 tokens, trees from step 0.
@@ -227,17 +230,16 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
     trainer = RLVRTrainer(tiny, TrainConfig.from_arm("zg_flat", steps=1, **FAST), problems,
                           out_dir=tmp_path, progress=False)
     trainer.train()
-    path = tmp_path / "checkpoint" / "state.pt"
-    saved = torch.load(path, weights_only=False)
+    path = tmp_path / "checkpoint" / CHECKPOINT_FILE
+    saved = load_state(path)
     trainer.generator.manual_seed(12345)
     loaded = []
-    real_load = torch.load
 
     def recording_load(*args, **kwargs):
-        loaded.append(real_load(*args, **kwargs))
+        loaded.append(load_state(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr(torch, "load", recording_load)
+    monkeypatch.setattr("rlvr_fast.trainer.load_state", recording_load)
     monkeypatch.setattr(Policy, "device", property(lambda self: torch.device("meta")))
     assert trainer.load_checkpoint(path) == 1
     assert loaded[0]["generator"].device.type == loaded[0]["torch_rng"].device.type == "cpu"
@@ -337,8 +339,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
         interrupted.train()
     interrupted.ledger.close()
     step_2 = read_ledger(tmp_path)[2]
-    saved = torch.load(tmp_path / "checkpoint" / "state.pt", map_location="cpu",
-                       weights_only=False)
+    saved = load_state(tmp_path / "checkpoint" / CHECKPOINT_FILE)
 
     resumed = RLVRTrainer(load_policy("tiny", device="cuda"), config, problems,
                           out_dir=tmp_path, resume=True, progress=False)
@@ -376,6 +377,6 @@ def test_unknown_arm_and_setting_list_the_valid_names():
 
 def test_an_existing_run_is_not_overwritten(tiny, tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(RunDirectoryError, match="not empty and not an rlvr_fast run directory"):
         RLVRTrainer(tiny, TrainConfig.from_arm("baseline", **FAST), [IMPOSSIBLE],
                     out_dir=tmp_path, progress=False)

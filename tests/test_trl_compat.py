@@ -149,7 +149,7 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, loss_typ
     assert scale > 0
     for name, grad in theirs.items():
         torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5 * scale,
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
     assert our_loss == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
 
 
@@ -324,4 +324,8 @@ def test_save_steps_write_loadable_checkpoints_and_the_ledger(tmp_path):
     reloaded = load_policy(tmp_path / "checkpoint-2")
     for a, b in zip(reloaded.model.parameters(), trainer.policy.model.parameters()):
         assert torch.equal(a, b)
-    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()) == 2
+    trainer.save_model()
+    assert (tmp_path / "checkpoint-2" / "trainer_state.json").is_file(), "save_model keeps them"
+    assert (tmp_path / "ledger" / "ledger.jsonl").is_file()
+    assert load_policy(tmp_path).model.config == trainer.policy.model.config

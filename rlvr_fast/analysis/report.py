@@ -19,8 +19,6 @@ drawn, so bad input leaves nothing behind; ``report.md`` is moved last.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +31,7 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
 from rlvr_fast.pairs import PairCategory
 from rlvr_fast.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
-from rlvr_fast.trainer import write_text_atomic
+from rlvr_fast.files import atomic_path, write_text_atomic
 
 SMOOTHING_STEPS = 5
 DPI = 120
@@ -57,15 +55,9 @@ def publish_report(runs: list[Run], comparison: Comparison, out: Path, *,
                    resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[Path]:
     """The figures and report.md of runs already compared, into ``out``."""
     verifications = [verify_run(run.path) for run in runs]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as staging:
-        staging = Path(staging)
-        figures = draw_figures(runs, comparison, staging, resamples, seed)
-        text = report_markdown(runs, comparison, figures, verifications)
-        out.mkdir(exist_ok=True)
-        for name, _ in figures:
-            os.replace(staging / name, out / name)
-    write_text_atomic(out / "report.md", text)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = draw_figures(runs, comparison, out, resamples, seed)
+    write_text_atomic(out / "report.md", report_markdown(runs, comparison, figures, verifications))
     return [out / name for name, _ in figures] + [out / "report.md"]
 
 
@@ -100,7 +92,8 @@ def draw_figures(runs: list[Run], comparison: Comparison, directory: Path, resam
 def save(figure: Figure, directory: Path, name: str, caption: str) -> tuple[str, str]:
     """Figures are drawn through matplotlib's object API: no pyplot state, and savefig renders
     with the Agg canvas whatever backend the environment asks for."""
-    figure.savefig(directory / name, dpi=DPI)
+    with atomic_path(directory / name) as temp:
+        figure.savefig(temp, dpi=DPI, format="png")
     return name, caption
 
 

@@ -35,6 +35,8 @@ def read_json(path: Path):
         raise RunDirError(f"{path}: missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RunDirError(f"{path}: not JSON ({err})") from None
+    except RecursionError:
+        raise RunDirError(f"{path}: JSON nested too deeply") from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -42,12 +44,16 @@ def read_jsonl(path: Path) -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RunDirError(f"{path}: missing") from None
+    except UnicodeDecodeError as err:
+        raise RunDirError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
     lines = []
     for number, line in enumerate(text.splitlines(), start=1):
         try:
             value = json.loads(line)
         except json.JSONDecodeError as err:
             raise RunDirError(f"{path}:{number}: not JSON ({err.msg})") from None
+        except RecursionError:
+            raise RunDirError(f"{path}:{number}: JSON nested too deeply") from None
         if not isinstance(value, dict):
             raise RunDirError(f"{path}:{number}: not a JSON object")
         lines.append(value)

@@ -24,10 +24,11 @@ from tqdm import tqdm
 
 from rlvr_fast.analysis.compare import compare_runs
 from rlvr_fast.analysis.report import publish_report
-from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
+from rlvr_fast.analysis.run_dir import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.data import Problem
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig, write_text_atomic
+from rlvr_fast.files import write_text_atomic
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 
 class SweepError(ValueError):
@@ -90,7 +91,7 @@ def run_sweep(plan: list[SweepRun], out: Path, train_data: Sequence[Problem],
             bar.set_postfix_str(f"{run.config.arm} seed {run.config.seed}")
             started = time.perf_counter()
             trainer = RLVRTrainer(load_policy(), run.config, train_data, eval_sets,
-                                  out_dir=run.path, resume=True, progress=False)
+                                  out_dir=run.path, resume=is_run_dir(run.path), progress=False)
             trainer.train()
             bar.write(f"{run.path}: trained in {time.perf_counter() - started:.0f} s")
             bar.update()

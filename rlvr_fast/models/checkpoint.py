@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from rlvr_fast.files import replaced_directory
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 
@@ -40,9 +40,12 @@ def safetensors_files(directory: Path) -> list[Path]:
 def read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for path in safetensors_files(directory):
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                tensors[name] = handle.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    tensors[name] = handle.get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from None
     return tensors
 
 
@@ -124,32 +127,18 @@ def build_model(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], *,
 
 
 def save_model(model: Qwen3ForCausalLM, directory: str | os.PathLike) -> None:
-    """Write config.json + model.safetensors atomically (a temp dir renamed into place)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    """Write config.json + model.safetensors as the whole of ``directory``, atomically."""
+    with replaced_directory(directory) as staging:
+        write_model_files(model, staging)
+
+
+def write_model_files(model: Qwen3ForCausalLM, directory: Path) -> None:
+    """config.json + model.safetensors into an existing ``directory`` (a staging directory)."""
     state = {name: p.detach().cpu() for name, p in model.named_parameters()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     config = model.config.to_hf_dict()
     config["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    save_file(packed_to_hf(state, model.config), str(staging / "model.safetensors"),
+    save_file(packed_to_hf(state, model.config), str(directory / "model.safetensors"),
               metadata={"format": "pt"})
-    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    replace_directory(staging, directory)
-
-
-def replace_directory(staging: Path, directory: Path) -> None:
-    """Move ``staging`` to ``directory``, keeping files already there that staging lacks."""
-    if directory.exists():
-        for item in directory.iterdir():
-            if not (staging / item.name).exists():
-                os.replace(item, staging / item.name)
-        backup = directory.with_name(f".{directory.name}.old")
-        os.replace(directory, backup)
-        os.replace(staging, directory)
-        for item in backup.iterdir():
-            item.unlink()
-        backup.rmdir()
-    else:
-        os.replace(staging, directory)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")

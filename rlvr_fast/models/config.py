@@ -9,11 +9,16 @@ here with a clear error rather than silently computed wrong.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+# Above these a dimension or layer count is a corrupt file, not a model: the model is built
+# layer by layer before any weight is read, so a billion layers would hang there.
+MAX_DIMENSION = 1 << 24
+MAX_LAYERS = 1024
 
 
 class ConfigError(ValueError):
@@ -72,47 +77,60 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict) -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config: expected a JSON object, got {type(raw).__name__}")
         model_type = raw.get("model_type", "qwen3")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"config: model_type {model_type!r} is not supported "
                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         _refuse_unsupported(raw)
-        try:
-            heads = int(raw["num_attention_heads"])
-            hidden = int(raw["hidden_size"])
-            eos = raw.get("eos_token_id")
-            return cls(
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_hidden_layers=int(raw["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=_rope_theta(raw),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-                qk_norm=model_type == "qwen3",
-                model_type=model_type,
-                bos_token_id=raw.get("bos_token_id"),
-                eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-            )
-        except KeyError as missing:
-            raise ConfigError(f"config: missing field {missing.args[0]!r}") from None
+        heads = _integer(raw, "num_attention_heads")
+        hidden = _integer(raw, "hidden_size")
+        eos = raw.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if not isinstance(eos, list) else eos)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_ids):
+            raise ConfigError(f"config: eos_token_id must be a token id or a list of them, "
+                              f"got {eos!r}")
+        bos = raw.get("bos_token_id")
+        if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
+            raise ConfigError(f"config: bos_token_id must be a token id or null, got {bos!r}")
+        return cls(
+            vocab_size=_integer(raw, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_integer(raw, "intermediate_size"),
+            num_hidden_layers=_integer(raw, "num_hidden_layers", most=MAX_LAYERS),
+            num_attention_heads=heads,
+            num_key_value_heads=_integer(raw, "num_key_value_heads", heads),
+            head_dim=_integer(raw, "head_dim", hidden // heads if heads > 0 else 0),
+            max_position_embeddings=_integer(raw, "max_position_embeddings", 32768),
+            rms_norm_eps=_positive_number(raw, "rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(raw),
+            tie_word_embeddings=_boolean(raw, "tie_word_embeddings", False),
+            attention_bias=_boolean(raw, "attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
+            model_type=model_type,
+            bos_token_id=bos,
+            eos_token_id=list(eos_ids),
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        )
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "ModelConfig":
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such file") from None
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
-        return cls.from_hf_dict(raw)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+        except (OSError, RecursionError) as err:
+            raise ConfigError(f"{path}: unreadable ({err})") from None
+        try:
+            return cls.from_hf_dict(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
 
     def to_hf_dict(self) -> dict:
         """The config.json a Hugging Face ``AutoModelForCausalLM`` can load."""
@@ -127,15 +145,59 @@ class ModelConfig:
         return raw
 
 
+def _integer(raw: dict, name: str, default: int | None = None, most: int = MAX_DIMENSION) -> int:
+    """A whole number field in [1, most] (JSON may write it as 4.0); ``default`` when absent or
+    null."""
+    value = raw.get(name)
+    if value is None:
+        if default is None:
+            raise ConfigError(f"config: missing field {name!r}")
+        return default
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole or not 1 <= value <= most:
+        raise ConfigError(f"config: {name} must be a whole number in [1, {most:,}], "
+                          f"got {value!r}")
+    return int(value)
+
+
+def _positive_number(raw: dict, name: str, default: float) -> float:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"config: {name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _boolean(raw: dict, name: str, default: bool) -> bool:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config: {name} must be true or false, got {value!r}")
+    return value
+
+
+def _section(raw: dict, name: str) -> dict:
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"config: {name} must be an object or null, got {value!r}")
+    return value
+
+
 def _rope_theta(raw: dict) -> float:
     # transformers 5 writes rope settings under "rope_parameters"; older files use "rope_theta".
-    params = raw.get("rope_parameters") or {}
-    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    params = _section(raw, "rope_parameters")
+    source = params if "rope_theta" in params else raw
+    return _positive_number(source, "rope_theta", 10000.0)
 
 
 def _refuse_unsupported(raw: dict) -> None:
-    scaling = raw.get("rope_scaling") or {}
-    rope_type = (raw.get("rope_parameters") or {}).get("rope_type") or scaling.get("rope_type") \
+    scaling = _section(raw, "rope_scaling")
+    rope_type = _section(raw, "rope_parameters").get("rope_type") or scaling.get("rope_type") \
         or scaling.get("type") or "default"
     if rope_type != "default":
         raise ConfigError(f"config: rope scaling {rope_type!r} is not supported (only default RoPE)")

@@ -11,7 +11,8 @@ A name in none of them is a ``TypeError``, as for any dataclass. ``tests/test_tr
 checks these tables against the installed ``trl``.
 
 Ours: ``arm`` (a study arm's preset, ``rlvr_fast.arms``), ``ledger`` (write the study's
-ledger to ``output_dir``), ``tree`` (two-stage K x B tree rollouts with TreeRL credit),
+ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``), ``tree``
+(two-stage K x B tree rollouts with TreeRL credit),
 ``skip_zero_variance_backward`` and ``fused_zero_grad_step`` (the zero-gradient AdamW step on
 zero-variance groups, exact against TRL's backward of a zero loss), ``tree_t_min`` /
 ``tree_t_max``. TRL fields older releases had and 1.16 dropped: ``max_prompt_length`` (prompts

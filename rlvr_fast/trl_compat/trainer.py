@@ -27,6 +27,7 @@ distribution, and computing it would cost a second pass over the LM head.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,8 +38,8 @@ import torch
 from tqdm import tqdm
 
 from rlvr_fast.arms import arm_settings
-from rlvr_fast.trainer import (RLVRTrainer, TrainConfig, sequence_scales, standardised_advantages,
-                               write_json_atomic)
+from rlvr_fast.files import files_into, replaced_directory
+from rlvr_fast.trainer import RLVRTrainer, TrainConfig, sequence_scales, standardised_advantages
 from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
@@ -209,7 +210,8 @@ class GRPOTrainer:
         self.task = RewardFunctionsTask(
             self.rows, funcs, weights, self._encode_prompt, gate_min_chars=config.gate_min_chars,
             trainer_state=self.state, log_metric=self._record)
-        out_dir = args.output_dir if args.ledger else None
+        # The ledger is a run directory of its own, which save_model never writes into.
+        out_dir = Path(args.output_dir) / "ledger" if args.ledger else None
         self.trainer = RLVRTrainer(self.policy, config, self.task.problems(), out_dir=out_dir,
                                    progress=False, task=self.task)
         self.optimizer = self.trainer.optimizer
@@ -374,20 +376,28 @@ class GRPOTrainer:
         return ids
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """The trained weights as a Hugging Face directory (config, safetensors, tokenizer)."""
-        directory = Path(output_dir or self.args.output_dir)
+        """The trained weights as a Hugging Face directory (config, safetensors, tokenizer),
+        written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
+        whole."""
+        with files_into(Path(output_dir or self.args.output_dir)) as staging:
+            self._write_model(staging)
+
+    def _write_model(self, directory: Path) -> None:
         if self.hf_model is not None:
             copy_weights_to(self.policy, self.hf_model)
             self.hf_model.save_pretrained(directory)
         else:
-            self.policy.save(directory)
+            self.policy.write_files(directory)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(directory)
 
     def _save_checkpoint(self) -> None:
+        """OUTPUT_DIR/checkpoint-STEP: the model and trainer_state.json, swapped in whole."""
         directory = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
-        self.save_model(str(directory))
-        write_json_atomic(directory / "trainer_state.json", asdict(self.state))
+        with replaced_directory(directory) as staging:
+            self._write_model(staging)
+            (staging / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=2)
+                                                        + "\n", encoding="utf-8")
         self._callback("on_save")
 
 
