@@ -64,13 +64,21 @@ def decode_with_generate(model, prompt: list[int], new_tokens: int):
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt] * ROWS, device=device)
     config = transformers.GenerationConfig(
-        do_sample=True, temperature=0.8, top_p=0.9, top_k=0, max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+        do_sample=True,
+        temperature=0.8,
+        top_p=0.9,
+        top_k=0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
 
     def run():
         with torch.inference_mode():
-            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                 generation_config=config)
+            out = model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
         if device.type == "cuda":
             torch.cuda.synchronize()
         assert out.shape == (ROWS, len(prompt) + new_tokens)
@@ -88,8 +96,13 @@ def test_decode_cpu_tiny(benchmark, tiny, role):
         transformers = pytest.importorskip("transformers")
         hf = transformers.AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR).eval()
         run = decode_with_generate(hf, prompt, new_tokens)
-    mark(benchmark, "decode, tiny model, CPU: engine vs generate", role,
-         work=ROWS * new_tokens, unit="tokens")
+    mark(
+        benchmark,
+        "decode, tiny model, CPU: engine vs generate",
+        role,
+        work=ROWS * new_tokens,
+        unit="tokens",
+    )
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
 
 
@@ -120,18 +133,29 @@ def test_decode_cuda_qwen3_shape(benchmark, qwen3_shape, side):
     if side == "generate":
         run = decode_with_generate(hf, prompt, new_tokens)
     else:
-        engine = RolloutEngine(ours, kv_blocks=ROWS * 80, max_batch=ROWS, max_model_len=1024,
-                               cuda_graphs=side == "engine, CUDA graphs")
+        engine = RolloutEngine(
+            ours,
+            kv_blocks=ROWS * 80,
+            max_batch=ROWS,
+            max_model_len=1024,
+            cuda_graphs=side == "engine, CUDA graphs",
+        )
         run = decode_on_engine(engine, prompt, new_tokens)
     group = "decode, Qwen3-0.6B shape, bf16, 8 x 512 tokens, CUDA"
     if side == "engine, eager decode":
         group += " (engine without CUDA graphs)"
-    mark(benchmark, group, "eager" if side == "generate" else "fast", work=ROWS * new_tokens,
-         unit="tokens")
+    mark(
+        benchmark,
+        group,
+        "eager" if side == "generate" else "fast",
+        work=ROWS * new_tokens,
+        unit="tokens",
+    )
     benchmark.pedantic(run, rounds=2, warmup_rounds=0 if side == "generate" else 1)
     if benchmark.enabled:
         benchmark.extra_info["counts"] = {
-            "ms_per_decode_step": benchmark.stats.stats.mean / new_tokens * 1e3}
+            "ms_per_decode_step": benchmark.stats.stats.mean / new_tokens * 1e3
+        }
 
 
 # ---------------------------------------------------------------------- 2. evaluation
@@ -142,16 +166,25 @@ def test_evaluation_200_problems(benchmark, tiny, role):
 
     def static_batches():
         for start in range(0, len(problems), 64):
-            evaluate(tiny, problems[start:start + 64], max_new_tokens=512, progress=False,
-                     engine=engine)
+            evaluate(
+                tiny,
+                problems[start : start + 64],
+                max_new_tokens=512,
+                progress=False,
+                engine=engine,
+            )
 
     def continuous():
         evaluate(tiny, problems, max_new_tokens=512, progress=False, engine=engine)
 
-    mark(benchmark, "evaluation, 200 problems, cap 512: continuous vs batches of 64", role,
-         work=len(problems), unit="problems")
-    benchmark.pedantic(continuous if role == "fast" else static_batches, rounds=2,
-                       warmup_rounds=0)
+    mark(
+        benchmark,
+        "evaluation, 200 problems, cap 512: continuous vs batches of 64",
+        role,
+        work=len(problems),
+        unit="problems",
+    )
+    benchmark.pedantic(continuous if role == "fast" else static_batches, rounds=2, warmup_rounds=0)
 
 
 # ---------------------------------------------------------------------- 3. GRPO group
@@ -162,11 +195,24 @@ def test_grpo_group_prefill_once(benchmark, tiny, role):
     params = SamplingParams(max_new_tokens=256)
 
     def run():
-        return sample_group(engine, prompt, 8, params, reprefill=role == "eager",
-                            generator=torch.Generator().manual_seed(0))
+        return sample_group(
+            engine,
+            prompt,
+            8,
+            params,
+            reprefill=role == "eager",
+            generator=torch.Generator().manual_seed(0),
+        )
 
-    mark(benchmark, "GRPO group G=8: one prefill + forks vs 8 prefills", role, work=8,
-         unit="rollouts")
+    mark(
+        benchmark,
+        "GRPO group G=8: one prefill + forks vs 8 prefills",
+        role,
+        work=8,
+        unit="rollouts",
+    )
     out = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
-    benchmark.extra_info["counts"] = {"prefill_run": out.counters.prefill_run,
-                                      "peak_kv_blocks": out.counters.peak_kv_blocks}
+    benchmark.extra_info["counts"] = {
+        "prefill_run": out.counters.prefill_run,
+        "peak_kv_blocks": out.counters.peak_kv_blocks,
+    }

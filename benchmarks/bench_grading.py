@@ -36,8 +36,12 @@ def synthetic_batch() -> tuple[list[str], list[str]]:
     for problem in synthetic_problems("train", 200, seed=next(_ROUND)):
         derivation = worked_solution(problem, "derive")
         wrong = f"\\boxed{{{int(problem.answer) + 1}}}"
-        texts += [derivation, derivation.replace(f"\\boxed{{{problem.answer}}}", wrong),
-                  worked_solution(problem, "guess"), derivation[:-10]]
+        texts += [
+            derivation,
+            derivation.replace(f"\\boxed{{{problem.answer}}}", wrong),
+            worked_solution(problem, "guess"),
+            derivation[:-10],
+        ]
         golds += [problem.answer] * 4
     return texts, golds
 
@@ -59,8 +63,9 @@ def test_grading_synthetic(benchmark, role):
 
     def run(texts, golds):
         if role == "eager":
-            verdicts = [grade_response(text, gold, min_chars=GATE)
-                        for text, gold in zip(texts, golds)]
+            verdicts = [
+                grade_response(text, gold, min_chars=GATE) for text, gold in zip(texts, golds)
+            ]
         else:
             verdicts = grade_many([final_answer(text, min_chars=GATE) for text in texts], golds)
         assert sum(verdicts) == len(texts) // 4  # only the right derivations

@@ -24,8 +24,9 @@ def test_paged_decode_attention(benchmark, role):
     q_heads, kv_heads, head_dim, dtype = HEADS
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     blocks = ROWS * CONTEXT // BLOCK
-    k_cache = torch.randn(blocks, BLOCK, kv_heads, head_dim, device=DEVICE,
-                          generator=generator).to(dtype)
+    k_cache = torch.randn(blocks, BLOCK, kv_heads, head_dim, device=DEVICE, generator=generator).to(
+        dtype
+    )
     v_cache = torch.randn_like(k_cache)
     tables = torch.randperm(blocks, device=DEVICE, generator=generator).view(ROWS, -1).int()
     q = torch.randn(ROWS, q_heads, head_dim, device=DEVICE, generator=generator).to(dtype)
@@ -37,8 +38,13 @@ def test_paged_decode_attention(benchmark, role):
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
 
-    mark(benchmark, f"paged decode attention, {ROWS} x {CONTEXT} tokens, {DEVICE.type}", role,
-         work=ROWS, unit="rows")
+    mark(
+        benchmark,
+        f"paged decode attention, {ROWS} x {CONTEXT} tokens, {DEVICE.type}",
+        role,
+        work=ROWS,
+        unit="rows",
+    )
     benchmark.extra_info["bytes"] = 2 * k_cache.numel() * k_cache.element_size()
     benchmark.pedantic(run, rounds=20, warmup_rounds=2)
 

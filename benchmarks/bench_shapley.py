@@ -82,10 +82,12 @@ def tiny():
 def test_judge_coalitions(benchmark, tiny, paths, role):
     problem = synthetic_problems("test", 1)[0]
     prompt = tiny.tokenizer.encode(render_prompt(problem.question))
-    rollouts = sample_group(tiny.engine(), prompt, paths, SamplingParams(64),
-                            generator=torch.Generator().manual_seed(0))
-    game = GenerativeJudge(tiny).game(problem.question, problem.answer,
-                                      tiny.tokenizer.decode_batch(rollouts.tokens))
+    rollouts = sample_group(
+        tiny.engine(), prompt, paths, SamplingParams(64), generator=torch.Generator().manual_seed(0)
+    )
+    game = GenerativeJudge(tiny).game(
+        problem.question, problem.answer, tiny.tokenizer.decode_batch(rollouts.tokens)
+    )
     masks = np.arange(1 << paths)
     if role == "fast":
         run = lambda: game.values(masks)  # noqa: E731

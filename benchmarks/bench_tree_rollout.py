@@ -43,29 +43,56 @@ def test_tree_step_fork_vs_reprefill(benchmark, setup, role):
     engine, prompt = setup
 
     def run():
-        return sample_tree_ids(engine, prompt, newline_token_ids=[], k=K, b=B, t_min=SPLIT,
-                               t_max=SPLIT, max_new_tokens=CAP,
-                               generator=torch.Generator().manual_seed(0),
-                               reprefill=role == "eager")
+        return sample_tree_ids(
+            engine,
+            prompt,
+            newline_token_ids=[],
+            k=K,
+            b=B,
+            t_min=SPLIT,
+            t_max=SPLIT,
+            max_new_tokens=CAP,
+            generator=torch.Generator().manual_seed(0),
+            reprefill=role == "eager",
+        )
 
-    mark(benchmark, "tree step: fork (fast) vs re-prefill (eager)", role,
-         work=K * SPLIT + K * B * (CAP - SPLIT), unit="tokens")
+    mark(
+        benchmark,
+        "tree step: fork (fast) vs re-prefill (eager)",
+        role,
+        work=K * SPLIT + K * B * (CAP - SPLIT),
+        unit="tokens",
+    )
     out = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     assert out.lengths == [CAP] * (K * B)
     assert role == "eager" or out.stage2.prefill_run == 0
-    report(benchmark, stage1_prefill=out.stage1.prefill_run,
-           stage2_prefill=out.stage2.prefill_run, decode_rows=out.executed.decode_rows,
-           block_copies=out.executed.block_copies, peak_kv_blocks=out.executed.peak_kv_blocks)
+    report(
+        benchmark,
+        stage1_prefill=out.stage1.prefill_run,
+        stage2_prefill=out.stage2.prefill_run,
+        decode_rows=out.executed.decode_rows,
+        block_copies=out.executed.block_copies,
+        peak_kv_blocks=out.executed.peak_kv_blocks,
+    )
 
 
 def test_flat_eight_rollouts(benchmark, setup):
     engine, prompt = setup
 
     def run():
-        return sample_group(engine, prompt, K * B, SamplingParams(max_new_tokens=CAP),
-                            generator=torch.Generator().manual_seed(0))
+        return sample_group(
+            engine,
+            prompt,
+            K * B,
+            SamplingParams(max_new_tokens=CAP),
+            generator=torch.Generator().manual_seed(0),
+        )
 
     benchmark.group = "tree step: fork (fast) vs re-prefill (eager)"
     out = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
-    report(benchmark, prefill=out.counters.prefill_run, decode_rows=out.counters.decode_rows,
-           peak_kv_blocks=out.counters.peak_kv_blocks)
+    report(
+        benchmark,
+        prefill=out.counters.prefill_run,
+        decode_rows=out.counters.decode_rows,
+        peak_kv_blocks=out.counters.peak_kv_blocks,
+    )

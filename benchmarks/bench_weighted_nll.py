@@ -44,7 +44,12 @@ def test_weighted_nll(benchmark, role, tokens, dtype):
             torch.cuda.synchronize()
 
     peak = peak_memory_bytes(step, DEVICE)
-    mark(benchmark, f"weighted_nll T={tokens} {str(dtype).removeprefix('torch.')}", role,
-         work=tokens, unit="tokens")
+    mark(
+        benchmark,
+        f"weighted_nll T={tokens} {str(dtype).removeprefix('torch.')}",
+        role,
+        work=tokens,
+        unit="tokens",
+    )
     benchmark.extra_info["peak_mib"] = peak / 2**20
     benchmark.pedantic(step, rounds=1 if DEVICE.type == "cpu" else 5, warmup_rounds=0)

@@ -20,17 +20,26 @@ import torch
 from benchmarks.harness import mark
 from rlvr_fast.optim import zero_grad_adamw_
 
-CASES = [pytest.param("cpu", 10_000_000, 5, id="cpu-P=10M"),
-         pytest.param("cpu", 50_000_000, 5, id="cpu-P=50M"),
-         pytest.param("cuda", 752_000_000, 8, id="cuda-P=752M", marks=pytest.mark.skipif(
-             not torch.cuda.is_available(), reason="needs CUDA"))]
+CASES = [
+    pytest.param("cpu", 10_000_000, 5, id="cpu-P=10M"),
+    pytest.param("cpu", 50_000_000, 5, id="cpu-P=50M"),
+    pytest.param(
+        "cuda",
+        752_000_000,
+        8,
+        id="cuda-P=752M",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ),
+]
 BYTES_PER_PARAM = 24
 
 
 def make_optimizer(device: str, params: int, tensors: int):
     generator = torch.Generator(device=device).manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(params // tensors, device=device,
-                                              generator=generator)) for _ in range(tensors)]
+    weights = [
+        torch.nn.Parameter(torch.randn(params // tensors, device=device, generator=generator))
+        for _ in range(tensors)
+    ]
     optimizer = torch.optim.AdamW(weights, lr=1e-5, weight_decay=0.01)
     for p in weights:
         p.grad = torch.randn(p.shape, device=device, generator=generator)
@@ -63,8 +72,13 @@ def test_zero_grad_adamw(benchmark, device, params, tensors, role, steps):
         if device == "cuda":
             torch.cuda.synchronize()
 
-    mark(benchmark, f"zero_grad_adamw {device} P={params // 1_000_000}M k={steps}", role,
-         work=params * steps, unit="param-steps")
+    mark(
+        benchmark,
+        f"zero_grad_adamw {device} P={params // 1_000_000}M k={steps}",
+        role,
+        work=params * steps,
+        unit="param-steps",
+    )
     if role == "fast":
         benchmark.extra_info["bytes"] = BYTES_PER_PARAM * params
     benchmark.pedantic(run, rounds=3 if device == "cpu" else 5, warmup_rounds=1)
@@ -74,8 +88,11 @@ def test_zero_grad_adamw(benchmark, device, params, tensors, role, steps):
 def test_memory_floor(benchmark, device, params, tensors):
     """Read and write p, m and v once: the floor a zero-gradient step is measured against."""
     optimizer = make_optimizer(device, params, tensors)
-    arrays = [t for p in optimizer.param_groups[0]["params"]
-              for t in (p.data, optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])]
+    arrays = [
+        t
+        for p in optimizer.param_groups[0]["params"]
+        for t in (p.data, optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])
+    ]
 
     def run():
         for array in arrays:

@@ -21,9 +21,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--benchmark", action="store_true",
-                     help="time every benchmark beside its eager reference, print the ratio "
-                          "table and write the JSON to benchmarks/results/")
+    parser.addoption(
+        "--benchmark",
+        action="store_true",
+        help="time every benchmark beside its eager reference, print the ratio "
+        "table and write the JSON to benchmarks/results/",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark reads its options
@@ -72,6 +75,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for bench in session.benchmarks:
         counts = bench.extra_info.get("counts")
         if bench.stats is not None and not bench.has_error and counts:
-            terminalreporter.write_line(f"{bench.name}: " + ", ".join(
-                f"{key} {value:,}" if isinstance(value, int) else f"{key} {value:.3f}"
-                for key, value in counts.items()))
+            terminalreporter.write_line(
+                f"{bench.name}: "
+                + ", ".join(
+                    f"{key} {value:,}" if isinstance(value, int) else f"{key} {value:.3f}"
+                    for key, value in counts.items()
+                )
+            )

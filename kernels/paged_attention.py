@@ -33,17 +33,27 @@ except ImportError:  # the torch reference needs no Triton
     triton = None
 
 
-def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
     """Gather every row's blocks into [B, Hkv, M * block_size, D], hide the slots past each
     row's length, and run dense attention: one batched gather per call, no Python loop."""
-    return paged_prefill_attention_reference(q[:, :, None], k_cache, v_cache, block_tables,
-                                             seq_lens[:, None])[:, :, 0]
+    return paged_prefill_attention_reference(
+        q[:, :, None], k_cache, v_cache, block_tables, seq_lens[:, None]
+    )[:, :, 0]
 
 
-def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
-                                      v_cache: torch.Tensor, block_tables: torch.Tensor,
-                                      context_lens: torch.Tensor) -> torch.Tensor:
+def paged_prefill_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
     """q [R, Hq, T, D], context_lens [R, T] -> [R, Hq, T, D]: one gather per row, then dense
     attention with each query's keys limited to its context length."""
     rows, q_heads, _, head_dim = q.shape
@@ -57,17 +67,33 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
     # sequence's); a masked score is -inf, but 0 * NaN is still NaN, so zero them.
     seen = valid.any(dim=1)[:, None, :, None]  # [R, 1, L, 1]
     k, v = k.masked_fill(~seen, 0.0), v.masked_fill(~seen, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None],
-                                          enable_gqa=q_heads != kv_heads)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=valid[:, None], enable_gqa=q_heads != kv_heads
+    )
 
 
 if triton is not None:
 
     @triton.jit
-    def _paged_attention_kernel(p_q, p_k, p_v, p_tables, p_lens, p_out, scale,
-                                stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-                                stride_tb, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    def _paged_attention_kernel(
+        p_q,
+        p_k,
+        p_v,
+        p_tables,
+        p_lens,
+        p_out,
+        scale,
+        stride_qb,
+        stride_qh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_tb,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
         i_b = tl.program_id(0).to(tl.int64)
         i_kv = tl.program_id(1).to(tl.int64)
         o_g = tl.arange(0, GROUP_PAD)
@@ -101,12 +127,18 @@ if triton is not None:
             b_acc = b_acc * b_alpha[:, None] + tl.sum(b_p[:, :, None] * b_v[None, :, :], axis=1)
             b_max = b_new_max
             i_blk += 1
-        tl.store(p_out + p_qo, (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty),
-                 mask=m_g[:, None])
+        tl.store(
+            p_out + p_qo, (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty), mask=m_g[:, None]
+        )
 
 
-def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
     """Triton version of ``paged_attention_reference`` (CUDA, or CPU under TRITON_INTERPRET=1).
 
     Every sequence needs seq_len >= 1; blocks past a sequence's length are never read.
@@ -120,16 +152,34 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty_like(q)
     group = q_heads // kv_heads
     _paged_attention_kernel[(batch, kv_heads)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, 1.0 / math.sqrt(head_dim),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        1.0 / math.sqrt(head_dim),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+    )
     return out
 
 
-def paged_prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                   block_tables: torch.Tensor,
-                                   context_lens: torch.Tensor) -> torch.Tensor:
+def paged_prefill_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
     """Triton version of ``paged_prefill_attention_reference``: every query token becomes one
     decode query carrying its row's block table and its own context length."""
     rows, q_heads, tokens, head_dim = q.shape

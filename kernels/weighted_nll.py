@@ -29,16 +29,18 @@ except ImportError:  # the CPU path and the reference need no Triton
     triton = None
 
 
-def weighted_token_nll_reference(hidden: torch.Tensor, weight: torch.Tensor,
-                                 targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_token_nll_reference(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
     """Eager PyTorch: materialises the fp32 [N, V] logits. Differentiable in hidden and weight."""
     logits = (hidden @ weight.T).float()
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
     return -(weights.float() * logprobs).sum()
 
 
-def weighted_nll_rows_torch(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
-                            write_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_nll_rows_torch(
+    logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, write_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Row work on [C, V] logits: returns (w_t * nll_t, log p_t) in fp32 and, with
     ``write_grad``, overwrites ``logits`` with w_t * (softmax - onehot)."""
     x = logits.float()
@@ -59,9 +61,18 @@ def weighted_nll_rows_torch(logits: torch.Tensor, targets: torch.Tensor, weights
 if triton is not None:
 
     @triton.jit
-    def _weighted_nll_rows_kernel(p_logits, stride_row, p_targets, p_weights, p_losses,
-                                  p_logprobs, V, BLOCK_V: tl.constexpr, NUM_TILES: tl.constexpr,
-                                  WRITE_GRAD: tl.constexpr):
+    def _weighted_nll_rows_kernel(
+        p_logits,
+        stride_row,
+        p_targets,
+        p_weights,
+        p_losses,
+        p_logprobs,
+        V,
+        BLOCK_V: tl.constexpr,
+        NUM_TILES: tl.constexpr,
+        WRITE_GRAD: tl.constexpr,
+    ):
         i_row = tl.program_id(0).to(tl.int64)
         p_row = p_logits + i_row * stride_row
         b_target = tl.load(p_targets + i_row)
@@ -89,8 +100,9 @@ if triton is not None:
                 tl.store(p_row + o_v, b_grad.to(p_logits.dtype.element_ty), mask=m_v)
 
 
-def weighted_nll_rows_triton(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
-                             write_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_nll_rows_triton(
+    logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, write_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``weighted_nll_rows_torch`` (CUDA, or CPU under TRITON_INTERPRET=1)."""
     if triton is None:
         raise RuntimeError("the Triton backend needs the triton package")
@@ -98,7 +110,16 @@ def weighted_nll_rows_triton(logits: torch.Tensor, targets: torch.Tensor, weight
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     block = min(triton.next_power_of_2(vocab), 4096)
-    _weighted_nll_rows_kernel[(rows,)](logits, logits.stride(0), targets, weights, losses,
-                                       logprobs, vocab, BLOCK_V=block,
-                                       NUM_TILES=triton.cdiv(vocab, block), WRITE_GRAD=write_grad)
+    _weighted_nll_rows_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        targets,
+        weights,
+        losses,
+        logprobs,
+        vocab,
+        BLOCK_V=block,
+        NUM_TILES=triton.cdiv(vocab, block),
+        WRITE_GRAD=write_grad,
+    )
     return losses, logprobs

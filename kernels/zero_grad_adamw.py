@@ -65,8 +65,9 @@ LERP_WEIGHT, BETA2, EPS, FIRST_STEP_COLUMN, COLUMNS_PER_STEP = 0, 1, 2, 3, 3
 BLOCK = 2048
 
 
-def scalar_table(constants: list[tuple[float, float, float]],
-                 steps: list[list[tuple[float, float, float]]]) -> torch.Tensor:
+def scalar_table(
+    constants: list[tuple[float, float, float]], steps: list[list[tuple[float, float, float]]]
+) -> torch.Tensor:
     """float32 [tensors, 3 + 3k] from Python doubles: per tensor (1 - beta1, beta2, eps) and, per
     folded step, (1 - lr*wd, sqrt(1 - beta2^t), -lr / (1 - beta1^t)). Each double is rounded to
     the nearest float, as CUDA's foreach ops do with a Scalar."""
@@ -75,6 +76,7 @@ def scalar_table(constants: list[tuple[float, float, float]],
 
 
 # ---- emulation of torch's CUDA foreach rounding, in pure torch --------------------------------
+
 
 def fma_float32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c rounded once to float32 (what CUDA's fma.rn computes), for float32 inputs.
@@ -92,8 +94,9 @@ def fma_float32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tens
     error = (product - (total - addend_part)) + (addend - addend_part)
     even = (total.view(torch.int64) & 1) == 0
     toward_error = torch.where(error > 0, torch.inf, -torch.inf).to(torch.float64)
-    return torch.where((error != 0) & even, torch.nextafter(total, toward_error),
-                       total).to(torch.float32)
+    return torch.where((error != 0) & even, torch.nextafter(total, toward_error), total).to(
+        torch.float32
+    )
 
 
 def sqrt_float32(x: torch.Tensor) -> torch.Tensor:
@@ -115,8 +118,12 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float32)
 
 
-def zero_grad_adamw_reference_(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                               exp_avg_sqs: list[torch.Tensor], scalars: torch.Tensor) -> None:
+def zero_grad_adamw_reference_(
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    scalars: torch.Tensor,
+) -> None:
     """The op sequence of the module docstring, in place, one tensor at a time, with float32
     rounding emulated exactly (float32 or bfloat16 tensors, any device). ``scalars`` is
     ``scalar_table``'s [tensors, 3 + 3k] float32 table."""
@@ -132,8 +139,9 @@ def zero_grad_adamw_reference_(params: list[torch.Tensor], exp_avgs: list[torch.
             if weight.abs() < 0.5:
                 m = stored(fma_float32(weight.expand_as(m), towards_zero, m))
             else:
-                m = stored(fma_float32(-towards_zero, one_minus_weight.expand_as(m),
-                                       torch.zeros_like(m)))
+                m = stored(
+                    fma_float32(-towards_zero, one_minus_weight.expand_as(m), torch.zeros_like(m))
+                )
             v = stored(_float32(v.double() * beta2.double()))
             d = stored(sqrt_float32(v))
             d = stored(_float32(d.double() / denom_scale.double()))
@@ -181,10 +189,19 @@ if triton is not None:
             tl.store(ptrs, x, mask=mask)
 
     @triton.jit
-    def _zero_grad_adamw_kernel(p_addresses, p_first_blocks, p_scalars, n_tensors, stride_scalars,
-                                SEARCH_STEPS: tl.constexpr, STEPS: tl.constexpr,
-                                BLOCK: tl.constexpr, ELEMENT: tl.constexpr,
-                                IS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
+    def _zero_grad_adamw_kernel(
+        p_addresses,
+        p_first_blocks,
+        p_scalars,
+        n_tensors,
+        stride_scalars,
+        SEARCH_STEPS: tl.constexpr,
+        STEPS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        ELEMENT: tl.constexpr,
+        IS_BF16: tl.constexpr,
+        ALIGNED: tl.constexpr,
+    ):
         # p_addresses: int64 [4, n_tensors] rows param, exp_avg, exp_avg_sq addresses, numel.
         # p_first_blocks: int64 [n_tensors + 1], the first block of each tensor, then the total.
         # ELEMENT: what memory holds, float32, or bf16 as its uint16 bits.
@@ -206,8 +223,7 @@ if triton is not None:
         m_elem = o_elem < numel
         p_param = tl.load(p_addresses + i_tensor).to(tl.pointer_type(ELEMENT))
         p_exp_avg = tl.load(p_addresses + n_tensors + i_tensor).to(tl.pointer_type(ELEMENT))
-        p_exp_avg_sq = tl.load(p_addresses + 2 * n_tensors + i_tensor).to(
-            tl.pointer_type(ELEMENT))
+        p_exp_avg_sq = tl.load(p_addresses + 2 * n_tensors + i_tensor).to(tl.pointer_type(ELEMENT))
         if ALIGNED:
             numel = tl.multiple_of(numel, 8)
             p_param = tl.multiple_of(p_param, 16)
@@ -233,8 +249,14 @@ if triton is not None:
             neg_step = tl.load(p_step + 2)
             b_p = _stored(b_p * decay, IS_BF16)
             b_towards_zero = 0.0 - b_m
-            b_m = _stored(tl.where(weight_is_small, tl.fma(lerp_weight, b_towards_zero, b_m),
-                                   tl.fma(-b_towards_zero, one_minus_weight, 0.0)), IS_BF16)
+            b_m = _stored(
+                tl.where(
+                    weight_is_small,
+                    tl.fma(lerp_weight, b_towards_zero, b_m),
+                    tl.fma(-b_towards_zero, one_minus_weight, 0.0),
+                ),
+                IS_BF16,
+            )
             b_v = _stored(b_v * beta2, IS_BF16)
             b_d = _stored(tl.sqrt_rn(b_v), IS_BF16)
             b_d = _stored(tl.div_rn(b_d, denom_scale), IS_BF16)
@@ -245,8 +267,12 @@ if triton is not None:
         _store_fp32(p_exp_avg_sq, b_v, m_elem, IS_BF16)
 
 
-def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                            exp_avg_sqs: list[torch.Tensor], scalars: torch.Tensor) -> None:
+def zero_grad_adamw_triton_(
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    scalars: torch.Tensor,
+) -> None:
     """``zero_grad_adamw_reference_`` in one launch over all tensors, in place. The tensors share
     one dtype (float32 or bfloat16) and one device (CUDA, or CPU under TRITON_INTERPRET=1) and are
     contiguous; ``scalars`` is ``scalar_table``'s float32 table, one row per tensor."""
@@ -258,8 +284,9 @@ def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Ten
     tensors = [t for group in (params, exp_avgs, exp_avg_sqs) for t in group]
     if any(t.dtype != dtype or t.device != device or not t.is_contiguous() for t in tensors):
         raise ValueError("params and moments must be contiguous and share one dtype and device")
-    if not all(p.numel() == m.numel() == v.numel()
-               for p, m, v in zip(params, exp_avgs, exp_avg_sqs)):
+    if not all(
+        p.numel() == m.numel() == v.numel() for p, m, v in zip(params, exp_avgs, exp_avg_sqs)
+    ):
         raise ValueError("each param and its moments must have the same size")
     live = [i for i, p in enumerate(params) if p.numel() > 0]
     if not live:
@@ -276,8 +303,17 @@ def zero_grad_adamw_triton_(params: list[torch.Tensor], exp_avgs: list[torch.Ten
     n_steps = (live_scalars.shape[1] - FIRST_STEP_COLUMN) // COLUMNS_PER_STEP
     is_bf16 = dtype == torch.bfloat16
     _zero_grad_adamw_kernel[(first_blocks[-1],)](
-        addresses, first_blocks_device, live_scalars, len(live), live_scalars.stride(0),
-        SEARCH_STEPS=(len(live) - 1).bit_length(), STEPS=n_steps, BLOCK=BLOCK,
-        ELEMENT=tl.uint16 if is_bf16 else tl.float32, IS_BF16=is_bf16,
+        addresses,
+        first_blocks_device,
+        live_scalars,
+        len(live),
+        live_scalars.stride(0),
+        SEARCH_STEPS=(len(live) - 1).bit_length(),
+        STEPS=n_steps,
+        BLOCK=BLOCK,
+        ELEMENT=tl.uint16 if is_bf16 else tl.float32,
+        IS_BF16=is_bf16,
         ALIGNED=all(t.data_ptr() % 16 == 0 and t.numel() % 8 == 0 for t in tensors),
-        num_warps=8, enable_fp_fusion=False)
+        num_warps=8,
+        enable_fp_fusion=False,
+    )

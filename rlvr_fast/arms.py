@@ -34,42 +34,71 @@ homogeneous groups.
 from __future__ import annotations
 
 ARMS: dict[str, dict] = {
-    "baseline": dict(loss_order="sum_then_scale", skip_zero_var=False, zero_var_step="skip",
-                     gate_min_chars=None),
-    "zg_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="zero_grad",
-                    gate_min_chars=None),
-    "gate_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip",
-                      gate_min_chars=30),
-    "ra_flat": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="zero_grad",
-                    gate_min_chars=30),
-    "skip_zero_var": dict(loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip",
-                          gate_min_chars=None),
+    "baseline": dict(
+        loss_order="sum_then_scale", skip_zero_var=False, zero_var_step="skip", gate_min_chars=None
+    ),
+    "zg_flat": dict(
+        loss_order="token_weighted",
+        skip_zero_var=True,
+        zero_var_step="zero_grad",
+        gate_min_chars=None,
+    ),
+    "gate_flat": dict(
+        loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip", gate_min_chars=30
+    ),
+    "ra_flat": dict(
+        loss_order="token_weighted",
+        skip_zero_var=True,
+        zero_var_step="zero_grad",
+        gate_min_chars=30,
+    ),
+    "skip_zero_var": dict(
+        loss_order="token_weighted", skip_zero_var=True, zero_var_step="skip", gate_min_chars=None
+    ),
 }
 _TREE = dict(ARMS["ra_flat"], sampler="tree", bifurcate_after_active=3)
-ARMS.update({
-    "stopped_tree": dict(_TREE, early_eos_mode="terminal_dup", beta=0.0),
-    "stopped_tree_bonus": dict(_TREE, early_eos_mode="terminal_dup", beta=0.25),
-    "root_restart": dict(_TREE, early_eos_mode="root_resample", beta=0.0),
-    "root_restart_bonus": dict(_TREE, early_eos_mode="root_resample", beta=0.25),
-    "midpoint_ra_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25),
-    "midpoint_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0),
-    "clamped_prefix": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0,
-                           clamped_prefix=True),
-})
-ARMS.update({
-    "ra_mst_tail50": dict(ARMS["midpoint_ra_mst"], polyak_start=26),
-    "zero_cont_mass": dict(ARMS["stopped_tree"], zero_cont_mass=True),
-})
+ARMS.update(
+    {
+        "stopped_tree": dict(_TREE, early_eos_mode="terminal_dup", beta=0.0),
+        "stopped_tree_bonus": dict(_TREE, early_eos_mode="terminal_dup", beta=0.25),
+        "root_restart": dict(_TREE, early_eos_mode="root_resample", beta=0.0),
+        "root_restart_bonus": dict(_TREE, early_eos_mode="root_resample", beta=0.25),
+        "midpoint_ra_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25),
+        "midpoint_mst": dict(_TREE, early_eos_mode="midpoint", beta=0.25, bifurcate_after_active=0),
+        "clamped_prefix": dict(
+            _TREE,
+            early_eos_mode="midpoint",
+            beta=0.25,
+            bifurcate_after_active=0,
+            clamped_prefix=True,
+        ),
+    }
+)
+ARMS.update(
+    {
+        "ra_mst_tail50": dict(ARMS["midpoint_ra_mst"], polyak_start=26),
+        "zero_cont_mass": dict(ARMS["stopped_tree"], zero_cont_mass=True),
+    }
+)
 ARMS["accum4"] = dict(ARMS["zero_cont_mass"], questions_per_step=4)
 
-_PARALLEL = dict(ARMS["ra_flat"], sampler="parallel", group_size=4, num_paths=4,
-                 path_utility="vote", lambda_outcome=0.5, lambda_path=0.5)
-ARMS.update({
-    "shapley_vote": dict(_PARALLEL, aggregator="vote", path_credit="shapley"),
-    "shapley_summary": dict(_PARALLEL, aggregator="summary", path_credit="shapley"),
-    "loo_vote": dict(_PARALLEL, aggregator="vote", path_credit="loo"),
-    "independent_vote": dict(_PARALLEL, aggregator="vote", path_credit="independent"),
-})
+_PARALLEL = dict(
+    ARMS["ra_flat"],
+    sampler="parallel",
+    group_size=4,
+    num_paths=4,
+    path_utility="vote",
+    lambda_outcome=0.5,
+    lambda_path=0.5,
+)
+ARMS.update(
+    {
+        "shapley_vote": dict(_PARALLEL, aggregator="vote", path_credit="shapley"),
+        "shapley_summary": dict(_PARALLEL, aggregator="summary", path_credit="shapley"),
+        "loo_vote": dict(_PARALLEL, aggregator="vote", path_credit="loo"),
+        "independent_vote": dict(_PARALLEL, aggregator="vote", path_credit="independent"),
+    }
+)
 
 
 def arm_settings(name: str) -> dict:

@@ -133,35 +133,68 @@ DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                        help="weights and KV cache: auto = bf16 on CUDA (the study's), fp32 on CPU")
-    parser.add_argument("--no-cuda-graphs", action="store_true",
-                        help="decode eagerly on CUDA instead of replaying CUDA graphs")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="auto",
+        help="weights and KV cache: auto = bf16 on CUDA (the study's), fp32 on CPU",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="decode eagerly on CUDA instead of replaying CUDA graphs",
+    )
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
-                        help="run as N data-parallel ranks on this host (torchrun); a step's "
-                        "questions_per_step questions are split over them")
-    parser.add_argument("--dist-timeout", type=float, default=distributed.DEFAULT_TIMEOUT_S,
-                        metavar="SECONDS", help="with several ranks: fail, instead of waiting, "
-                        "when another rank has not answered a collective within SECONDS")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run as N data-parallel ranks on this host (torchrun); a step's "
+        "questions_per_step questions are split over them",
+    )
+    parser.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=distributed.DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="with several ranks: fail, instead of waiting, "
+        "when another rank has not answered a collective within SECONDS",
+    )
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
     parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
-    parser.add_argument("--train-data", default="synthetic:train",
-                        help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used")
+    parser.add_argument(
+        "--train-data",
+        default="synthetic:train",
+        help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used",
+    )
     parser.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
-    parser.add_argument("--steps", type=int, default=50,
-                        help="steps to train (with --active-steps: the most steps to train)")
-    parser.add_argument("--active-steps", type=int, metavar="N",
-                        help="stop once N steps have run a backward pass")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any TrainConfig field, e.g. --set lr=1e-4")
-    parser.add_argument("--untie", action="store_true",
-                        help="give a tied LM head its own weights (the study's P counts it)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=50,
+        help="steps to train (with --active-steps: the most steps to train)",
+    )
+    parser.add_argument(
+        "--active-steps", type=int, metavar="N", help="stop once N steps have run a backward pass"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any TrainConfig field, e.g. --set lr=1e-4",
+    )
+    parser.add_argument(
+        "--untie",
+        action="store_true",
+        help="give a tied LM head its own weights (the study's P counts it)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_device_arguments(parser)
 
@@ -174,8 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=42)
     train.add_argument("--out", type=Path, required=True, help="run directory")
     train.add_argument("--resume", action="store_true", help="continue the run in --out")
-    train.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                       help="write a Chrome trace of the first STEPS steps to OUT/trace.json")
+    train.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="write a Chrome trace of the first STEPS steps to OUT/trace.json",
+    )
     add_training_options(train)
     add_launch_arguments(train)
 
@@ -183,8 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
     ev.add_argument("--eval", action="append", required=True, metavar="NAME=DATA")
     ev.add_argument("--max-new-tokens", type=int, default=2048)
-    ev.add_argument("--max-batch", type=int, default=256,
-                    help="sequences decoded at once (continuous batching)")
+    ev.add_argument(
+        "--max-batch", type=int, default=256, help="sequences decoded at once (continuous batching)"
+    )
     add_device_arguments(ev)
     add_launch_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
@@ -194,23 +233,35 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
     compare = commands.add_parser("compare", help="the study's tables over arms x seeds")
     compare.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
-    compare.add_argument("--reference", metavar="ARM",
-                         help="arm the paired differences are taken against (default: the first)")
+    compare.add_argument(
+        "--reference",
+        metavar="ARM",
+        help="arm the paired differences are taken against (default: the first)",
+    )
     compare.add_argument("--format", choices=FORMATS, default="md")
     report = commands.add_parser("report", help="figures and report.md for run directories")
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
     report.add_argument("--out", type=Path, required=True, help="directory for report.md + PNGs")
     report.add_argument("--reference", metavar="ARM")
     sweep = commands.add_parser("sweep", help="train arms x seeds, then compare and report")
-    sweep.add_argument("--arms", required=True, help="comma-separated arms, the first is the "
-                       "reference of the paired differences")
+    sweep.add_argument(
+        "--arms",
+        required=True,
+        help="comma-separated arms, the first is the reference of the paired differences",
+    )
     sweep.add_argument("--seeds", default="42,101,7", help="comma-separated seeds")
-    sweep.add_argument("--out", type=Path, required=True,
-                       help="sweep directory: runs/, compare.{md,csv,json}, report/")
+    sweep.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="sweep directory: runs/, compare.{md,csv,json}, report/",
+    )
     add_training_options(sweep)
     shapley = commands.add_parser(
-        "shapley-report", help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
-        "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG")
+        "shapley-report",
+        help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
+        "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG",
+    )
     shapley.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     shapley.add_argument("--out", type=Path, help="default RUN_DIR/shapley_report")
     shapley.add_argument("--max-steps", type=int, help="sample this many steps (default: all)")
@@ -218,29 +269,39 @@ def build_parser() -> argparse.ArgumentParser:
     shapley.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
     shapley.add_argument("--device", default="cpu", help="for regenerating summaries")
     select = commands.add_parser(
-        "select-data", help="estimate each question's pass rate with K samples and keep those "
-        "in a range (default 0 < pass < 1), stratified by subject and level, with their rates")
+        "select-data",
+        help="estimate each question's pass rate with K samples and keep those "
+        "in a range (default 0 < pass < 1), stratified by subject and level, with their rates",
+    )
     select.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
     select.add_argument("--data", required=True, help="JSON/JSONL problems or synthetic:SPLIT[:N]")
     select.add_argument("--k", type=int, default=8, help="samples per question (G)")
-    select.add_argument("--out", type=Path, required=True,
-                        help="selected problems with their pass rates (.json or .jsonl); "
-                        "OUT.progress.jsonl holds the rates measured so far, to resume")
-    select.add_argument("--min-pass", type=float,
-                        help="keep pass rates >= this (default: > 0)")
-    select.add_argument("--max-pass", type=float,
-                        help="keep pass rates <= this (default: < 1)")
+    select.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="selected problems with their pass rates (.json or .jsonl); "
+        "OUT.progress.jsonl holds the rates measured so far, to resume",
+    )
+    select.add_argument("--min-pass", type=float, help="keep pass rates >= this (default: > 0)")
+    select.add_argument("--max-pass", type=float, help="keep pass rates <= this (default: < 1)")
     select.add_argument("--limit", type=int, help="keep at most this many (a stratified prefix)")
-    select.add_argument("--gate-min-chars", type=int,
-                        help="grade with the derivation gate, as gated arms reward")
+    select.add_argument(
+        "--gate-min-chars", type=int, help="grade with the derivation gate, as gated arms reward"
+    )
     select.add_argument("--max-new-tokens", type=int, default=512)
     select.add_argument("--temperature", type=float, default=0.8)
     select.add_argument("--top-p", type=float, default=0.9)
-    select.add_argument("--batch-questions", type=int, default=16,
-                        help="questions sampled in one engine batch (and saved together)")
+    select.add_argument(
+        "--batch-questions",
+        type=int,
+        default=16,
+        help="questions sampled in one engine batch (and saved together)",
+    )
     select.add_argument("--seed", type=int, default=42)
-    select.add_argument("--max-batch", type=int, default=256,
-                        help="sequences decoded at once (continuous batching)")
+    select.add_argument(
+        "--max-batch", type=int, default=256, help="sequences decoded at once (continuous batching)"
+    )
     select.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_arguments(select)
     return parser
@@ -273,9 +334,16 @@ def run_train(args) -> dict:
     eval_sets = parse_eval_sets(args.eval)
     device = distributed.init(str(device), args.dist_timeout)
     policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
-    trainer = RLVRTrainer(policy, config, train_data, eval_sets, out_dir=args.out,
-                          resume=args.resume, progress=not args.quiet,
-                          profile_steps=args.profile)
+    trainer = RLVRTrainer(
+        policy,
+        config,
+        train_data,
+        eval_sets,
+        out_dir=args.out,
+        resume=args.resume,
+        progress=not args.quiet,
+        profile_steps=args.profile,
+    )
     summary = trainer.train()
     if distributed.is_main():
         print_train_table(summary)
@@ -289,29 +357,53 @@ def print_train_table(summary: dict) -> None:
     for name, after in summary.get("eval_after", {}).items():
         before = summary.get("eval_before", {}).get(name)
         if before:
-            print(f"  {name}: accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%}, "
-                  f"short answers {before['short_guess_fraction']:.1%} -> "
-                  f"{after['short_guess_fraction']:.1%}, cap hits {before['cap_hits']} -> "
-                  f"{after['cap_hits']}")
+            print(
+                f"  {name}: accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%}, "
+                f"short answers {before['short_guess_fraction']:.1%} -> "
+                f"{after['short_guess_fraction']:.1%}, cap hits {before['cap_hits']} -> "
+                f"{after['cap_hits']}"
+            )
         else:
-            print(f"  {name}: accuracy {after['accuracy']:.1%}, short answers "
-                  f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}")
+            print(
+                f"  {name}: accuracy {after['accuracy']:.1%}, short answers "
+                f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}"
+            )
     if "polyak" in summary:
         polyak = summary["polyak"]
-        window = (f"steps {polyak['first_step']}..{summary['steps']}" if polyak["steps_averaged"]
-                  else "no steps (the run ended first)")
+        window = (
+            f"steps {polyak['first_step']}..{summary['steps']}"
+            if polyak["steps_averaged"]
+            else "no steps (the run ended first)"
+        )
         print(f"  Polyak average of {window}, saved as final_polyak/")
         for name, result in summary.get("eval_polyak", {}).items():
-            print(f"  {name} (Polyak average): accuracy {result['accuracy']:.1%}, short answers "
-                  f"{result['short_guess_fraction']:.1%}, cap hits {result['cap_hits']}")
-    print("  tokens: " + ", ".join(f"{k} {int(totals.get(k, 0)):,}" for k in
-                                   ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")))
-    print(f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
-          f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
-          f"block copies (the seed's pref / untrim_gen above)")
-    print("  TFLOPs: " + ", ".join(f"{label} {totals.get(k, 0) / 1e12:.4f}" for label, k in
-                                   (("Out", "flops_out"), ("Full", "flops_full"),
-                                    ("PadFull", "flops_pad_full"))))
+            print(
+                f"  {name} (Polyak average): accuracy {result['accuracy']:.1%}, short answers "
+                f"{result['short_guess_fraction']:.1%}, cap hits {result['cap_hits']}"
+            )
+    print(
+        "  tokens: "
+        + ", ".join(
+            f"{k} {int(totals.get(k, 0)):,}"
+            for k in ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")
+        )
+    )
+    print(
+        f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
+        f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
+        f"block copies (the seed's pref / untrim_gen above)"
+    )
+    print(
+        "  TFLOPs: "
+        + ", ".join(
+            f"{label} {totals.get(k, 0) / 1e12:.4f}"
+            for label, k in (
+                ("Out", "flops_out"),
+                ("Full", "flops_full"),
+                ("PadFull", "flops_pad_full"),
+            )
+        )
+    )
     phases = {k.removeprefix("seconds_"): v for k, v in totals.items() if k.startswith("seconds_")}
     print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
@@ -327,25 +419,36 @@ def run_eval(args) -> dict:
         raise ValueError(f"{args.out}: exists and is not a directory")
     eval_sets = parse_eval_sets(args.eval)
     device = distributed.init(str(device), args.dist_timeout)
-    policy = load_policy(args.model if args.model == "tiny" else model_path, device=device,
-                         dtype=DTYPES[args.dtype])
-    engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
-                                      cuda_graphs=not args.no_cuda_graphs)
+    policy = load_policy(
+        args.model if args.model == "tiny" else model_path, device=device, dtype=DTYPES[args.dtype]
+    )
+    engine = RolloutEngine.for_policy(
+        policy, max_batch=max_batch, cuda_graphs=not args.no_cuda_graphs
+    )
     # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
     main_rank = distributed.is_main()
     summaries = {}
     for name, problems in eval_sets.items():
-        result = distributed.evaluate_sharded(policy, problems, max_new_tokens=max_new_tokens,
-                                              desc=f"eval {name}", engine=engine,
-                                              progress=main_rank)
+        result = distributed.evaluate_sharded(
+            policy,
+            problems,
+            max_new_tokens=max_new_tokens,
+            desc=f"eval {name}",
+            engine=engine,
+            progress=main_rank,
+        )
         summaries[name] = result.summary()
         if not main_rank:
             continue
-        print(f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
-              f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}")
+        print(
+            f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
+            f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}"
+        )
         if args.out:
-            write_text_atomic(args.out / f"{name}.jsonl",
-                              "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
+            write_text_atomic(
+                args.out / f"{name}.jsonl",
+                "".join(json.dumps(i.to_json()) + "\n" for i in result.items),
+            )
     if args.out and main_rank:
         write_json_atomic(args.out / "summary.json", summaries)
     distributed.shutdown()
@@ -366,22 +469,32 @@ def run_compare(args) -> None:
 def run_report(args) -> None:
     # matplotlib loads only for the commands that draw.
     from rlvr_fast.analysis.report import write_report
+
     for path in write_report(args.runs, args.out, reference=args.reference):
         print(path)
 
 
 def run_sweep(args) -> None:
     from rlvr_fast.analysis.sweep import plan_sweep, run_sweep as sweep
-    plan = plan_sweep(comma_list(args.arms, str, "--arms"), comma_list(args.seeds, int, "--seeds"),
-                      args.out, steps=args.steps, **training_overrides(args))
-    train_data = load_data(args.train_data,
-                           limit=max(run.config.questions_needed for run in plan))
+
+    plan = plan_sweep(
+        comma_list(args.arms, str, "--arms"),
+        comma_list(args.seeds, int, "--seeds"),
+        args.out,
+        steps=args.steps,
+        **training_overrides(args),
+    )
+    train_data = load_data(args.train_data, limit=max(run.config.questions_needed for run in plan))
     eval_sets = parse_eval_sets(args.eval)
     device = parse_device(args.device)
-    tables = sweep(plan, args.out, train_data, eval_sets,
-                   lambda: load_policy(args.model, device=device, dtype=DTYPES[args.dtype],
-                                       untie=args.untie),
-                   progress=not args.quiet)
+    tables = sweep(
+        plan,
+        args.out,
+        train_data,
+        eval_sets,
+        lambda: load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie),
+        progress=not args.quiet,
+    )
     print(tables, end="")
     print(f"compare tables: {args.out / 'compare.md'}; report: {args.out / 'report' / 'report.md'}")
 
@@ -391,18 +504,28 @@ def run_shapley_report(args) -> dict:
         raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
-    report = shapley_report(args.run_dir, out_dir=args.out, max_steps=args.max_steps,
-                            seed=args.seed, resamples=args.resamples,
-                            device=parse_device(args.device))
+    report = shapley_report(
+        args.run_dir,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        resamples=args.resamples,
+        device=parse_device(args.device),
+    )
     print(report["table"], end="")
     return report
 
 
 def run_select_data(args) -> dict:
     settings = SelectionSettings(
-        model=args.model, k=args.k, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, gate_min_chars=args.gate_min_chars,
-        seed=args.seed)
+        model=args.model,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        gate_min_chars=args.gate_min_chars,
+        seed=args.seed,
+    )
     pass_range = PassRange(args.min_pass, args.max_pass)
     if args.batch_questions < 1:
         raise ValueError(f"--batch-questions must be >= 1, got {args.batch_questions}")
@@ -412,11 +535,20 @@ def run_select_data(args) -> dict:
     device = parse_device(args.device)
     problems = load_data(args.data)
     policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype])
-    engine = RolloutEngine.for_policy(policy, max_batch=max_batch,
-                                      cuda_graphs=not args.no_cuda_graphs)
-    result = select_data(policy, engine, problems, settings, pass_range, args.out,
-                         limit=args.limit, batch_questions=args.batch_questions,
-                         progress=not args.quiet)
+    engine = RolloutEngine.for_policy(
+        policy, max_batch=max_batch, cuda_graphs=not args.no_cuda_graphs
+    )
+    result = select_data(
+        policy,
+        engine,
+        problems,
+        settings,
+        pass_range,
+        args.out,
+        limit=args.limit,
+        batch_questions=args.batch_questions,
+        progress=not args.quiet,
+    )
     print(result.describe())
     return result.counts()
 
@@ -437,9 +569,15 @@ def without_nproc(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    handlers = {"train": run_train, "eval": run_eval, "compare": run_compare,
-                "report": run_report, "sweep": run_sweep, "shapley-report": run_shapley_report,
-                "select-data": run_select_data}
+    handlers = {
+        "train": run_train,
+        "eval": run_eval,
+        "compare": run_compare,
+        "report": run_report,
+        "sweep": run_sweep,
+        "shapley-report": run_shapley_report,
+        "select-data": run_select_data,
+    }
     try:
         if args.command == "verify":
             return 0 if run_verify(args) else 1

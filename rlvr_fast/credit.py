@@ -81,9 +81,10 @@ class TreeCredit:
         that the continuation tokens of leaves of ``leaf_lengths`` [K][B] carry zero signed
         mass; unchanged when there are no continuation tokens."""
         self._check_lengths(leaf_lengths)
-        counts = torch.tensor([[length - tau for length in row]
-                               for row, tau in zip(leaf_lengths, self.prefix_lens)],
-                              dtype=torch.float32)                     # n_kb, [K, B]
+        counts = torch.tensor(
+            [[length - tau for length in row] for row, tau in zip(leaf_lengths, self.prefix_lens)],
+            dtype=torch.float32,
+        )  # n_kb, [K, B]
         total = counts.sum()
         if total == 0:
             return self
@@ -96,32 +97,45 @@ class TreeCredit:
         contains its prefix, so L_kb >= tau_k; L_kb = tau_k (a terminal_dup pair) leaves an
         empty continuation."""
         self._check_lengths(leaf_lengths)
-        return [torch.cat([self.prefix[k, b].expand(tau),
-                           self.continuation[k, b].expand(length - tau)])
-                for k, (row, tau) in enumerate(zip(leaf_lengths, self.prefix_lens))
-                for b, length in enumerate(row)]
+        return [
+            torch.cat([self.prefix[k, b].expand(tau), self.continuation[k, b].expand(length - tau)])
+            for k, (row, tau) in enumerate(zip(leaf_lengths, self.prefix_lens))
+            for b, length in enumerate(row)
+        ]
 
     def _check_lengths(self, leaf_lengths: Sequence[Sequence[int]]) -> None:
         pairs, branches = self.prefix.shape
         if len(leaf_lengths) != pairs or any(len(row) != branches for row in leaf_lengths):
-            raise ValueError(f"leaf_lengths must be [K={pairs}][B={branches}], got "
-                             f"{[len(row) for row in leaf_lengths]}")
+            raise ValueError(
+                f"leaf_lengths must be [K={pairs}][B={branches}], got "
+                f"{[len(row) for row in leaf_lengths]}"
+            )
         for k, (row, tau) in enumerate(zip(leaf_lengths, self.prefix_lens)):
             for b, length in enumerate(row):
                 if not isinstance(length, int) or length < tau:
-                    raise ValueError(f"leaf ({k}, {b}) has length {length!r}, shorter than its "
-                                     f"prefix of {tau} tokens")
+                    raise ValueError(
+                        f"leaf ({k}, {b}) has length {length!r}, shorter than its "
+                        f"prefix of {tau} tokens"
+                    )
 
 
-def tree_credit(rewards: Sequence[Sequence[float]] | torch.Tensor, prefix_lens: Sequence[int], *,
-                beta: float = 0.0, alpha: float = 0.5, eps: float = ADVANTAGE_EPS,
-                clamped_prefix: bool = False) -> TreeCredit:
+def tree_credit(
+    rewards: Sequence[Sequence[float]] | torch.Tensor,
+    prefix_lens: Sequence[int],
+    *,
+    beta: float = 0.0,
+    alpha: float = 0.5,
+    eps: float = ADVANTAGE_EPS,
+    clamped_prefix: bool = False,
+) -> TreeCredit:
     """TreeRL credit of a K x B tree: rewards [K][B] (K, B >= 1, K*B >= 2), prefix_lens [K]
     (tau_k >= 0, 0 for a pair that shares nothing), beta and alpha in [0, 1], eps > 0."""
     r = _reward_grid(rewards)
     pairs, branches = r.shape
     if len(prefix_lens) != pairs:
-        raise ValueError(f"prefix_lens must have one entry per pair ({pairs}), got {len(prefix_lens)}")
+        raise ValueError(
+            f"prefix_lens must have one entry per pair ({pairs}), got {len(prefix_lens)}"
+        )
     if any(not isinstance(tau, int) or isinstance(tau, bool) or tau < 0 for tau in prefix_lens):
         raise ValueError(f"prefix_lens must be integers >= 0, got {list(prefix_lens)}")
     for name, value in (("beta", beta), ("alpha", alpha)):
@@ -132,10 +146,10 @@ def tree_credit(rewards: Sequence[Sequence[float]] | torch.Tensor, prefix_lens: 
 
     r_mean, sigma = group_stats(r)
     scale = sigma + eps
-    leaf = (r - r_mean) / scale                                        # [K, B]
-    descendant_mean = r.mean(dim=1, keepdim=True)                      # V̂_k, [K, 1]
-    best = r.max(dim=1, keepdim=True).values                           # M_k, [K, 1]
-    value = (1 - beta) * descendant_mean + beta * best                 # Ṽ_k, [K, 1]
+    leaf = (r - r_mean) / scale  # [K, B]
+    descendant_mean = r.mean(dim=1, keepdim=True)  # V̂_k, [K, 1]
+    best = r.max(dim=1, keepdim=True).values  # M_k, [K, 1]
+    value = (1 - beta) * descendant_mean + beta * best  # Ṽ_k, [K, 1]
     prefix = ((value - r_mean) / scale).expand(pairs, branches)
     continuation = ((1 - alpha) * (r - r_mean) + alpha * (r - descendant_mean)) / scale
     if clamped_prefix:
@@ -144,22 +158,29 @@ def tree_credit(rewards: Sequence[Sequence[float]] | torch.Tensor, prefix_lens: 
         clamped = torch.where(winner, leaf, prefix.clamp(min=0))
         prefix = torch.where(divergent, clamped, prefix)
     shares = torch.tensor([tau > 0 for tau in prefix_lens])[:, None]
-    return TreeCredit(prefix=torch.where(shares, prefix, leaf),
-                      continuation=torch.where(shares, continuation, leaf),
-                      prefix_lens=tuple(prefix_lens), r_mean=float(r_mean), sigma=float(sigma))
+    return TreeCredit(
+        prefix=torch.where(shares, prefix, leaf),
+        continuation=torch.where(shares, continuation, leaf),
+        prefix_lens=tuple(prefix_lens),
+        r_mean=float(r_mean),
+        sigma=float(sigma),
+    )
 
 
 def _reward_grid(rewards) -> torch.Tensor:
     if not isinstance(rewards, torch.Tensor):
         rows = list(rewards)
         if not rows or any(len(row) != len(rows[0]) for row in rows):
-            raise ValueError(f"rewards must be a non-empty [K][B] grid, got row lengths "
-                             f"{[len(row) for row in rows]}")
+            raise ValueError(
+                f"rewards must be a non-empty [K][B] grid, got row lengths "
+                f"{[len(row) for row in rows]}"
+            )
         rewards = torch.tensor([[float(x) for x in row] for row in rows])
     r = rewards.to(torch.float32)
     if r.dim() != 2 or r.shape[0] < 1 or r.shape[1] < 1 or r.numel() < 2:
-        raise ValueError(f"rewards must be [K][B] with K, B >= 1 and K*B >= 2, got shape "
-                         f"{tuple(r.shape)}")
+        raise ValueError(
+            f"rewards must be [K][B] with K, B >= 1 and K*B >= 2, got shape {tuple(r.shape)}"
+        )
     if not torch.isfinite(r).all():
         raise ValueError("rewards must be finite")
     return r

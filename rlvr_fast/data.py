@@ -120,8 +120,9 @@ def load_problems(path: str | os.PathLike[str], *, limit: int | None = None) -> 
     rows = min(MAX_PROBLEMS + 1, MAX_PROBLEMS + 1 if limit is None else limit)
     for index, (where, row) in enumerate(itertools.islice(_read_rows(path), rows)):
         if index == MAX_PROBLEMS:
-            raise DataError(f"{path}: more than {MAX_PROBLEMS:,} problems (the size limit of a "
-                            "problem set)")
+            raise DataError(
+                f"{path}: more than {MAX_PROBLEMS:,} problems (the size limit of a problem set)"
+            )
         problem = _parse_row(row, where, default_id=f"{path.stem}-{index}", file_name=path.name)
         if problem.id in first_seen:
             raise DataError(
@@ -139,8 +140,10 @@ def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> 
     if path.suffix != ".jsonl":
         # load_problems picks the parser by suffix, so only .jsonl reads back.
         raise ValueError(f"{path}: save_problems writes JSONL; use a .jsonl path")
-    write_text_atomic(path, "".join(json.dumps(dataclasses.asdict(p), ensure_ascii=False) + "\n"
-                                    for p in problems))
+    write_text_atomic(
+        path,
+        "".join(json.dumps(dataclasses.asdict(p), ensure_ascii=False) + "\n" for p in problems),
+    )
 
 
 def _read_rows(path: Path) -> Iterator[tuple[str, object]]:
@@ -148,8 +151,10 @@ def _read_rows(path: Path) -> Iterator[tuple[str, object]]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise DataError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_FILE_BYTES >> 20} "
-                        "MiB size limit of a problem file")
+        raise DataError(
+            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_FILE_BYTES >> 20} "
+            "MiB size limit of a problem file"
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
@@ -231,7 +236,9 @@ def _is_gsm8k(row: dict[str, object]) -> bool:
     # GSM8K rows carry the worked solution in 'answer'; rows with an explicit
     # 'solution' key (ours, AMC-style) hold a short gold answer there instead.
     answer = row.get("answer")
-    return "solution" not in row and isinstance(answer, str) and ("####" in answer or "\n" in answer)
+    return (
+        "solution" not in row and isinstance(answer, str) and ("####" in answer or "\n" in answer)
+    )
 
 
 def _math_answer(row: dict[str, object], where: str) -> tuple[str, str | None]:
@@ -270,7 +277,9 @@ def _plain_answer(row: dict[str, object], where: str) -> tuple[str, str | None]:
 
 def _answer_text(value: object, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise DataError(f"{where}: field 'answer' must be a string or number, got {_type_name(value)}")
+        raise DataError(
+            f"{where}: field 'answer' must be a string or number, got {_type_name(value)}"
+        )
     if isinstance(value, float):
         if not math.isfinite(value):
             raise DataError(f"{where}: field 'answer' is not a finite number ({value})")
@@ -292,8 +301,10 @@ def _required_text(row: dict[str, object], field: str, where: str) -> str:
 
 def _within_limit(text: str, field: str, where: str) -> str:
     if len(text) > MAX_TEXT_CHARS:
-        raise DataError(f"{where}: field '{field}' has {len(text):,} characters, over the "
-                        f"{MAX_TEXT_CHARS:,} limit")
+        raise DataError(
+            f"{where}: field '{field}' has {len(text):,} characters, over the "
+            f"{MAX_TEXT_CHARS:,} limit"
+        )
     return text
 
 
@@ -309,7 +320,9 @@ def _id_of(row: dict[str, object], where: str) -> str | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise DataError(f"{where}: field '{field}' must be a string or integer, got {_type_name(value)}")
+            raise DataError(
+                f"{where}: field '{field}' must be a string or integer, got {_type_name(value)}"
+            )
         if not str(value).strip():
             raise DataError(f"{where}: field '{field}' is empty")
         return str(value).strip()
@@ -341,8 +354,16 @@ def _subject_of(row: dict[str, object], where: str) -> str | None:
 
 
 def _type_name(value: object) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+    names = {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }
+    return names.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -437,8 +458,9 @@ def synthetic_problems(
     """Draw ``n`` distinct problems of ``split``, cycling through ``levels`` in turn."""
     _check_choice("split", split, SPLITS)
     if not 0 <= n <= MAX_PROBLEMS:
-        raise ValueError(f"n must be in [0, {MAX_PROBLEMS:,}] (the size limit of a problem set), "
-                         f"got {n:,}")
+        raise ValueError(
+            f"n must be in [0, {MAX_PROBLEMS:,}] (the size limit of a problem set), got {n:,}"
+        )
     for level in levels:
         _check_choice("level", level, LEVELS)
     if not levels:
@@ -543,7 +565,9 @@ def _is_valid(expression: _Expression) -> bool:
     return expression.value >= 0
 
 
-def _synthetic_problem(expression: _Expression, split: str, index: int, rng: random.Random) -> Problem:
+def _synthetic_problem(
+    expression: _Expression, split: str, index: int, rng: random.Random
+) -> Problem:
     return Problem(
         id=f"syn-{split}-{index:05d}",
         question=_question_for(expression, rng),
@@ -599,7 +623,9 @@ def _derivation(expression: _Expression) -> list[str]:
 
 
 def _steps(x: int, operator: str, y: int) -> list[str]:
-    return {"+": _addition_steps, "-": _subtraction_steps, "*": _multiplication_steps}[operator](x, y)
+    return {"+": _addition_steps, "-": _subtraction_steps, "*": _multiplication_steps}[operator](
+        x, y
+    )
 
 
 def _addition_steps(x: int, y: int) -> list[str]:
@@ -631,7 +657,7 @@ def _subtraction_steps(x: int, y: int) -> list[str]:
 
 def _place_units(number: int) -> list[int]:
     """Place units of ``number``, largest first: 347 -> [100, 10, 1]."""
-    return [10 ** k for k in reversed(range(len(str(number))))]
+    return [10**k for k in reversed(range(len(str(number))))]
 
 
 def _multiplication_steps(x: int, digit: int) -> list[str]:

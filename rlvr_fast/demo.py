@@ -26,28 +26,38 @@ DEMO_SETTINGS = dict(lr=1e-4, eval_max_new_tokens=256)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rlvr_fast.demo",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlvr_fast.demo", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--arm", default="ra_flat")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--active-steps", type=int, help="stop once N steps ran a backward pass")
     parser.add_argument("--eval-problems", type=int, default=200)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path,
-                        default=Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed,
-                                      active_steps=args.active_steps, **DEMO_SETTINGS)
+        config = TrainConfig.from_arm(
+            args.arm,
+            steps=args.steps,
+            seed=args.seed,
+            active_steps=args.active_steps,
+            **DEMO_SETTINGS,
+        )
         policy = load_policy("tiny")
         trainer = RLVRTrainer(
-            policy, config, synthetic_problems("train", config.questions_needed, seed=args.seed),
+            policy,
+            config,
+            synthetic_problems("train", config.questions_needed, seed=args.seed),
             {"held_out": synthetic_problems("test", args.eval_problems, seed=args.seed)},
-            out_dir=args.out)
+            out_dir=args.out,
+        )
         started = time.perf_counter()
         summary = trainer.train()
     except USER_ERRORS as err:

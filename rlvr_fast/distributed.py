@@ -71,17 +71,25 @@ def init(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
         raise ValueError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
-        raise ValueError(f"WORLD_SIZE is set but not {', '.join(missing)}: launch with torchrun "
-                         f"or rlvr-fast train --nproc N")
+        raise ValueError(
+            f"WORLD_SIZE is set but not {', '.join(missing)}: launch with torchrun "
+            f"or rlvr-fast train --nproc N"
+        )
     if device.startswith("cuda"):
         if device != "cuda":
-            raise ValueError(f"--device {device} with several ranks: give --device cuda, each "
-                             f"rank takes cuda:LOCAL_RANK")
+            raise ValueError(
+                f"--device {device} with several ranks: give --device cuda, each "
+                f"rank takes cuda:LOCAL_RANK"
+            )
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    _guarded("joining the process group", dist.init_process_group, backend,
-             timeout=datetime.timedelta(seconds=timeout_s))
+    _guarded(
+        "joining the process group",
+        dist.init_process_group,
+        backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     _STATE["timeout_s"] = timeout_s
     return device
 
@@ -117,18 +125,22 @@ def check_questions_per_step(questions_per_step: int) -> None:
     """A step's questions are split evenly over the ranks."""
     w = world_size()
     if questions_per_step % w:
-        raise ValueError(f"a {w}-rank run splits each step's questions over its ranks: "
-                         f"questions_per_step must be a multiple of {w}, got "
-                         f"{questions_per_step} (--set questions_per_step=...)")
+        raise ValueError(
+            f"a {w}-rank run splits each step's questions over its ranks: "
+            f"questions_per_step must be a multiple of {w}, got "
+            f"{questions_per_step} (--set questions_per_step=...)"
+        )
 
 
 def check_world_size(recorded: int, where) -> None:
     """Refuse to resume a checkpoint written by another number of ranks (each rank's share of a
     step's questions depends on it; resharding is not implemented)."""
     if recorded != world_size():
-        raise ValueError(f"{where} was written by a run of {recorded} rank(s); resume it with "
-                         f"{recorded} (this run has {world_size()}): a step's questions are "
-                         f"split by rank, so another world size would not continue that run")
+        raise ValueError(
+            f"{where} was written by a run of {recorded} rank(s); resume it with "
+            f"{recorded} (this run has {world_size()}): a step's questions are "
+            f"split by rank, so another world size would not continue that run"
+        )
 
 
 def agree(value, what: str) -> None:
@@ -137,8 +149,10 @@ def agree(value, what: str) -> None:
     values = all_gather(value)
     if any(v != values[0] for v in values):
         listed = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-        raise ValueError(f"the ranks disagree on {what} ({listed}); --out must be a directory "
-                         f"every rank reads (a shared file system across nodes)")
+        raise ValueError(
+            f"the ranks disagree on {what} ({listed}); --out must be a directory "
+            f"every rank reads (a shared file system across nodes)"
+        )
 
 
 def sum_over_ranks(value: int) -> int:
@@ -160,7 +174,7 @@ def all_reduce_gradients(params: Sequence[torch.Tensor], bucket_bytes: int = BUC
         _guarded("the gradients' all_reduce", dist.all_reduce, flat)
         offset = 0
         for grad in bucket:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
             offset += grad.numel()
 
 
@@ -168,8 +182,10 @@ def _buckets(grads: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torc
     buckets, size = [], 0
     for grad in grads:
         if grad is None:
-            raise ValueError("all_reduce_gradients: every parameter needs a .grad (zeros on a "
-                             "rank with nothing to add)")
+            raise ValueError(
+                "all_reduce_gradients: every parameter needs a .grad (zeros on a "
+                "rank with nothing to add)"
+            )
         nbytes = grad.numel() * grad.element_size()
         if not buckets or size + nbytes > bucket_bytes or buckets[-1][0].dtype != grad.dtype:
             buckets.append([])
@@ -197,19 +213,26 @@ def all_gather(obj) -> list:
     return out
 
 
-def gather_step(questions: list, lines: list[dict], executed: EngineCounters,
-                loss: float | None) -> tuple[list, list[dict], EngineCounters, float | None]:
+def gather_step(
+    questions: list, lines: list[dict], executed: EngineCounters, loss: float | None
+) -> tuple[list, list[dict], EngineCounters, float | None]:
     """A multi-question step's per-question records and rollouts lines of every rank, in
     question order; the engine's work summed over the ranks (``peak_kv_blocks``: the ranks'
     peaks summed); the loss summed (each rank's part of the surrogate)."""
     if world_size() == 1:
         return questions, lines, executed, loss
     parts = all_gather((questions, lines, executed, loss))
-    counts = {name: sum(getattr(part[2], name) for part in parts)
-              for name in EngineCounters.__dataclass_fields__}
+    counts = {
+        name: sum(getattr(part[2], name) for part in parts)
+        for name in EngineCounters.__dataclass_fields__
+    }
     losses = [part[3] for part in parts]
-    return ([q for part in parts for q in part[0]], [line for part in parts for line in part[1]],
-            EngineCounters(**counts), None if losses[0] is None else sum(losses))
+    return (
+        [q for part in parts for q in part[0]],
+        [line for part in parts for line in part[1]],
+        EngineCounters(**counts),
+        None if losses[0] is None else sum(losses),
+    )
 
 
 def evaluate_sharded(policy, problems: Sequence, **settings) -> EvalResult:
@@ -227,15 +250,22 @@ def barrier(what: str) -> None:
     if world_size() == 1:
         return
     if dist.get_backend() == "gloo":
-        _guarded(what, dist.monitored_barrier,
-                 timeout=datetime.timedelta(seconds=_STATE["timeout_s"]), wait_all_ranks=True)
+        _guarded(
+            what,
+            dist.monitored_barrier,
+            timeout=datetime.timedelta(seconds=_STATE["timeout_s"]),
+            wait_all_ranks=True,
+        )
     else:
         _guarded(what, dist.barrier)
 
 
 def _device() -> torch.device:
-    return (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
-            else torch.device("cpu"))
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
 
 
 def _guarded(what: str, collective, *args, **kwargs):
@@ -250,7 +280,8 @@ def _guarded(what: str, collective, *args, **kwargs):
         where = f"rank {rank()} of {world_size()}" if dist.is_initialized() else "this rank"
         raise ProcessGroupError(
             f"{where}: {what} failed: another rank died or did not answer within "
-            f"{_STATE['timeout_s']:g} s ({cause.strip()}); continue with --resume") from err
+            f"{_STATE['timeout_s']:g} s ({cause.strip()}); continue with --resume"
+        ) from err
 
 
 def launch(argv: Sequence[str], nproc: int) -> int:
@@ -262,14 +293,19 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
     args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", "--module", "rlvr_fast.cli", *argv])
+        ["--standalone", f"--nproc-per-node={nproc}", "--module", "rlvr_fast.cli", *argv]
+    )
     try:
         run(args)
     except ChildFailedError as err:
-        failed = ", ".join(f"rank {r} (exit status {f.exitcode})"
-                           for r, f in sorted(err.failures.items()))
-        print(f"rlvr-fast: error: of {nproc} ranks, {failed} failed; their errors are above",
-              file=sys.stderr)
+        failed = ", ".join(
+            f"rank {r} (exit status {f.exitcode})" for r, f in sorted(err.failures.items())
+        )
+        print(
+            f"rlvr-fast: error: of {nproc} ranks, {failed} failed; their errors are above",
+            file=sys.stderr,
+        )
         return next((f.exitcode for f in err.failures.values() if f.exitcode > 0), 1)
     return 0

@@ -61,7 +61,8 @@ class EvalResult:
             "short_guess_accuracy": _mean(i.correct for i in guesses),
             "derivation_accuracy": _mean(i.correct for i in derivations),
             "accuracy_by_level": {
-                level: _mean(i.correct for i in self.items if i.level == level) for level in levels},
+                level: _mean(i.correct for i in self.items if i.level == level) for level in levels
+            },
         }
 
 
@@ -77,23 +78,33 @@ def encode_prompts(policy, problems: Sequence[Problem], max_new_tokens: int) -> 
     return prompts
 
 
-def check_prompt_lengths(policy, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
-                         max_new_tokens: int) -> None:
+def check_prompt_lengths(
+    policy, problems: Sequence[Problem], prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> None:
     """Each prompt leaves room for ``max_new_tokens`` in the model's positions: a longer
     sequence decodes past what the model was trained on (and a huge question would take minutes
     and gigabytes before failing anywhere else). The error names the problem and its file."""
     context = policy.config.max_position_embeddings
     for problem, ids in zip(problems, prompts):
         if len(ids) + max_new_tokens > context:
-            raise ValueError(f"{problem.source}: problem {problem.id!r} has a prompt of "
-                             f"{len(ids):,} tokens; with max_new_tokens {max_new_tokens:,} it "
-                             f"exceeds the model's {context:,} positions")
+            raise ValueError(
+                f"{problem.source}: problem {problem.id!r} has a prompt of "
+                f"{len(ids):,} tokens; with max_new_tokens {max_new_tokens:,} it "
+                f"exceeds the model's {context:,} positions"
+            )
 
 
-def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
-             progress: bool = True, desc: str = "eval", params: SamplingParams | None = None,
-             generator: torch.Generator | None = None,
-             engine: RolloutEngine | None = None) -> EvalResult:
+def evaluate(
+    policy,
+    problems: Sequence[Problem],
+    *,
+    max_new_tokens: int = 2048,
+    progress: bool = True,
+    desc: str = "eval",
+    params: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+    engine: RolloutEngine | None = None,
+) -> EvalResult:
     """Decode every problem's prompt once and grade the last boxed answer.
 
     Greedy at ``max_new_tokens`` unless ``params`` (with ``generator``) asks for sampling. The
@@ -105,16 +116,31 @@ def evaluate(policy, problems: Sequence[Problem], *, max_new_tokens: int = 2048,
     params = params or SamplingParams.greedy(max_new_tokens)
     prompts = encode_prompts(policy, problems, params.max_new_tokens)
     with tqdm(total=len(problems), desc=desc, unit="item", disable=not progress) as bar:
-        out = generate(engine or policy.engine(), prompts, params, generator=generator,
-                       on_finish=lambda _: bar.update(1))
+        out = generate(
+            engine or policy.engine(),
+            prompts,
+            params,
+            generator=generator,
+            on_finish=lambda _: bar.update(1),
+        )
     texts = policy.tokenizer.decode_batch(out.tokens)
     extracted_answers = [extract_boxed(text) for text in texts]
     grades = grade_many(extracted_answers, [p.answer for p in problems])
     items = []
     for problem, text, extracted, correct, length, reason in zip(
-            problems, texts, extracted_answers, grades, out.lengths, out.finish_reasons):
-        items.append(ItemGrade(
-            id=problem.id, answer=problem.answer, extracted=extracted, correct=correct,
-            length=length, cap_hit=reason == FINISH_CAP, derivation=passes_gate(text),
-            level=problem.level, response=text))
+        problems, texts, extracted_answers, grades, out.lengths, out.finish_reasons
+    ):
+        items.append(
+            ItemGrade(
+                id=problem.id,
+                answer=problem.answer,
+                extracted=extracted,
+                correct=correct,
+                length=length,
+                cap_hit=reason == FINISH_CAP,
+                derivation=passes_gate(text),
+                level=problem.level,
+                response=text,
+            )
+        )
     return EvalResult(items)

@@ -58,8 +58,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     onto ``path``. If the block raises, the temp file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=temp_name_prefix(path),
-                                    suffix=TEMP_SUFFIX)
+    handle, name = tempfile.mkstemp(
+        dir=path.parent, prefix=temp_name_prefix(path), suffix=TEMP_SUFFIX
+    )
     os.close(handle)
     temp = Path(name)
     try:
@@ -97,8 +98,11 @@ def replaced_directory(directory: str | os.PathLike) -> Iterator[Path]:
     the staging directory is removed and ``directory`` is untouched."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=temp_name_prefix(directory),
-                                    suffix=TEMP_SUFFIX))
+    staging = Path(
+        tempfile.mkdtemp(
+            dir=directory.parent, prefix=temp_name_prefix(directory), suffix=TEMP_SUFFIX
+        )
+    )
     try:
         yield staging
         for item in staging.iterdir():
@@ -128,8 +132,11 @@ def files_into(directory: str | os.PathLike) -> Iterator[Path]:
     some old. If the block raises, ``directory`` is untouched."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=temp_name_prefix(directory),
-                                    suffix=TEMP_SUFFIX))
+    staging = Path(
+        tempfile.mkdtemp(
+            dir=directory.parent, prefix=temp_name_prefix(directory), suffix=TEMP_SUFFIX
+        )
+    )
     try:
         yield staging
         for item in staging.iterdir():
@@ -166,7 +173,7 @@ def remove_stale_files(root: str | os.PathLike) -> list[Path]:
                 subdirectories.remove(name)
                 touched.append(path)
             elif name.startswith(".") and name.endswith(OLD_SUFFIX):
-                target = directory / name[1:-len(OLD_SUFFIX)]
+                target = directory / name[1 : -len(OLD_SUFFIX)]
                 if target.exists():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
@@ -182,5 +189,6 @@ RUST_TEMP_NAME = re.compile(r"\.tmp[A-Za-z0-9]{6}")
 
 
 def is_temp_name(name: str) -> bool:
-    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) \
-        or RUST_TEMP_NAME.fullmatch(name) is not None
+    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) or RUST_TEMP_NAME.fullmatch(
+        name
+    ) is not None

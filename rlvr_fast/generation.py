@@ -51,8 +51,14 @@ def base_seed(generator: torch.Generator | None) -> int:
     return int(torch.randint(0, 2**62, (), generator=generator, device=device))
 
 
-def generate(engine: RolloutEngine, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-             generator: torch.Generator | None = None, on_finish=None) -> SampleOutput:
+def generate(
+    engine: RolloutEngine,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    on_finish=None,
+) -> SampleOutput:
     """One completion per prompt; ``on_finish(index)`` is called as each one finishes."""
     if not prompts:
         raise ValueError("generate: no prompts")
@@ -62,21 +68,35 @@ def generate(engine: RolloutEngine, prompts: Sequence[Sequence[int]], params: Sa
     callback = None if on_finish is None else (lambda seq: on_finish(index[id(seq)]))
     with engine.measure() as counters:
         engine.run(seqs, params, on_finish=callback)
-    return SampleOutput([seq.completion for seq in seqs], [seq.finish_reason for seq in seqs],
-                        counters)
+    return SampleOutput(
+        [seq.completion for seq in seqs], [seq.finish_reason for seq in seqs], counters
+    )
 
 
-def sample_group(engine: RolloutEngine, prompt: Sequence[int], n: int, params: SamplingParams, *,
-                 generator: torch.Generator | None = None, reprefill: bool = False
-                 ) -> SampleOutput:
+def sample_group(
+    engine: RolloutEngine,
+    prompt: Sequence[int],
+    n: int,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    reprefill: bool = False,
+) -> SampleOutput:
     """n completions of one prompt: prefilled once and forked n times (prefill_run = |prompt|),
     or with ``reprefill`` prefilled n times (prefill_run = n |prompt|)."""
     return sample_groups(engine, [prompt], n, params, generator=generator, reprefill=reprefill)
 
 
-def sample_groups(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: int,
-                  params: SamplingParams, *, generator: torch.Generator | None = None,
-                  bases: Sequence[int] | None = None, reprefill: bool = False) -> SampleOutput:
+def sample_groups(
+    engine: RolloutEngine,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    bases: Sequence[int] | None = None,
+    reprefill: bool = False,
+) -> SampleOutput:
     """n completions of each prompt, all in one engine run; rows are prompt-major (row q n + i is
     completion i of prompt q) and ``counters`` is the work of the whole batch. Completion i of
     prompt q draws from ``derive_seed(bases[q], i)``; ``bases`` default to one ``base_seed``
@@ -108,19 +128,26 @@ def sample_groups(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: in
             for row in rows:
                 engine.free(row)
             raise
-    return SampleOutput([seq.completion for seq in rows], [seq.finish_reason for seq in rows],
-                        counters)
+    return SampleOutput(
+        [seq.completion for seq in rows], [seq.finish_reason for seq in rows], counters
+    )
 
 
-def sample(policy, prompts: Sequence[str] | Sequence[Sequence[int]],
-           params: SamplingParams | None = None, *, generator: torch.Generator | None = None,
-           engine: RolloutEngine | None = None) -> SampleOutput:
+def sample(
+    policy,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    params: SamplingParams | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    engine: RolloutEngine | None = None,
+) -> SampleOutput:
     """Sample from a ``Policy`` (on ``engine``, default the policy's own); prompts are strings
     (tokenized here) or token-id lists. The output's ``texts`` are the decoded completions
     without special tokens."""
     tokenizer = policy.tokenizer
     prompt_ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-    out = generate(engine or policy.engine(), prompt_ids, params or SamplingParams(),
-                   generator=generator)
+    out = generate(
+        engine or policy.engine(), prompt_ids, params or SamplingParams(), generator=generator
+    )
     out.texts = tokenizer.decode_batch(out.tokens)
     return out

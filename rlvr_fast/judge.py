@@ -47,21 +47,31 @@ class GenerativeJudge:
     """``policy_or_path``: a ``Policy``, or a model name or directory for ``load_policy``;
     ``engine``: the engine to score on (default: the judge policy's own)."""
 
-    def __init__(self, policy_or_path, template: str = DEFAULT_TEMPLATE, *, yes: str = " yes",
-                 no: str = " no", engine: RolloutEngine | None = None,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        policy_or_path,
+        template: str = DEFAULT_TEMPLATE,
+        *,
+        yes: str = " yes",
+        no: str = " no",
+        engine: RolloutEngine | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if template.count("{paths}") != 1:
             raise ValueError("the judge template needs {paths} exactly once")
         if not hasattr(policy_or_path, "tokenizer"):
             from rlvr_fast.policy import load_policy
+
             policy_or_path = load_policy(policy_or_path, device=device)
         self.policy, self.template = policy_or_path, template
         self.tokenizer = policy_or_path.tokenizer
         self.engine = engine or policy_or_path.engine()
         yes_ids, no_ids = self.tokenizer.encode(yes), self.tokenizer.encode(no)
         if not yes_ids or not no_ids or yes_ids[0] == no_ids[0]:
-            raise ValueError(f"the judge's yes {yes!r} and no {no!r} must start with different "
-                             f"tokens, got {yes_ids[:1]} and {no_ids[:1]}")
+            raise ValueError(
+                f"the judge's yes {yes!r} and no {no!r} must start with different "
+                f"tokens, got {yes_ids[:1]} and {no_ids[:1]}"
+            )
         self.yes_id, self.no_id = yes_ids[0], no_ids[0]
 
     def game(self, question: str, reference: str, texts: Sequence[str]) -> "JudgeGame":
@@ -76,8 +86,9 @@ class GenerativeJudge:
 class JudgeGame:
     """The judge's utility on one step's paths (a batched utility for ``rlvr_fast.shapley``)."""
 
-    def __init__(self, judge: GenerativeJudge, question: str, reference: str,
-                 texts: list[str]) -> None:
+    def __init__(
+        self, judge: GenerativeJudge, question: str, reference: str, texts: list[str]
+    ) -> None:
         self.judge, self.n = judge, len(texts)
         before, after = judge.template.split("{paths}")
         encode = judge.tokenizer.encode

@@ -95,8 +95,7 @@ from typing import Sequence
 
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.path_credit import normalise
-from rlvr_fast.pairs import (EARLY_EOS_GT104_MIN_LENGTH, TREE_CATEGORIES, PairCategory,
-                             TreePair)
+from rlvr_fast.pairs import EARLY_EOS_GT104_MIN_LENGTH, TREE_CATEGORIES, PairCategory, TreePair
 
 
 class LedgerError(AssertionError):
@@ -183,8 +182,8 @@ class StepRecord(SeedFlops):
     peak_kv_blocks: int = 0
     preemptions: int = 0
     stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
-    stage2_gen: int | None = None            # tokens Stage 2 sampled; None on flat steps
-    parallel: ParallelStats | None = None    # parallel-path steps only
+    stage2_gen: int | None = None  # tokens Stage 2 sampled; None on flat steps
+    parallel: ParallelStats | None = None  # parallel-path steps only
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
@@ -206,8 +205,9 @@ class StepRecord(SeedFlops):
 
     def to_json(self) -> dict:
         line = asdict(self)
-        line.update(flops_out=self.flops_out, flops_full=self.flops_full,
-                    flops_pad_full=self.flops_pad_full)
+        line.update(
+            flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
+        )
         return line
 
 
@@ -246,8 +246,9 @@ class MultiQuestionRecord(SeedFlops):
     def to_json(self) -> dict:
         line = asdict(self)
         line["questions"] = [q.to_json() for q in self.questions]
-        line.update(flops_out=self.flops_out, flops_full=self.flops_full,
-                    flops_pad_full=self.flops_pad_full)
+        line.update(
+            flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
+        )
         return line
 
 
@@ -261,77 +262,166 @@ def read_record(line: dict) -> StepRecord | MultiQuestionRecord:
     return kind(**{k: v for k, v in line.items() if k in names})
 
 
-def multi_question_step_record(*, step: int, questions: list[StepRecord], active: bool,
-                               optimizer_step: bool, executed: EngineCounters,
-                               loss: float | None, grad_norm: float | None,
-                               seconds: dict[str, float]) -> MultiQuestionRecord:
+def multi_question_step_record(
+    *,
+    step: int,
+    questions: list[StepRecord],
+    active: bool,
+    optimizer_step: bool,
+    executed: EngineCounters,
+    loss: float | None,
+    grad_norm: float | None,
+    seconds: dict[str, float],
+) -> MultiQuestionRecord:
     """The ledger line of a multi-question step from its questions' sub-records (built with
     zero engine counts: ``executed`` is the batch's work)."""
     if len(questions) < 2:
         raise ValueError(f"a multi-question step needs at least 2 questions, got {len(questions)}")
     return MultiQuestionRecord(
-        step=step, questions=questions,
+        step=step,
+        questions=questions,
         zero_var_questions=sum(q.homogeneous for q in questions),
-        homogeneous=all(q.homogeneous for q in questions), active=active,
+        homogeneous=all(q.homogeneous for q in questions),
+        active=active,
         optimizer_step=optimizer_step,
         **{name: sum(getattr(q, name) for q in questions) for name in TOTALLED_FIELDS},
-        max_new_tokens=questions[0].max_new_tokens, params=questions[0].params, loss=loss,
-        grad_norm=grad_norm, seconds=seconds, **executed.to_json())
+        max_new_tokens=questions[0].max_new_tokens,
+        params=questions[0].params,
+        loss=loss,
+        grad_norm=grad_norm,
+        seconds=seconds,
+        **executed.to_json(),
+    )
 
 
-def flat_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
-                     active: bool, optimizer_step: bool, prompt_len: int, lengths: list[int],
-                     executed: EngineCounters, max_new_tokens: int, params: int,
-                     loss: float | None, grad_norm: float | None, seconds: dict[str, float],
-                     category: PairCategory = PairCategory.FLAT) -> StepRecord:
+def flat_step_record(
+    *,
+    step: int,
+    question_id: str,
+    rewards: list[float],
+    sigma_r: float,
+    active: bool,
+    optimizer_step: bool,
+    prompt_len: int,
+    lengths: list[int],
+    executed: EngineCounters,
+    max_new_tokens: int,
+    params: int,
+    loss: float | None,
+    grad_norm: float | None,
+    seconds: dict[str, float],
+    category: PairCategory = PairCategory.FLAT,
+) -> StepRecord:
     category = PairCategory(category)
     if not category.is_flat:
         raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
     group = len(lengths)
     leaf = sum(lengths)
-    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category.value]
-             for i in range(0, group - 1, 2)]
+    pairs = [
+        [0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category.value]
+        for i in range(0, group - 1, 2)
+    ]
     return StepRecord(
-        step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
-        homogeneous=sigma_r == 0, active=active, optimizer_step=optimizer_step, pairs=pairs,
-        prompt_len=prompt_len, lengths=lengths, gen=leaf, pref=group * prompt_len,
-        pad_pref=group * prompt_len, untrim_gen=group * max(lengths), leaf=leaf,
-        bwd_out=leaf if active else 0, bwd_full=group * prompt_len + leaf if active else 0,
-        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
-        seconds=seconds, **executed.to_json())
+        step=step,
+        question_id=question_id,
+        rewards=rewards,
+        sigma_r=sigma_r,
+        homogeneous=sigma_r == 0,
+        active=active,
+        optimizer_step=optimizer_step,
+        pairs=pairs,
+        prompt_len=prompt_len,
+        lengths=lengths,
+        gen=leaf,
+        pref=group * prompt_len,
+        pad_pref=group * prompt_len,
+        untrim_gen=group * max(lengths),
+        leaf=leaf,
+        bwd_out=leaf if active else 0,
+        bwd_full=group * prompt_len + leaf if active else 0,
+        max_new_tokens=max_new_tokens,
+        params=params,
+        loss=loss,
+        grad_norm=grad_norm,
+        seconds=seconds,
+        **executed.to_json(),
+    )
 
 
-def parallel_step_record(*, step: int, question_id: str, rewards: list[float],
-                         sigma_r: float, homogeneous: bool, active: bool, optimizer_step: bool,
-                         prompt_len: int, lengths: list[int], parallel: ParallelStats,
-                         executed: EngineCounters, max_new_tokens: int, params: int,
-                         loss: float | None, grad_norm: float | None,
-                         seconds: dict[str, float]) -> StepRecord:
+def parallel_step_record(
+    *,
+    step: int,
+    question_id: str,
+    rewards: list[float],
+    sigma_r: float,
+    homogeneous: bool,
+    active: bool,
+    optimizer_step: bool,
+    prompt_len: int,
+    lengths: list[int],
+    parallel: ParallelStats,
+    executed: EngineCounters,
+    max_new_tokens: int,
+    params: int,
+    loss: float | None,
+    grad_norm: float | None,
+    seconds: dict[str, float],
+) -> StepRecord:
     """The ledger line of a parallel-path step: ``lengths`` and ``rewards`` (returns) per path,
     response-major; ``homogeneous``: no token had a nonzero advantage."""
     paths = len(lengths)
     leaf = sum(lengths)
     summaries, contexts = parallel.summary_lengths, parallel.summary_prompt_lens
-    pairs = [[0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], PairCategory.FLAT.value]
-             for i in range(0, paths - 1, 2)]
+    pairs = [
+        [0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], PairCategory.FLAT.value]
+        for i in range(0, paths - 1, 2)
+    ]
     return StepRecord(
-        step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
-        homogeneous=homogeneous, active=active, optimizer_step=optimizer_step, pairs=pairs,
-        prompt_len=prompt_len, lengths=lengths, gen=leaf + sum(summaries),
+        step=step,
+        question_id=question_id,
+        rewards=rewards,
+        sigma_r=sigma_r,
+        homogeneous=homogeneous,
+        active=active,
+        optimizer_step=optimizer_step,
+        pairs=pairs,
+        prompt_len=prompt_len,
+        lengths=lengths,
+        gen=leaf + sum(summaries),
         pref=paths * prompt_len + sum(contexts),
         pad_pref=paths * prompt_len + len(contexts) * max(contexts, default=0),
-        untrim_gen=paths * max(lengths) + len(summaries) * max(summaries, default=0), leaf=leaf,
+        untrim_gen=paths * max(lengths) + len(summaries) * max(summaries, default=0),
+        leaf=leaf,
         bwd_out=leaf + sum(summaries) if active else 0,
         bwd_full=paths * prompt_len + leaf + sum(contexts) + sum(summaries) if active else 0,
-        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
-        seconds=seconds, parallel=parallel, **executed.to_json())
+        max_new_tokens=max_new_tokens,
+        params=params,
+        loss=loss,
+        grad_norm=grad_norm,
+        seconds=seconds,
+        parallel=parallel,
+        **executed.to_json(),
+    )
 
 
-def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma_r: float,
-                     active: bool, optimizer_step: bool, prompt_len: int,
-                     pairs: Sequence[TreePair], stage2_gen: int, executed: EngineCounters,
-                     max_new_tokens: int, params: int, loss: float | None,
-                     grad_norm: float | None, seconds: dict[str, float]) -> StepRecord:
+def tree_step_record(
+    *,
+    step: int,
+    question_id: str,
+    rewards: list[float],
+    sigma_r: float,
+    active: bool,
+    optimizer_step: bool,
+    prompt_len: int,
+    pairs: Sequence[TreePair],
+    stage2_gen: int,
+    executed: EngineCounters,
+    max_new_tokens: int,
+    params: int,
+    loss: float | None,
+    grad_norm: float | None,
+    seconds: dict[str, float],
+) -> StepRecord:
     """The ledger line of a two-stage K x 2 tree step; rewards are per leaf, k-major (leaf 2k + b).
     stage2_gen is the number of tokens Stage 2 sampled, as the sampler counted it."""
     if not pairs:
@@ -340,53 +430,93 @@ def tree_step_record(*, step: int, question_id: str, rewards: list[float], sigma
         raise ValueError(f"need one reward per leaf ({2 * len(pairs)}), got {len(rewards)}")
     for pair in pairs:
         if pair.category not in TREE_CATEGORIES:
-            raise ValueError(f"unknown tree category {str(pair.category)!r} "
-                             f"(valid: {', '.join(map(str, TREE_CATEGORIES))})")
+            raise ValueError(
+                f"unknown tree category {str(pair.category)!r} "
+                f"(valid: {', '.join(map(str, TREE_CATEGORIES))})"
+            )
         if len(pair.leaves) != 2:
             raise ValueError(f"a pair has 2 leaves, got lengths {pair.lengths}")
-    tuples = [[p.prefix_len, p.prefix_len, p.lengths[0], p.lengths[1], rewards[2 * k],
-               rewards[2 * k + 1], PairCategory(p.category).value] for k, p in enumerate(pairs)]
+    tuples = [
+        [
+            p.prefix_len,
+            p.prefix_len,
+            p.lengths[0],
+            p.lengths[1],
+            rewards[2 * k],
+            rewards[2 * k + 1],
+            PairCategory(p.category).value,
+        ]
+        for k, p in enumerate(pairs)
+    ]
     lengths = [n for p in pairs for n in p.lengths]
     stage1_lengths = [p.stage1_len for p in pairs]
     leaf = sum(lengths)
-    gen, pref, pad_pref, untrim_gen = _tree_token_counts(tuples, stage1_lengths, stage2_gen,
-                                                         prompt_len)
+    gen, pref, pad_pref, untrim_gen = _tree_token_counts(
+        tuples, stage1_lengths, stage2_gen, prompt_len
+    )
     return StepRecord(
-        step=step, question_id=question_id, rewards=rewards, sigma_r=sigma_r,
-        homogeneous=sigma_r == 0, active=active, optimizer_step=optimizer_step, pairs=tuples,
-        prompt_len=prompt_len, lengths=lengths, gen=gen, pref=pref, pad_pref=pad_pref,
-        untrim_gen=untrim_gen, leaf=leaf, bwd_out=leaf if active else 0,
+        step=step,
+        question_id=question_id,
+        rewards=rewards,
+        sigma_r=sigma_r,
+        homogeneous=sigma_r == 0,
+        active=active,
+        optimizer_step=optimizer_step,
+        pairs=tuples,
+        prompt_len=prompt_len,
+        lengths=lengths,
+        gen=gen,
+        pref=pref,
+        pad_pref=pad_pref,
+        untrim_gen=untrim_gen,
+        leaf=leaf,
+        bwd_out=leaf if active else 0,
         bwd_full=len(lengths) * prompt_len + leaf if active else 0,
-        max_new_tokens=max_new_tokens, params=params, loss=loss, grad_norm=grad_norm,
-        seconds=seconds, stage1_lengths=stage1_lengths, stage2_gen=stage2_gen,
-        **executed.to_json())
+        max_new_tokens=max_new_tokens,
+        params=params,
+        loss=loss,
+        grad_norm=grad_norm,
+        seconds=seconds,
+        stage1_lengths=stage1_lengths,
+        stage2_gen=stage2_gen,
+        **executed.to_json(),
+    )
 
 
 def continued_branches(pairs: list[list]) -> list[tuple[int, int]]:
     """(pl, L) of every branch Stage 2 continued, read off the tuples' categories."""
-    return [(pair[b], pair[2 + b]) for pair in pairs for b in (0, 1)
-            if pair[6] in TREE_CATEGORIES and PairCategory(pair[6]).continues(b)]
+    return [
+        (pair[b], pair[2 + b])
+        for pair in pairs
+        for b in (0, 1)
+        if pair[6] in TREE_CATEGORIES and PairCategory(pair[6]).continues(b)
+    ]
 
 
-def _tree_token_counts(pairs: list[list], stage1_lengths: list[int], stage2_gen: int,
-                       prompt_len: int) -> tuple[int, int, int, int]:
+def _tree_token_counts(
+    pairs: list[list], stage1_lengths: list[int], stage2_gen: int, prompt_len: int
+) -> tuple[int, int, int, int]:
     """(gen, pref, pad_pref, untrim_gen) of a tree step by the module's formulas."""
     roots = len(pairs)
     continued = continued_branches(pairs)
     gen = sum(stage1_lengths) + stage2_gen
     pref = roots * prompt_len + sum(prompt_len + pl for pl, _ in continued)
     pad_pref = roots * prompt_len + len(continued) * max(
-        (prompt_len + pl for pl, _ in continued), default=0)
+        (prompt_len + pl for pl, _ in continued), default=0
+    )
     untrim_gen = roots * max(stage1_lengths) + len(continued) * max(
-        (length - pl for pl, length in continued), default=0)
+        (length - pl for pl, length in continued), default=0
+    )
     return gen, pref, pad_pref, untrim_gen
 
 
-def check_conservation(record: StepRecord | MultiQuestionRecord, *,
-                       engine_counts: bool = True) -> None:
+def check_conservation(
+    record: StepRecord | MultiQuestionRecord, *, engine_counts: bool = True
+) -> None:
     """Raise ``LedgerError`` naming the first law (module docstring) the line breaks.
     ``engine_counts=False`` for a multi-question step's sub-record: the engine's work is the
     step's, checked there."""
+
     def require(condition: bool, law: str) -> None:
         if not condition:
             raise LedgerError(f"ledger step {record.step}: {law} violated")
@@ -408,15 +538,23 @@ def check_conservation(record: StepRecord | MultiQuestionRecord, *,
             require(0 <= length - pl <= record.max_new_tokens - pl, "0 <= L_b - pl_b <= cap - pl_b")
     summaries = record.summary_tokens
     expected_out = record.leaf + summaries if record.active else 0
-    require(record.bwd_out == expected_out,
-            "bwd_out = leaf (+ summary tokens) on backward steps, else 0")
-    expected_full = (leaves * record.prompt_len + record.leaf + record.summary_context + summaries
-                     if record.active else 0)
-    require(record.bwd_full == expected_full,
-            "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens) on "
-            "backward steps, else 0")
+    require(
+        record.bwd_out == expected_out,
+        "bwd_out = leaf (+ summary tokens) on backward steps, else 0",
+    )
+    expected_full = (
+        leaves * record.prompt_len + record.leaf + record.summary_context + summaries
+        if record.active
+        else 0
+    )
+    require(
+        record.bwd_full == expected_full,
+        "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens) on "
+        "backward steps, else 0",
+    )
     agree = len(set(record.rewards)) == 1 and (
-        record.parallel is None or len(set(record.parallel.summary_rewards)) <= 1)
+        record.parallel is None or len(set(record.parallel.summary_rewards)) <= 1
+    )
     require(record.homogeneous == agree, "homogeneous iff sigma_R = 0")
     for name in EngineCounters.__dataclass_fields__:
         value = getattr(record, name)
@@ -438,45 +576,69 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
         except LedgerError as err:
             raise LedgerError(f"question {question.question_id}: {err}") from None
         require(question.step == record.step, "its questions belong to the step")
-        require(question.optimizer_step == record.optimizer_step,
-                "its questions share the step's optimizer step")
-        require(question.active != question.homogeneous,
-                "a question runs a backward pass iff its rewards vary")
+        require(
+            question.optimizer_step == record.optimizer_step,
+            "its questions share the step's optimizer step",
+        )
+        require(
+            question.active != question.homogeneous,
+            "a question runs a backward pass iff its rewards vary",
+        )
         require(question.parallel is None, "questions are flat or tree steps")
     require(len({q.is_tree for q in questions}) == 1, "all questions flat or all tree steps")
     require(record.active == any(q.active for q in questions), "active iff a question is")
-    require(record.homogeneous == all(q.homogeneous for q in questions),
-            "homogeneous iff every question is")
-    require(record.zero_var_questions == sum(q.homogeneous for q in questions),
-            "zero_var_questions counts the homogeneous questions")
+    require(
+        record.homogeneous == all(q.homogeneous for q in questions),
+        "homogeneous iff every question is",
+    )
+    require(
+        record.zero_var_questions == sum(q.homogeneous for q in questions),
+        "zero_var_questions counts the homogeneous questions",
+    )
     for name in TOTALLED_FIELDS:
-        require(getattr(record, name) == sum(getattr(q, name) for q in questions),
-                f"{name} = sum over questions")
-    require(all(q.max_new_tokens == record.max_new_tokens and q.params == record.params
-                for q in questions), "questions share max_new_tokens and P")
+        require(
+            getattr(record, name) == sum(getattr(q, name) for q in questions),
+            f"{name} = sum over questions",
+        )
+    require(
+        all(
+            q.max_new_tokens == record.max_new_tokens and q.params == record.params
+            for q in questions
+        ),
+        "questions share max_new_tokens and P",
+    )
     for name in EngineCounters.__dataclass_fields__:
         value = getattr(record, name)
         require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
     if not questions[0].is_tree:
-        require(record.preemptions > 0 or record.decode_rows
-                == sum(n - 1 for q in questions for n in q.lengths),
-                "decode work = sum(L_i - 1) over the questions: no decode after EOS")
+        require(
+            record.preemptions > 0
+            or record.decode_rows == sum(n - 1 for q in questions for n in q.lengths),
+            "decode work = sum(L_i - 1) over the questions: no decode after EOS",
+        )
 
 
 def _check_flat(record: StepRecord, require, engine_counts: bool) -> None:
     group = len(record.lengths)
     categories = {p[6] for p in record.pairs}
-    require(len(categories) == 1 and PairCategory(categories.pop()).is_flat,
-            "a flat step has one flat category")
+    require(
+        len(categories) == 1 and PairCategory(categories.pop()).is_flat,
+        "a flat step has one flat category",
+    )
     require(record.stage2_gen is None, "flat steps have no Stage 2")
     require(all(p[0] == p[1] == 0 for p in record.pairs), "flat steps: pl = 0")
     require(record.gen == record.leaf, "flat steps: gen = leaf")
-    require(record.pref == record.pad_pref == group * record.prompt_len,
-            "flat steps: pref = pad_pref = G L_p")
+    require(
+        record.pref == record.pad_pref == group * record.prompt_len,
+        "flat steps: pref = pad_pref = G L_p",
+    )
     require(record.untrim_gen == group * max(record.lengths), "untrim_gen = G max L_i")
-    require(not engine_counts or record.preemptions > 0
-            or record.decode_rows == sum(n - 1 for n in record.lengths),
-            "decode work = sum(L_i - 1): no decode after EOS")
+    require(
+        not engine_counts
+        or record.preemptions > 0
+        or record.decode_rows == sum(n - 1 for n in record.lengths),
+        "decode work = sum(L_i - 1): no decode after EOS",
+    )
 
 
 def _check_parallel(record: StepRecord, require) -> None:
@@ -484,46 +646,74 @@ def _check_parallel(record: StepRecord, require) -> None:
     k = stats.paths_per_response
     require(k >= 1 and paths % k == 0, "whole responses of K paths")
     responses = paths // k
-    require(all(p[0] == p[1] == 0 and p[6] == PairCategory.FLAT for p in record.pairs),
-            "parallel paths are flat pairs: pl = 0")
+    require(
+        all(p[0] == p[1] == 0 and p[6] == PairCategory.FLAT for p in record.pairs),
+        "parallel paths are flat pairs: pl = 0",
+    )
     require(len(stats.phi) == len(stats.phi_se) == paths, "one phi and one standard error per path")
-    require(len(stats.utility_full) == len(stats.utility_empty) == len(stats.r_out) == responses,
-            "one U(N), U(∅) and r_out per response")
+    require(
+        len(stats.utility_full) == len(stats.utility_empty) == len(stats.r_out) == responses,
+        "one U(N), U(∅) and r_out per response",
+    )
     summaries, contexts = stats.summary_lengths, stats.summary_prompt_lens
-    require(len(summaries) == len(contexts) == len(stats.summary_rewards)
-            == (responses if stats.aggregator == "summary" else 0),
-            "one summary per response under the summary aggregator, none otherwise")
+    require(
+        len(summaries)
+        == len(contexts)
+        == len(stats.summary_rewards)
+        == (responses if stats.aggregator == "summary" else 0),
+        "one summary per response under the summary aggregator, none otherwise",
+    )
     require(all(1 <= n <= cap for n in summaries), "1 <= L_s <= max_new_tokens")
     require(all(n > record.prompt_len for n in contexts), "a summary prompt extends the prompt")
     require(1 <= stats.utility_calls <= responses << k, "1 <= utility calls <= R 2^K")
     exact = stats.path_credit == "shapley" and stats.permutations == 0
     require(not exact or stats.utility_calls == responses << k, "exact Shapley scores all R 2^K")
     for r in range(responses):
-        phi = stats.phi[r * k:(r + 1) * k]
+        phi = stats.phi[r * k : (r + 1) * k]
         if stats.path_credit == "shapley":
             scale = max(1.0, abs(stats.utility_full[r]), abs(stats.utility_empty[r]))
-            require(abs(sum(phi) - (stats.utility_full[r] - stats.utility_empty[r])) <= 1e-9 * k
-                    * scale, "Shapley efficiency: sum_j phi_rj = U_r(N) - U_r(∅)")
-        expected = (stats.lambda_path * normalise(phi, stats.path_reward_norm)
-                    + stats.lambda_outcome * stats.r_out[r]).tolist()
-        require(all(abs(a - b) <= 1e-5 for a, b in zip(record.rewards[r * k:(r + 1) * k], expected)),
-                "path reward = lambda_p normalise(phi)_j + lambda_o r_out")
-    require(all(abs(s - stats.lambda_outcome * r) <= 1e-6
-                for s, r in zip(stats.summary_rewards, stats.r_out)),
-            "summary reward = lambda_o r_out")
+            require(
+                abs(sum(phi) - (stats.utility_full[r] - stats.utility_empty[r]))
+                <= 1e-9 * k * scale,
+                "Shapley efficiency: sum_j phi_rj = U_r(N) - U_r(∅)",
+            )
+        expected = (
+            stats.lambda_path * normalise(phi, stats.path_reward_norm)
+            + stats.lambda_outcome * stats.r_out[r]
+        ).tolist()
+        require(
+            all(abs(a - b) <= 1e-5 for a, b in zip(record.rewards[r * k : (r + 1) * k], expected)),
+            "path reward = lambda_p normalise(phi)_j + lambda_o r_out",
+        )
+    require(
+        all(
+            abs(s - stats.lambda_outcome * r) <= 1e-6
+            for s, r in zip(stats.summary_rewards, stats.r_out)
+        ),
+        "summary reward = lambda_o r_out",
+    )
     require(record.stage2_gen is None, "parallel steps have no Stage 2")
     require(record.gen == record.leaf + sum(summaries), "gen = leaf + sum L_s")
     require(record.pref == paths * record.prompt_len + sum(contexts), "pref = R K L_p + sum L_sp")
-    require(record.pad_pref == paths * record.prompt_len + len(contexts) * max(contexts, default=0),
-            "pad_pref = R K L_p + R_s max L_sp")
-    require(record.untrim_gen == paths * max(record.lengths)
-            + len(summaries) * max(summaries, default=0), "untrim_gen = R K max L + R_s max L_s")
-    require(record.preemptions > 0 or record.decode_rows
-            == sum(n - 1 for n in record.lengths) + sum(n - 1 for n in summaries),
-            "decode work = sum(L_i - 1) + sum(L_s - 1): no decode after EOS")
-    require(record.preemptions > 0 or record.prefill_run
-            == record.prompt_len + sum(n - record.prompt_len for n in contexts),
-            "prefill_run = L_p + sum (L_sp - L_p): the prompt once, each summary its paths")
+    require(
+        record.pad_pref == paths * record.prompt_len + len(contexts) * max(contexts, default=0),
+        "pad_pref = R K L_p + R_s max L_sp",
+    )
+    require(
+        record.untrim_gen
+        == paths * max(record.lengths) + len(summaries) * max(summaries, default=0),
+        "untrim_gen = R K max L + R_s max L_s",
+    )
+    require(
+        record.preemptions > 0
+        or record.decode_rows == sum(n - 1 for n in record.lengths) + sum(n - 1 for n in summaries),
+        "decode work = sum(L_i - 1) + sum(L_s - 1): no decode after EOS",
+    )
+    require(
+        record.preemptions > 0
+        or record.prefill_run == record.prompt_len + sum(n - record.prompt_len for n in contexts),
+        "prefill_run = L_p + sum (L_sp - L_p): the prompt once, each summary its paths",
+    )
 
 
 def _check_tree(record: StepRecord, require) -> None:
@@ -549,12 +739,14 @@ def _check_tree(record: StepRecord, require) -> None:
     sampled = sum(length - pl for pl, length in continued_branches(record.pairs))
     require(record.stage2_gen == sampled, "stage2_gen = sum over continued branches of L - pl")
     gen, pref, pad_pref, untrim_gen = _tree_token_counts(
-        record.pairs, record.stage1_lengths, record.stage2_gen, record.prompt_len)
+        record.pairs, record.stage1_lengths, record.stage2_gen, record.prompt_len
+    )
     require(record.gen == gen, "gen = sum |p^(k)| + stage2_gen")
     require(record.pref == pref, "pref = K L_p + sum_cont (L_p + pl)")
     require(record.pad_pref == pad_pref, "pad_pref = K L_p + B_cont max_cont (L_p + pl)")
-    require(record.untrim_gen == untrim_gen,
-            "untrim_gen = K max |p^(k)| + B_cont max_cont (L - pl)")
+    require(
+        record.untrim_gen == untrim_gen, "untrim_gen = K max |p^(k)| + B_cont max_cont (L - pl)"
+    )
 
 
 class LedgerWriter:

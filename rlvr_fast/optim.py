@@ -29,8 +29,9 @@ import torch
 REFUSED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 
-def zero_grad_adamw_(optimizer: torch.optim.AdamW, steps: int = 1, *,
-                     lrs: Sequence[Sequence[float]] | None = None) -> None:
+def zero_grad_adamw_(
+    optimizer: torch.optim.AdamW, steps: int = 1, *, lrs: Sequence[Sequence[float]] | None = None
+) -> None:
     """Advance every parameter of ``optimizer`` by ``steps`` zero-gradient AdamW steps, in place.
 
     ``lrs[s][g]`` is the learning rate of group g at folded step s, for a schedule that changes
@@ -59,17 +60,22 @@ def _runs_foreach(group: dict) -> bool:
     (torch's default) when every parameter is a plain tensor on CUDA."""
     if group.get("foreach") is not None:
         return bool(group["foreach"])
-    return all(p.device.type == "cuda" and type(p) in (torch.Tensor, torch.nn.Parameter)
-               for p in group["params"])
+    return all(
+        p.device.type == "cuda" and type(p) in (torch.Tensor, torch.nn.Parameter)
+        for p in group["params"]
+    )
 
 
 def _check_optimizer(optimizer, steps: int, lrs) -> None:
     if type(optimizer) is not torch.optim.AdamW:
-        raise TypeError(f"zero_grad_adamw_ needs a torch.optim.AdamW, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"zero_grad_adamw_ needs a torch.optim.AdamW, got {type(optimizer).__name__}"
+        )
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    if lrs is not None and (len(lrs) != steps or any(len(r) != len(optimizer.param_groups)
-                                                      for r in lrs)):
+    if lrs is not None and (
+        len(lrs) != steps or any(len(r) != len(optimizer.param_groups) for r in lrs)
+    ):
         raise ValueError(f"lrs must be [steps={steps}][groups={len(optimizer.param_groups)}]")
     for group in optimizer.param_groups:
         for flag in REFUSED_FLAGS:
@@ -78,15 +84,21 @@ def _check_optimizer(optimizer, steps: int, lrs) -> None:
         if isinstance(group["lr"], torch.Tensor) or isinstance(group["betas"][0], torch.Tensor):
             raise ValueError("zero_grad_adamw_ does not support tensor lr or betas")
         if group.get("foreach") and any(p.device.type == "cpu" for p in group["params"]):
-            raise ValueError("zero_grad_adamw_ matches the single-tensor CPU path; "
-                             "AdamW(foreach=True) on CPU is not supported")
+            raise ValueError(
+                "zero_grad_adamw_ matches the single-tensor CPU path; "
+                "AdamW(foreach=True) on CPU is not supported"
+            )
         runs_foreach = _runs_foreach(group)
-        folded = [p for p in group["params"]
-                  if p.device.type == "cpu" or (p.device.type == "cuda" and runs_foreach)]
+        folded = [
+            p
+            for p in group["params"]
+            if p.device.type == "cpu" or (p.device.type == "cuda" and runs_foreach)
+        ]
         for param in folded:
             if param.dtype not in (torch.float32, torch.bfloat16):
-                raise ValueError(f"zero_grad_adamw_ supports float32 and bfloat16 parameters, "
-                                 f"got {param.dtype}")
+                raise ValueError(
+                    f"zero_grad_adamw_ supports float32 and bfloat16 parameters, got {param.dtype}"
+                )
             if not param.is_contiguous():
                 raise ValueError("zero_grad_adamw_ needs contiguous parameters")
         if any(p.device.type == "cuda" for p in folded) and not _has_triton():
@@ -116,8 +128,13 @@ def _step_scalars(state: dict, group: dict, lrs: list[float]) -> list[tuple[floa
     scalars = []
     for offset, lr in enumerate(lrs, start=1):
         step = first + offset
-        scalars.append((1 - lr * weight_decay if weight_decay != 0 else 1.0,
-                        (1 - beta2 ** step) ** 0.5, -(lr / (1 - beta1 ** step))))
+        scalars.append(
+            (
+                1 - lr * weight_decay if weight_decay != 0 else 1.0,
+                (1 - beta2**step) ** 0.5,
+                -(lr / (1 - beta1**step)),
+            )
+        )
     return scalars
 
 
@@ -128,13 +145,23 @@ def _fold_cpu(state: dict, param: torch.Tensor, group: dict, lrs: list[float]) -
     beta1, beta2 = group["betas"]
     decay, denom_scale, neg_step = zip(*_step_scalars(state, group, lrs))
     with torch.no_grad():
-        _C.zero_grad_adamw_(param, state["exp_avg"], state["exp_avg_sq"], 1 - beta1, beta2,
-                            group["eps"], list(decay), list(denom_scale), list(neg_step))
+        _C.zero_grad_adamw_(
+            param,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            1 - beta1,
+            beta2,
+            group["eps"],
+            list(decay),
+            list(denom_scale),
+            list(neg_step),
+        )
         state["step"] += len(lrs)
 
 
-def _fold_foreach(optimizer, members: list[tuple[torch.Tensor, dict, list[float]]],
-                  fold=None) -> None:
+def _fold_foreach(
+    optimizer, members: list[tuple[torch.Tensor, dict, list[float]]], fold=None
+) -> None:
     """Fold the steps of the (param, group, lrs) ``members``, which share a device and dtype and
     which torch steps with foreach: one call of ``fold`` (default: the Triton kernel, one launch;
     the tests also pass the emulation) over every tensor, with one scalar row per tensor."""
@@ -146,20 +173,32 @@ def _fold_foreach(optimizer, members: list[tuple[torch.Tensor, dict, list[float]
         _init_state(state, param)
     table = scalar_table(
         [(1 - group["betas"][0], group["betas"][1], group["eps"]) for _, group, _ in members],
-        [_step_scalars(state, group, lrs) for state, (_, group, lrs) in zip(states, members)])
+        [_step_scalars(state, group, lrs) for state, (_, group, lrs) in zip(states, members)],
+    )
     with torch.no_grad():
-        fold([param for param, _, _ in members], [state["exp_avg"] for state in states],
-             [state["exp_avg_sq"] for state in states], table)
+        fold(
+            [param for param, _, _ in members],
+            [state["exp_avg"] for state in states],
+            [state["exp_avg_sq"] for state in states],
+            table,
+        )
         for state, (_, _, lrs) in zip(states, members):
             state["step"] += len(lrs)
 
 
-def _eager_zero_grad_steps(optimizer, param: torch.Tensor, group: dict, lrs: list[float],
-                           foreach: bool) -> None:
+def _eager_zero_grad_steps(
+    optimizer, param: torch.Tensor, group: dict, lrs: list[float], foreach: bool
+) -> None:
     """torch's own update for one parameter, by the path its group takes, once per lr, with a
     zero gradient."""
-    solo = torch.optim.AdamW([param], lr=lrs[0], betas=group["betas"], eps=group["eps"],
-                             weight_decay=group["weight_decay"], foreach=foreach)
+    solo = torch.optim.AdamW(
+        [param],
+        lr=lrs[0],
+        betas=group["betas"],
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        foreach=foreach,
+    )
     solo.state[param] = optimizer.state[param]
     saved_grad = param.grad
     for lr in lrs:

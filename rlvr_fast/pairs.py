@@ -42,8 +42,11 @@ class PairCategory(str, Enum):
     @property
     def root_kept_whole(self) -> bool:
         """Branch 0 is the Stage-1 root, kept up to its EOS."""
-        return self in (PairCategory.TAU_ZERO, PairCategory.MIDPOINT_FALLBACK,
-                        PairCategory.EARLY_EOS_GT104)
+        return self in (
+            PairCategory.TAU_ZERO,
+            PairCategory.MIDPOINT_FALLBACK,
+            PairCategory.EARLY_EOS_GT104,
+        )
 
     def continues(self, branch: int) -> bool:
         """Whether Stage 2 samples a continuation for ``branch`` of a tree pair."""

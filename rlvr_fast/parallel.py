@@ -52,7 +52,7 @@ class ParallelRollout:
 
     def response_paths(self, r: int) -> list[list[int]]:
         k = self.paths_per_response
-        return self.paths[r * k:(r + 1) * k]
+        return self.paths[r * k : (r + 1) * k]
 
 
 def summary_context(paths: Sequence[Sequence[int]], encode, eos_token_ids) -> list[int]:
@@ -64,14 +64,23 @@ def summary_context(paths: Sequence[Sequence[int]], encode, eos_token_ids) -> li
     return ids + encode(SUMMARY_HEADER)
 
 
-def sample_parallel(engine: RolloutEngine, prompt: Sequence[int], *, responses: int, paths: int,
-                    params: SamplingParams, aggregator: str = "vote", encode=None,
-                    generator: torch.Generator | None = None) -> ParallelRollout:
+def sample_parallel(
+    engine: RolloutEngine,
+    prompt: Sequence[int],
+    *,
+    responses: int,
+    paths: int,
+    params: SamplingParams,
+    aggregator: str = "vote",
+    encode=None,
+    generator: torch.Generator | None = None,
+) -> ParallelRollout:
     """R = ``responses`` responses of K = ``paths`` paths of one prompt; ``encode`` (text ->
     ids) is needed by the summary aggregator."""
     if responses < 1 or paths < 1:
-        raise ValueError(f"sample_parallel: need responses >= 1 and paths >= 1, got "
-                         f"{responses} and {paths}")
+        raise ValueError(
+            f"sample_parallel: need responses >= 1 and paths >= 1, got {responses} and {paths}"
+        )
     if aggregator not in AGGREGATORS:
         raise ValueError(f"aggregator must be one of {', '.join(AGGREGATORS)}, got {aggregator!r}")
     if aggregator == "summary" and encode is None:
@@ -87,10 +96,12 @@ def sample_parallel(engine: RolloutEngine, prompt: Sequence[int], *, responses: 
             out = ParallelRollout([seq.completion for seq in rows], paths, executed)
             if aggregator == "summary":
                 out.summary_seeds = [derive_seed(base, count + r) for r in range(responses)]
-                contexts = [summary_context(out.response_paths(r), encode, engine.eos_token_ids)
-                            for r in range(responses)]
+                contexts = [
+                    summary_context(out.response_paths(r), encode, engine.eos_token_ids)
+                    for r in range(responses)
+                ]
                 summaries = summarise(engine, source, contexts, out.summary_seeds, params)
-                out.summary_prompts = [list(seq.token_ids[:seq.start]) for seq in summaries]
+                out.summary_prompts = [list(seq.token_ids[: seq.start]) for seq in summaries]
                 out.summaries = [seq.completion for seq in summaries]
     finally:
         for seq in [source, *rows, *summaries]:
@@ -99,8 +110,13 @@ def sample_parallel(engine: RolloutEngine, prompt: Sequence[int], *, responses: 
     return out
 
 
-def summarise(engine: RolloutEngine, prompt_seq, contexts: Sequence[Sequence[int]],
-              seeds: Sequence[int], params: SamplingParams) -> list:
+def summarise(
+    engine: RolloutEngine,
+    prompt_seq,
+    contexts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    params: SamplingParams,
+) -> list:
     """One summary per context: ``prompt_seq`` forked (sharing its blocks), extended with the
     context, run with ``params``; returns the finished sequences (the caller frees them)."""
     seqs = engine.fork(prompt_seq, n=len(contexts), seeds=list(seeds))

@@ -37,8 +37,17 @@ import numpy as np
 import torch
 
 from rlvr_fast.credit import ADVANTAGE_EPS, group_stats
-from rlvr_fast.shapley import (Attribution, Game, MajorityVote, MeanReward, PassAtK,
-                               independent, leave_one_out, shapley_exact, shapley_monte_carlo)
+from rlvr_fast.shapley import (
+    Attribution,
+    Game,
+    MajorityVote,
+    MeanReward,
+    PassAtK,
+    independent,
+    leave_one_out,
+    shapley_exact,
+    shapley_monte_carlo,
+)
 
 PATH_UTILITIES = ("vote", "pass_at_k", "mean_reward", "judge")
 PATH_CREDITS = ("shapley", "loo", "independent")
@@ -57,16 +66,24 @@ def outcome_utility(name: str, answers: Sequence[str | None], correct: Sequence[
     raise ValueError(f"unknown outcome utility {name!r} (valid: vote, pass_at_k, mean_reward)")
 
 
-def attribute(utility, n: int, method: str, *, permutations: int = 0, antithetic: bool = True,
-              generator: torch.Generator | None = None) -> tuple[Attribution, list[float] | None]:
+def attribute(
+    utility,
+    n: int,
+    method: str,
+    *,
+    permutations: int = 0,
+    antithetic: bool = True,
+    generator: torch.Generator | None = None,
+) -> tuple[Attribution, list[float] | None]:
     """phi of ``utility`` on n paths by ``method``, and U over all 2^n coalitions (mask order)
     when the method scored them all and n <= MAX_STORED_TABLE_PLAYERS (else None)."""
     game = Game(utility, n)
     if method == "shapley" and permutations == 0:
         result = shapley_exact(game, n)
     elif method == "shapley":
-        result = shapley_monte_carlo(game, n, permutations=permutations, generator=generator,
-                                     antithetic=antithetic)
+        result = shapley_monte_carlo(
+            game, n, permutations=permutations, generator=generator, antithetic=antithetic
+        )
     elif method == "loo":
         result = leave_one_out(game, n)
     elif method == "independent":
@@ -83,8 +100,9 @@ def normalise(phi: np.ndarray, norm: str) -> torch.Tensor:
     if norm == "none":
         return values
     if norm not in PATH_REWARD_NORMS:
-        raise ValueError(f"path_reward_norm must be one of {', '.join(PATH_REWARD_NORMS)}, "
-                         f"got {norm!r}")
+        raise ValueError(
+            f"path_reward_norm must be one of {', '.join(PATH_REWARD_NORMS)}, got {norm!r}"
+        )
     centred = values - values.mean()
     if norm == "center" or len(values) < 2:
         return centred
@@ -126,36 +144,63 @@ class ParallelCredit:
         """No token has a nonzero advantage: every path return agrees, and every summary's."""
         return bool((self.path_advantages == 0).all() and (self.summary_advantages == 0).all())
 
-    def token_weights(self, path_lengths: Sequence[int],
-                      summary_lengths: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def token_weights(
+        self, path_lengths: Sequence[int], summary_lengths: Sequence[int]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-token weights of every path and every summary (one advantage per sequence)."""
-        return ([a.expand(n) for a, n in zip(self.path_advantages, path_lengths)],
-                [a.expand(n) for a, n in zip(self.summary_advantages, summary_lengths)])
+        return (
+            [a.expand(n) for a, n in zip(self.path_advantages, path_lengths)],
+            [a.expand(n) for a, n in zip(self.summary_advantages, summary_lengths)],
+        )
 
 
-def parallel_credit(utilities: Sequence, r_out: Sequence[float], paths_per_response: int, *,
-                    method: str = "shapley", permutations: int = 0, antithetic: bool = True,
-                    generator: torch.Generator | None = None, norm: str = "zscore",
-                    lambda_outcome: float = 0.5, lambda_path: float = 0.5,
-                    summaries: bool = False) -> ParallelCredit:
+def parallel_credit(
+    utilities: Sequence,
+    r_out: Sequence[float],
+    paths_per_response: int,
+    *,
+    method: str = "shapley",
+    permutations: int = 0,
+    antithetic: bool = True,
+    generator: torch.Generator | None = None,
+    norm: str = "zscore",
+    lambda_outcome: float = 0.5,
+    lambda_path: float = 0.5,
+    summaries: bool = False,
+) -> ParallelCredit:
     """The credit of R responses (module docstring): ``utilities[r]`` scores coalitions of
     response r's K paths, ``r_out[r]`` is its outcome reward; ``summaries``: whether responses
     end in summary tokens."""
     if len(utilities) != len(r_out):
-        raise ValueError(f"one outcome reward per response: {len(utilities)} utilities, "
-                         f"{len(r_out)} rewards")
+        raise ValueError(
+            f"one outcome reward per response: {len(utilities)} utilities, {len(r_out)} rewards"
+        )
     attributions, tables, returns = [], [], []
     for utility, outcome in zip(utilities, r_out):
-        result, table = attribute(utility, paths_per_response, method,
-                                  permutations=permutations, antithetic=antithetic,
-                                  generator=generator)
+        result, table = attribute(
+            utility,
+            paths_per_response,
+            method,
+            permutations=permutations,
+            antithetic=antithetic,
+            generator=generator,
+        )
         attributions.append(result)
         tables.append(table)
         returns.append(lambda_path * normalise(result.phi, norm) + lambda_outcome * outcome)
     path_returns = torch.cat(returns)
     path_advantages, sigma = standardise(path_returns)
-    summary_returns = (lambda_outcome * torch.tensor(r_out, dtype=torch.float32) if summaries
-                       else torch.zeros(0))
+    summary_returns = (
+        lambda_outcome * torch.tensor(r_out, dtype=torch.float32) if summaries else torch.zeros(0)
+    )
     summary_advantages, _ = standardise(summary_returns)
-    return ParallelCredit(attributions, tables, [float(r) for r in r_out], path_returns,
-                          path_advantages, summary_returns, summary_advantages, sigma)
+    return ParallelCredit(
+        attributions,
+        tables,
+        [float(r) for r in r_out],
+        path_returns,
+        path_advantages,
+        summary_returns,
+        summary_advantages,
+        sigma,
+    )

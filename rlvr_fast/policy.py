@@ -71,13 +71,16 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     if str(name_or_path) in EMBEDDED_MODELS:
         path = EMBEDDED_MODELS[str(name_or_path)]
         if not (path / "config.json").is_file():
-            raise CheckpointError(f"embedded model {name_or_path!r} is missing from {path}; "
-                                  "reinstall the package or run scripts/train_tiny.py")
+            raise CheckpointError(
+                f"embedded model {name_or_path!r} is missing from {path}; "
+                "reinstall the package or run scripts/train_tiny.py"
+            )
         return path
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a model directory (embedded names: "
-                              f"{', '.join(EMBEDDED_MODELS)})")
+        raise CheckpointError(
+            f"{path}: not a model directory (embedded names: {', '.join(EMBEDDED_MODELS)})"
+        )
     return path
 
 
@@ -86,8 +89,13 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_policy(name_or_path: str | os.PathLike = "tiny", *, device: str | torch.device = "cpu",
-                dtype: torch.dtype | None = None, untie: bool = False) -> Policy:
+def load_policy(
+    name_or_path: str | os.PathLike = "tiny",
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    untie: bool = False,
+) -> Policy:
     """Load ``"tiny"`` (the embedded default) or a local Hugging Face checkpoint directory.
 
     ``dtype`` defaults to bfloat16 on CUDA and float32 elsewhere. ``untie=True`` gives a tied
@@ -99,5 +107,6 @@ def load_policy(name_or_path: str | os.PathLike = "tiny", *, device: str | torch
     model = load_model(path, device=device, dtype=dtype or default_dtype(device))
     if untie:
         model.untie_weights()
-    return Policy(model=model, tokenizer=Tokenizer.from_directory(path), config=model.config,
-                  path=path)
+    return Policy(
+        model=model, tokenizer=Tokenizer.from_directory(path), config=model.config, path=path
+    )

@@ -33,8 +33,10 @@ class PolyakAverage:
         if not params:
             raise ValueError("PolyakAverage: the model has no trainable parameters")
         self.device = torch.device(device) if device is not None else sum_device(params)
-        self.sums = {name: torch.zeros(p.shape, dtype=torch.float32, device=self.device)
-                     for name, p in params.items()}
+        self.sums = {
+            name: torch.zeros(p.shape, dtype=torch.float32, device=self.device)
+            for name, p in params.items()
+        }
         self.count = 0
 
     @torch.no_grad()

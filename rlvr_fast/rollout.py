@@ -89,13 +89,18 @@ class TreeRollout:
         return [pair.prefix_len for pair in self.pairs for _ in pair.leaves]
 
 
-def sample_tree(policy, prompt_ids: Sequence[int], *, engine: RolloutEngine | None = None,
-                **settings) -> TreeRollout:
+def sample_tree(
+    policy, prompt_ids: Sequence[int], *, engine: RolloutEngine | None = None, **settings
+) -> TreeRollout:
     """K x B tree rollout of one prompt from a ``Policy`` (on ``engine``, default the policy's
     own); ``settings`` are those of ``sample_trees_ids``."""
     tokenizer = policy.tokenizer
-    out = sample_tree_ids(engine or policy.engine(), prompt_ids,
-                          newline_token_ids=tokenizer.newline_token_ids, **settings)
+    out = sample_tree_ids(
+        engine or policy.engine(),
+        prompt_ids,
+        newline_token_ids=tokenizer.newline_token_ids,
+        **settings,
+    )
     out.texts = tokenizer.decode_batch(out.leaves)
     return out
 
@@ -106,13 +111,24 @@ def sample_tree_ids(engine: RolloutEngine, prompt_ids: Sequence[int], **settings
     return sample_trees_ids(engine, [prompt_ids], **settings)[0]
 
 
-def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
-                     newline_token_ids: Sequence[int] | frozenset[int], k: int = 4, b: int = 2,
-                     t_min: int = 96, t_max: int = 160, max_new_tokens: int = 512,
-                     early_eos_mode: str = "terminal_dup", temperature: float = 0.8,
-                     top_p: float = 0.9, generator: torch.Generator | None = None,
-                     bases: Sequence[int] | None = None, reprefill: bool = False,
-                     midpoint_min_tokens: int = 32) -> list[TreeRollout]:
+def sample_trees_ids(
+    engine: RolloutEngine,
+    prompts: Sequence[Sequence[int]],
+    *,
+    newline_token_ids: Sequence[int] | frozenset[int],
+    k: int = 4,
+    b: int = 2,
+    t_min: int = 96,
+    t_max: int = 160,
+    max_new_tokens: int = 512,
+    early_eos_mode: str = "terminal_dup",
+    temperature: float = 0.8,
+    top_p: float = 0.9,
+    generator: torch.Generator | None = None,
+    bases: Sequence[int] | None = None,
+    reprefill: bool = False,
+    midpoint_min_tokens: int = 32,
+) -> list[TreeRollout]:
     """One K x B tree per prompt on ``engine`` (whose end-of-sequence tokens end a root or a
     branch), given the newline token ids that mark Stage 1's boundaries. Every tree's Stage 1
     runs in one batch, then every tree's Stage 2 in another. Tree q draws from its own base
@@ -143,31 +159,59 @@ def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
                 for prompt, base in zip(prompts, bases):
                     root_seeds = [derive_seed(base, root) for root in range(k)]
                     if reprefill:
-                        roots.append([engine.add(prompt, seed=seed, stop=causal_stop)
-                                      for seed in root_seeds])
+                        roots.append(
+                            [engine.add(prompt, seed=seed, stop=causal_stop) for seed in root_seeds]
+                        )
                         continue
                     prompt_seqs.append(engine.add(prompt))
-                    roots.append(engine.fork(prompt_seqs[-1], n=k, seeds=root_seeds,
-                                             stop=causal_stop, keep_cache=True))
+                    roots.append(
+                        engine.fork(
+                            prompt_seqs[-1],
+                            n=k,
+                            seeds=root_seeds,
+                            stop=causal_stop,
+                            keep_cache=True,
+                        )
+                    )
                 engine.run([root for tree in roots for root in tree], params)
             # Stage 2: plan every pair's branches, fork (or re-prefill) the ones that continue.
-            plans = [[plan_branches(root.completion, root.finish_reason, b, early_eos_mode,
-                                    newline, midpoint_min_tokens) for root in tree]
-                     for tree in roots]
-            starts = [(q, pair, branch, prefix) for q, tree in enumerate(plans)
-                      for pair, plan in enumerate(tree)
-                      for branch, prefix in enumerate(plan.prefixes) if prefix is not None]
+            plans = [
+                [
+                    plan_branches(
+                        root.completion,
+                        root.finish_reason,
+                        b,
+                        early_eos_mode,
+                        newline,
+                        midpoint_min_tokens,
+                    )
+                    for root in tree
+                ]
+                for tree in roots
+            ]
+            starts = [
+                (q, pair, branch, prefix)
+                for q, tree in enumerate(plans)
+                for pair, plan in enumerate(tree)
+                for branch, prefix in enumerate(plan.prefixes)
+                if prefix is not None
+            ]
             with engine.measure() as stage2:
                 for q, pair, branch, prefix in starts:
                     seed = derive_seed(bases[q], k + pair * b + branch)
                     budget = max_new_tokens - len(prefix)
                     if reprefill:
-                        children.append(engine.add(prompts[q] + prefix, seed=seed,
-                                                   max_new_tokens=budget))
+                        children.append(
+                            engine.add(prompts[q] + prefix, seed=seed, max_new_tokens=budget)
+                        )
                     else:
                         source = roots[q][pair] if prefix else prompt_seqs[q]
-                        children += engine.fork(source, len(prompts[q]) + len(prefix),
-                                                seeds=[seed], max_new_tokens=budget)
+                        children += engine.fork(
+                            source,
+                            len(prompts[q]) + len(prefix),
+                            seeds=[seed],
+                            max_new_tokens=budget,
+                        )
                 _free(engine, [root for tree in roots for root in tree] + prompt_seqs)
                 engine.run(children, params)
     finally:
@@ -177,14 +221,29 @@ def sample_trees_ids(engine: RolloutEngine, prompts: Sequence[Sequence[int]], *,
         plans[q][pair].leaves[branch] = prefix + child.completion
         plans[q][pair].finish_reasons[branch] = child.finish_reason
         stage2_generated[q] += child.num_generated
-    return [TreeRollout(
-        pairs=[TreePair(plan.category, plan.prefix_len, root.completion, plan.leaves,
-                        plan.finish_reasons) for plan, root in zip(tree_plans, tree_roots)],
-        prompt_len=len(prompt),
-        stage1_generated=sum(root.num_generated for root in tree_roots),
-        stage2_generated=generated, stage1=stage1, stage2=stage2, executed=executed)
-        for prompt, tree_plans, tree_roots, generated in zip(prompts, plans, roots,
-                                                             stage2_generated)]
+    return [
+        TreeRollout(
+            pairs=[
+                TreePair(
+                    plan.category,
+                    plan.prefix_len,
+                    root.completion,
+                    plan.leaves,
+                    plan.finish_reasons,
+                )
+                for plan, root in zip(tree_plans, tree_roots)
+            ],
+            prompt_len=len(prompt),
+            stage1_generated=sum(root.num_generated for root in tree_roots),
+            stage2_generated=generated,
+            stage1=stage1,
+            stage2=stage2,
+            executed=executed,
+        )
+        for prompt, tree_plans, tree_roots, generated in zip(
+            prompts, plans, roots, stage2_generated
+        )
+    ]
 
 
 def _free(engine: RolloutEngine, seqs) -> None:
@@ -205,26 +264,54 @@ class BranchPlan:
     finish_reasons: list[str]
 
 
-def plan_branches(root: list[int], reason: str, b: int, mode: str, newline: frozenset[int],
-                  midpoint_min_tokens: int) -> BranchPlan:
+def plan_branches(
+    root: list[int],
+    reason: str,
+    b: int,
+    mode: str,
+    newline: frozenset[int],
+    midpoint_min_tokens: int,
+) -> BranchPlan:
     """What Stage 2 does with a root that stopped for ``reason`` (``FINISH_STOP`` at tau_causal
     or ``FINISH_EOS``), under ``mode``: the rule table of the three samplers."""
     if reason == FINISH_STOP:
-        return BranchPlan(PairCategory.CAUSAL_NON_EOS, len(root), [root] * b,
-                          [[] for _ in range(b)], [""] * b)
+        return BranchPlan(
+            PairCategory.CAUSAL_NON_EOS, len(root), [root] * b, [[] for _ in range(b)], [""] * b
+        )
     if mode == "terminal_dup":
-        return BranchPlan(PairCategory.TERMINAL_DUP, len(root), [None] * b,
-                          [list(root) for _ in range(b)], [reason] * b)
-    split = (find_midpoint_boundary(root, newline)
-             if mode == "midpoint" and len(root) >= midpoint_min_tokens else None)
+        return BranchPlan(
+            PairCategory.TERMINAL_DUP,
+            len(root),
+            [None] * b,
+            [list(root) for _ in range(b)],
+            [reason] * b,
+        )
+    split = (
+        find_midpoint_boundary(root, newline)
+        if mode == "midpoint" and len(root) >= midpoint_min_tokens
+        else None
+    )
     if split is None:
-        return BranchPlan(PairCategory.TAU_ZERO, 0, [None] + [[] for _ in range(b - 1)],
-                          [list(root)] + [[] for _ in range(b - 1)], [reason] + [""] * (b - 1))
+        return BranchPlan(
+            PairCategory.TAU_ZERO,
+            0,
+            [None] + [[] for _ in range(b - 1)],
+            [list(root)] + [[] for _ in range(b - 1)],
+            [reason] + [""] * (b - 1),
+        )
     # Long early-EOS roots are counted as their own midpoint category (seed §4.2).
-    category = (PairCategory.EARLY_EOS_GT104 if len(root) >= EARLY_EOS_GT104_MIN_LENGTH
-                else PairCategory.MIDPOINT_FALLBACK)
-    return BranchPlan(category, split, [None] + [root[:split]] * (b - 1),
-                      [list(root)] + [[] for _ in range(b - 1)], [reason] + [""] * (b - 1))
+    category = (
+        PairCategory.EARLY_EOS_GT104
+        if len(root) >= EARLY_EOS_GT104_MIN_LENGTH
+        else PairCategory.MIDPOINT_FALLBACK
+    )
+    return BranchPlan(
+        category,
+        split,
+        [None] + [root[:split]] * (b - 1),
+        [list(root)] + [[] for _ in range(b - 1)],
+        [reason] + [""] * (b - 1),
+    )
 
 
 def find_midpoint_boundary(tokens: Sequence[int], newline: frozenset[int]) -> int | None:
@@ -241,9 +328,14 @@ def _check_arguments(prompt_ids, k, b, t_min, t_max, max_new_tokens, mode) -> No
         (len(prompt_ids) >= 1, "the prompt needs at least one token"),
         (k >= 1 and b >= 1 and k * b >= 2, f"need k >= 1, b >= 1 and k * b >= 2, got k={k}, b={b}"),
         (1 <= t_min <= t_max, f"need 1 <= t_min <= t_max, got t_min={t_min}, t_max={t_max}"),
-        (t_max < max_new_tokens, f"t_max ({t_max}) must be below max_new_tokens ({max_new_tokens})"),
-        (mode in EARLY_EOS_MODES,
-         f"early_eos_mode must be one of {', '.join(EARLY_EOS_MODES)}, got {mode!r}"),
+        (
+            t_max < max_new_tokens,
+            f"t_max ({t_max}) must be below max_new_tokens ({max_new_tokens})",
+        ),
+        (
+            mode in EARLY_EOS_MODES,
+            f"early_eos_mode must be one of {', '.join(EARLY_EOS_MODES)}, got {mode!r}",
+        ),
     ]
     for ok, message in checks:
         if not ok:

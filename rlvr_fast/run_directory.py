@@ -46,8 +46,10 @@ class RunDirectoryError(ValueError):
 def check_eval_name(name: str) -> str:
     """Evaluation sets are written to evals/NAME.jsonl: a name is a plain file name."""
     if not EVAL_NAME.fullmatch(name):
-        raise ValueError(f"eval set name {name!r}: use 1-64 letters, digits, '_', '-' or '.', "
-                         "starting with a letter or digit")
+        raise ValueError(
+            f"eval set name {name!r}: use 1-64 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit"
+        )
     return name
 
 
@@ -63,8 +65,11 @@ def policy_sha256(policy) -> str:
     """The starting weights (names, dtypes, bytes; which are trained: a tied LM head is one
     parameter, an untied one two) and the tokenizer (its JSON, eos and pad)."""
     digest = hashlib.sha256()
-    digest.update(json.dumps([name for name, p in policy.model.named_parameters()
-                              if p.requires_grad]).encode())
+    digest.update(
+        json.dumps(
+            [name for name, p in policy.model.named_parameters() if p.requires_grad]
+        ).encode()
+    )
     for name, tensor in policy.model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
@@ -79,15 +84,22 @@ def settings_sha256(config: dict) -> str:
     return sha256_json({k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE})
 
 
-def run_signature(config: dict, policy, train_data: Sequence[Problem],
-                  eval_data: dict[str, Sequence[Problem]]) -> dict:
+def run_signature(
+    config: dict, policy, train_data: Sequence[Problem], eval_data: dict[str, Sequence[Problem]]
+) -> dict:
     """What a resume must find unchanged (``config`` is ``TrainConfig.to_json()``)."""
-    return {"format": RUN_FORMAT, "arm": config["arm"], "seed": config["seed"],
-            "steps": config["steps"], "settings_sha256": settings_sha256(config),
-            "model_sha256": policy_sha256(policy),
-            "train_data": {"problems": len(train_data), "sha256": problems_sha256(train_data)},
-            "eval_data": {name: problems_sha256(p) for name, p in sorted(eval_data.items())},
-            "dtype": str(policy.dtype).removeprefix("torch."), "device": policy.device.type}
+    return {
+        "format": RUN_FORMAT,
+        "arm": config["arm"],
+        "seed": config["seed"],
+        "steps": config["steps"],
+        "settings_sha256": settings_sha256(config),
+        "model_sha256": policy_sha256(policy),
+        "train_data": {"problems": len(train_data), "sha256": problems_sha256(train_data)},
+        "eval_data": {name: problems_sha256(p) for name, p in sorted(eval_data.items())},
+        "dtype": str(policy.dtype).removeprefix("torch."),
+        "device": policy.device.type,
+    }
 
 
 def read_run_meta(out_dir: Path) -> dict | None:
@@ -96,8 +108,11 @@ def read_run_meta(out_dir: Path) -> dict | None:
         meta = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(meta, dict) or not isinstance(meta.get(RUN_KEY), dict) \
-            or not isinstance(meta.get("config"), dict):
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(meta.get(RUN_KEY), dict)
+        or not isinstance(meta.get("config"), dict)
+    ):
         return None
     return meta
 
@@ -106,8 +121,9 @@ def holds_nothing(out_dir: Path) -> bool:
     return all(is_temp_name(entry.name) for entry in out_dir.iterdir())
 
 
-def open_run_directory(out_dir: Path, signature: dict, config: dict,
-                       train_data: Sequence[Problem], resume: bool) -> dict | None:
+def open_run_directory(
+    out_dir: Path, signature: dict, config: dict, train_data: Sequence[Problem], resume: bool
+) -> dict | None:
     """Check that the run may start (or resume) in ``out_dir`` and clean up after killed
     writers; returns the recorded config.json when resuming a run, None when starting one.
     Nothing is written when a check fails."""
@@ -125,12 +141,14 @@ def open_run_directory(out_dir: Path, signature: dict, config: dict,
         if not holds_nothing(out_dir):
             raise RunDirectoryError(
                 f"{out_dir}: not empty and not an rlvr_fast run directory (no config.json with "
-                f"a {RUN_KEY!r} signature); choose a new or empty --out")
+                f"a {RUN_KEY!r} signature); choose a new or empty --out"
+            )
         remove_stale_files(out_dir)
         return None
     if not resume:
-        raise RunDirectoryError(f"{out_dir}: already holds a run (use --resume to continue it, "
-                                "or a new --out)")
+        raise RunDirectoryError(
+            f"{out_dir}: already holds a run (use --resume to continue it, or a new --out)"
+        )
     check_signature(out_dir, meta, signature, config, train_data)
     remove_stale_files(out_dir)
     return meta
@@ -140,40 +158,56 @@ def make_directory(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True)
     except OSError as err:
-        raise RunDirectoryError(f"{out_dir}: cannot create the run directory "
-                                f"({err.strerror})") from None
+        raise RunDirectoryError(
+            f"{out_dir}: cannot create the run directory ({err.strerror})"
+        ) from None
 
 
-def check_signature(out_dir: Path, meta: dict, signature: dict, config: dict,
-                    train_data: Sequence[Problem]) -> None:
+def check_signature(
+    out_dir: Path, meta: dict, signature: dict, config: dict, train_data: Sequence[Problem]
+) -> None:
     """Refuse a resume that would train another run than the one recorded, naming what
     differs."""
     recorded, where = meta[RUN_KEY], out_dir / "config.json"
     if recorded.get("format") != RUN_FORMAT:
-        raise RunDirectoryError(f"{where}: run format {recorded.get('format')!r}, this version "
-                                f"of rlvr_fast resumes format {RUN_FORMAT}")
+        raise RunDirectoryError(
+            f"{where}: run format {recorded.get('format')!r}, this version "
+            f"of rlvr_fast resumes format {RUN_FORMAT}"
+        )
     for key in ("arm", "seed"):
         if recorded.get(key) != signature[key]:
-            raise RunDirectoryError(f"{out_dir}: the run has {key} {recorded.get(key)!r}, "
-                                    f"this command asks for {signature[key]!r}")
+            raise RunDirectoryError(
+                f"{out_dir}: the run has {key} {recorded.get(key)!r}, "
+                f"this command asks for {signature[key]!r}"
+            )
     if recorded.get("settings_sha256") != signature["settings_sha256"]:
-        raise RunDirectoryError(f"{out_dir}: the run was trained with other settings "
-                                f"({differing_setting(meta['config'], config)})")
+        raise RunDirectoryError(
+            f"{out_dir}: the run was trained with other settings "
+            f"({differing_setting(meta['config'], config)})"
+        )
     if not isinstance(recorded.get("steps"), int) or signature["steps"] < recorded["steps"]:
-        raise RunDirectoryError(f"{out_dir}: the run has {recorded.get('steps')!r} steps; a "
-                                f"resume may extend it, not shorten it to {signature['steps']}")
+        raise RunDirectoryError(
+            f"{out_dir}: the run has {recorded.get('steps')!r} steps; a "
+            f"resume may extend it, not shorten it to {signature['steps']}"
+        )
     if recorded.get("model_sha256") != signature["model_sha256"]:
-        raise RunDirectoryError(f"{out_dir}: the model (weights or tokenizer) differs from the "
-                                f"one the run started from ({meta.get('model')})")
+        raise RunDirectoryError(
+            f"{out_dir}: the model (weights or tokenizer) differs from the "
+            f"one the run started from ({meta.get('model')})"
+        )
     if not same_training_problems(recorded, train_data):
         raise RunDirectoryError(f"{out_dir}: the training problems differ from the run's")
     if recorded.get("eval_data") != signature["eval_data"]:
-        raise RunDirectoryError(f"{out_dir}: the evaluation sets differ from the run's "
-                                f"({', '.join(recorded.get('eval_data') or {}) or 'none'})")
+        raise RunDirectoryError(
+            f"{out_dir}: the evaluation sets differ from the run's "
+            f"({', '.join(recorded.get('eval_data') or {}) or 'none'})"
+        )
     for key in ("dtype", "device"):
         if recorded.get(key) != signature[key]:
-            raise RunDirectoryError(f"{out_dir}: the run trained with {key} "
-                                    f"{recorded.get(key)!r}, this command has {signature[key]!r}")
+            raise RunDirectoryError(
+                f"{out_dir}: the run trained with {key} "
+                f"{recorded.get(key)!r}, this command has {signature[key]!r}"
+            )
 
 
 def differing_setting(recorded: dict, config: dict) -> str:
@@ -212,8 +246,9 @@ def whole_lines(path: Path, count: int) -> None:
         raise RunDirectoryError(f"{path}: not UTF-8 ({err.reason})") from None
     lines = text.split("\n")[:-1]
     if len(lines) < count:
-        raise RunDirectoryError(f"{path}: {len(lines)} whole lines, but the checkpoint is at "
-                                f"step {count}")
+        raise RunDirectoryError(
+            f"{path}: {len(lines)} whole lines, but the checkpoint is at step {count}"
+        )
     for number, line in enumerate(lines[:count]):
         try:
             step = json.loads(line).get("step")

@@ -60,17 +60,23 @@ class SelectionSettings:
     seed: int = 42
 
     def __post_init__(self) -> None:
-        checks = [(1 <= self.k <= MAX_GROUP_SIZE,
-                   f"--k must be in [1, {MAX_GROUP_SIZE}], got {self.k}"),
-                  (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
-                   f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got "
-                   f"{self.max_new_tokens}"),
-                  (0 < self.temperature < math.inf,
-                   f"--temperature must be a finite number > 0, got {self.temperature}"),
-                  (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**63 - 1], got {self.seed}"),
-                  (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
-                  (self.gate_min_chars is None or self.gate_min_chars >= 0,
-                   f"--gate-min-chars must be >= 0, got {self.gate_min_chars}")]
+        checks = [
+            (1 <= self.k <= MAX_GROUP_SIZE, f"--k must be in [1, {MAX_GROUP_SIZE}], got {self.k}"),
+            (
+                1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+                f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}",
+            ),
+            (
+                0 < self.temperature < math.inf,
+                f"--temperature must be a finite number > 0, got {self.temperature}",
+            ),
+            (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**63 - 1], got {self.seed}"),
+            (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+            (
+                self.gate_min_chars is None or self.gate_min_chars >= 0,
+                f"--gate-min-chars must be >= 0, got {self.gate_min_chars}",
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -124,23 +130,36 @@ class Selection:
 
     def counts(self) -> dict:
         histogram = Counter(r.passes for r in self.rates)
-        return {"questions": len(self.rates), "kept": len(self.kept),
-                "passes_histogram": {str(p): histogram[p] for p in sorted(histogram)},
-                "cells": len({stratum(problem) for problem, _ in self.kept})}
+        return {
+            "questions": len(self.rates),
+            "kept": len(self.kept),
+            "passes_histogram": {str(p): histogram[p] for p in sorted(histogram)},
+            "cells": len({stratum(problem) for problem, _ in self.kept}),
+        }
 
     def describe(self) -> str:
         counts = self.counts()
         samples = self.rates[0].samples if self.rates else 0
         histogram = ", ".join(f"{p}/{samples}: {n}" for p, n in counts["passes_histogram"].items())
-        return (f"kept {counts['kept']} of {counts['questions']} questions with "
-                f"{self.pass_range} ({counts['cells']} subject x level cells) -> {self.out}\n"
-                f"passes per question: {histogram}")
+        return (
+            f"kept {counts['kept']} of {counts['questions']} questions with "
+            f"{self.pass_range} ({counts['cells']} subject x level cells) -> {self.out}\n"
+            f"passes per question: {histogram}"
+        )
 
 
-def select_data(policy, engine: RolloutEngine, problems: Sequence[Problem],
-                settings: SelectionSettings, pass_range: PassRange, out: Path, *,
-                limit: int | None = None, batch_questions: int = 16,
-                progress: bool = True) -> Selection:
+def select_data(
+    policy,
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    settings: SelectionSettings,
+    pass_range: PassRange,
+    out: Path,
+    *,
+    limit: int | None = None,
+    batch_questions: int = 16,
+    progress: bool = True,
+) -> Selection:
     """Measure (or resume measuring) every question's pass rate, then write the questions in
     ``pass_range``, stratified, at most ``limit`` of them, to ``out`` (.json or .jsonl)."""
     if out.suffix not in (".json", ".jsonl"):
@@ -148,12 +167,28 @@ def select_data(policy, engine: RolloutEngine, problems: Sequence[Problem],
     if not problems:
         raise ValueError("select-data: no problems in --data")
     encode_prompts(policy, problems, settings.max_new_tokens)  # a long question fails here
-    rates = measure_pass_rates(policy, engine, problems, settings, rates_path(out),
-                               batch_questions=batch_questions, progress=progress)
-    kept = stratified([(problems[r.index], r) for r in rates if r.rate in pass_range],
-                      key=lambda item: stratum(item[0]))[:limit]
-    rows = [dict(dataclasses.asdict(problem), pass_rate=rate.rate, passes=rate.passes,
-                 samples=rate.samples) for problem, rate in kept]
+    rates = measure_pass_rates(
+        policy,
+        engine,
+        problems,
+        settings,
+        rates_path(out),
+        batch_questions=batch_questions,
+        progress=progress,
+    )
+    kept = stratified(
+        [(problems[r.index], r) for r in rates if r.rate in pass_range],
+        key=lambda item: stratum(item[0]),
+    )[:limit]
+    rows = [
+        dict(
+            dataclasses.asdict(problem),
+            pass_rate=rate.rate,
+            passes=rate.passes,
+            samples=rate.samples,
+        )
+        for problem, rate in kept
+    ]
     if out.suffix == ".json":
         write_text_atomic(out, json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     else:
@@ -165,33 +200,61 @@ def rates_path(out: Path) -> Path:
     return out.with_name(out.name + ".rates.jsonl")
 
 
-def measure_pass_rates(policy, engine: RolloutEngine, problems: Sequence[Problem],
-                       settings: SelectionSettings, path: Path, *, batch_questions: int,
-                       progress: bool) -> list[QuestionRate]:
+def measure_pass_rates(
+    policy,
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    settings: SelectionSettings,
+    path: Path,
+    *,
+    batch_questions: int,
+    progress: bool,
+) -> list[QuestionRate]:
     """Every question's rate: those ``path`` already holds, then the rest, ``batch_questions``
     questions per engine batch, each batch appended to ``path`` as it finishes."""
-    header = {"settings": dataclasses.asdict(settings), "questions": len(problems),
-              "ids_sha256": hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()}
+    header = {
+        "settings": dataclasses.asdict(settings),
+        "questions": len(problems),
+        "ids_sha256": hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest(),
+    }
     rates = read_rates(path, header)
     params = SamplingParams(settings.max_new_tokens, settings.temperature, settings.top_p)
     tokenizer = policy.tokenizer
     todo = list(range(len(rates), len(problems)))
-    with open(path, "a", encoding="utf-8") as file, tqdm(
-            total=len(problems), initial=len(rates), desc="select-data", unit="question",
-            disable=not progress) as bar:
+    with (
+        open(path, "a", encoding="utf-8") as file,
+        tqdm(
+            total=len(problems),
+            initial=len(rates),
+            desc="select-data",
+            unit="question",
+            disable=not progress,
+        ) as bar,
+    ):
         if not rates:
             append_lines(file, [header])
         for start in range(0, len(todo), batch_questions):
-            batch = [problems[i] for i in todo[start:start + batch_questions]]
-            indices = todo[start:start + batch_questions]
+            batch = [problems[i] for i in todo[start : start + batch_questions]]
+            indices = todo[start : start + batch_questions]
             prompts = [tokenizer.encode(render_prompt(p.question)) for p in batch]
-            out = sample_groups(engine, prompts, settings.k, params,
-                                bases=[derive_seed(settings.seed, i) for i in indices])
-            answers = [final_answer(text, min_chars=settings.gate_min_chars)
-                       for text in tokenizer.decode_batch(out.tokens)]
+            out = sample_groups(
+                engine,
+                prompts,
+                settings.k,
+                params,
+                bases=[derive_seed(settings.seed, i) for i in indices],
+            )
+            answers = [
+                final_answer(text, min_chars=settings.gate_min_chars)
+                for text in tokenizer.decode_batch(out.tokens)
+            ]
             correct = grade_many(answers, [p.answer for p in batch for _ in range(settings.k)])
-            measured = [QuestionRate(i, p.id, sum(correct[q * settings.k:(q + 1) * settings.k]),
-                                     settings.k) for q, (i, p) in enumerate(zip(indices, batch))]
+            measured = [
+                QuestionRate(
+                    i, p.id, sum(correct[q * settings.k : (q + 1) * settings.k]), settings.k
+                )
+                for q, (i, p) in enumerate(zip(indices, batch))
+            ]
             append_lines(file, [dataclasses.asdict(r) for r in measured])
             rates += measured
             bar.update(len(batch))
@@ -206,7 +269,9 @@ def read_rates(path: Path, header: dict) -> list[QuestionRate]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not a select-data rates file (not UTF-8: {err.reason})") from None
+        raise ValueError(
+            f"{path}: not a select-data rates file (not UTF-8: {err.reason})"
+        ) from None
     lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
     if text and not text.endswith("\n"):  # a line cut short by a kill
         write_text_atomic(path, "".join(lines))
@@ -218,10 +283,13 @@ def read_rates(path: Path, header: dict) -> list[QuestionRate]:
     except (json.JSONDecodeError, TypeError) as err:
         raise ValueError(f"{path}: not a select-data rates file ({err})") from None
     if recorded != header:
-        differing = sorted(k for k in set(recorded) | set(header)
-                           if recorded.get(k) != header.get(k))
-        raise ValueError(f"{path} was measured with other {', '.join(differing)} (delete it, "
-                         f"or use another --out)")
+        differing = sorted(
+            k for k in set(recorded) | set(header) if recorded.get(k) != header.get(k)
+        )
+        raise ValueError(
+            f"{path} was measured with other {', '.join(differing)} (delete it, "
+            f"or use another --out)"
+        )
     if [r.index for r in rates] != list(range(len(rates))):
         raise ValueError(f"{path}: rates out of order")
     return rates
@@ -235,8 +303,12 @@ def append_lines(file, rows: list[dict]) -> None:
 
 def stratum(problem: Problem) -> tuple:
     """A problem's (subject, level) cell; a missing subject or level sorts last."""
-    return (problem.subject is None, problem.subject or "", problem.level is None,
-            problem.level or 0)
+    return (
+        problem.subject is None,
+        problem.subject or "",
+        problem.level is None,
+        problem.level or 0,
+    )
 
 
 def stratified(items: list, key) -> list:

@@ -119,24 +119,29 @@ class Game:
         if hasattr(self.utility, "values"):
             scored = np.asarray(self.utility.values(masks), dtype=np.float64)
             if scored.shape != masks.shape:
-                raise ValueError(f"a batched utility must return one value per coalition "
-                                 f"({len(masks)}), got shape {scored.shape}")
+                raise ValueError(
+                    f"a batched utility must return one value per coalition "
+                    f"({len(masks)}), got shape {scored.shape}"
+                )
             return scored
         return np.array([float(self.utility(int(mask))) for mask in masks])
 
 
 def from_indices(utility: Callable[[tuple[int, ...]], float]) -> Callable[[int], float]:
     """A bitmask utility from one written on sorted index tuples of the coalition's players."""
+
     def on_mask(mask: int) -> float:
         return utility(tuple(j for j in range(mask.bit_length()) if mask >> j & 1))
+
     return on_mask
 
 
 def shapley_exact(utility, n: int) -> Attribution:
     """Exact Shapley values over all 2^n coalitions (n <= 16), vectorised."""
     if not 1 <= n <= MAX_EXACT_PLAYERS:
-        raise ValueError(f"shapley_exact: need 1 <= n <= {MAX_EXACT_PLAYERS}, got {n} "
-                         f"(use shapley_monte_carlo)")
+        raise ValueError(
+            f"shapley_exact: need 1 <= n <= {MAX_EXACT_PLAYERS}, got {n} (use shapley_monte_carlo)"
+        )
     game = utility if isinstance(utility, Game) else Game(utility, n)
     table = game.all_values()
     phi = _coefficients(n) @ table
@@ -150,21 +155,30 @@ def _coefficients(n: int) -> np.ndarray:
     masks = np.arange(1 << n, dtype=np.int64)
     members = (masks[None, :] >> np.arange(n)[:, None]) & 1  # [n, 2^n]
     sizes = members.sum(axis=0)
-    weight = np.array([math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n)
-                       for s in range(n)] + [0.0])
+    weight = np.array(
+        [math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n) for s in range(n)]
+        + [0.0]
+    )
     coefficients = np.where(members == 1, weight[np.maximum(sizes - 1, 0)], -weight[sizes])
     coefficients.setflags(write=False)
     return coefficients
 
 
-def shapley_monte_carlo(utility, n: int, *, permutations: int,
-                        generator: torch.Generator | None = None,
-                        antithetic: bool = True) -> Attribution:
+def shapley_monte_carlo(
+    utility,
+    n: int,
+    *,
+    permutations: int,
+    generator: torch.Generator | None = None,
+    antithetic: bool = True,
+) -> Attribution:
     """Monte-Carlo Shapley values from ``permutations`` orderings drawn with ``generator``
     (torch's default when None), with per-player standard errors (module docstring)."""
     if antithetic and (permutations < 4 or permutations % 2):
-        raise ValueError(f"antithetic sampling needs an even number of permutations >= 4 "
-                         f"(pairs, two for a standard error), got {permutations}")
+        raise ValueError(
+            f"antithetic sampling needs an even number of permutations >= 4 "
+            f"(pairs, two for a standard error), got {permutations}"
+        )
     if permutations < 2:
         raise ValueError(f"need permutations >= 2 for a standard error, got {permutations}")
     game = utility if isinstance(utility, Game) else Game(utility, n)
@@ -180,8 +194,14 @@ def shapley_monte_carlo(utility, n: int, *, permutations: int,
     np.put_along_axis(marginal, orders, np.diff(table, axis=1), axis=1)
     units = (marginal[:drawn] + marginal[drawn:]) / 2 if antithetic else marginal
     se = units.std(axis=0, ddof=1) / math.sqrt(len(units))
-    return Attribution(marginal.mean(axis=0), se, game.utility_calls, float(table[0, -1]),
-                       float(table[0, 0]), permutations)
+    return Attribution(
+        marginal.mean(axis=0),
+        se,
+        game.utility_calls,
+        float(table[0, -1]),
+        float(table[0, 0]),
+        permutations,
+    )
 
 
 def leave_one_out(utility, n: int) -> Attribution:
@@ -190,8 +210,9 @@ def leave_one_out(utility, n: int) -> Attribution:
     everyone = (1 << n) - 1
     table = game.values(np.array([everyone] + [everyone & ~(1 << j) for j in range(n)]))
     empty = float(game.values(np.array([0]))[0])
-    return Attribution(table[0] - table[1:], np.zeros(n), game.utility_calls, float(table[0]),
-                       empty)
+    return Attribution(
+        table[0] - table[1:], np.zeros(n), game.utility_calls, float(table[0]), empty
+    )
 
 
 def independent(utility, n: int) -> Attribution:
@@ -199,8 +220,7 @@ def independent(utility, n: int) -> Attribution:
     game = utility if isinstance(utility, Game) else Game(utility, n)
     table = game.values(np.array([0] + [1 << j for j in range(n)]))
     full = float(game.values(np.array([(1 << n) - 1]))[0])
-    return Attribution(table[1:] - table[0], np.zeros(n), game.utility_calls, full,
-                       float(table[0]))
+    return Attribution(table[1:] - table[0], np.zeros(n), game.utility_calls, full, float(table[0]))
 
 
 def shapley_naive(utility: Callable[[int], float], n: int) -> np.ndarray:
@@ -250,8 +270,9 @@ class MajorityVote:
 
     def __init__(self, answers: Sequence[str | None], correct: Sequence[bool]) -> None:
         if len(answers) != len(correct):
-            raise ValueError(f"one correctness per answer: {len(answers)} answers, "
-                             f"{len(correct)} grades")
+            raise ValueError(
+                f"one correctness per answer: {len(answers)} answers, {len(correct)} grades"
+            )
         if any(ok and answer is None for answer, ok in zip(answers, correct)):
             raise ValueError("a path without an answer cannot be correct")
         self.n = len(answers)

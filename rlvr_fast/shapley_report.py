@@ -90,17 +90,27 @@ def vote_deltas(answers: list, correct: list[bool]) -> list[float]:
 def response_points(step: dict, deltas: list[list[float]]) -> list[ResponsePoints]:
     details = step["parallel"]
     k = details["paths_per_response"]
-    return [ResponsePoints(step["step"], details["phi"][r * k:(r + 1) * k], deltas[r],
-                           details["r_out"][r], details["utility_full"][r],
-                           details["utility_empty"][r]) for r in range(len(deltas))]
+    return [
+        ResponsePoints(
+            step["step"],
+            details["phi"][r * k : (r + 1) * k],
+            deltas[r],
+            details["r_out"][r],
+            details["utility_full"][r],
+            details["utility_empty"][r],
+        )
+        for r in range(len(deltas))
+    ]
 
 
 def step_vote_deltas(step: dict) -> list[list[float]]:
     details = step["parallel"]
     k = details["paths_per_response"]
     answers, correct = details["path_answers"], details["path_correct"]
-    return [vote_deltas(answers[r * k:(r + 1) * k], correct[r * k:(r + 1) * k])
-            for r in range(len(answers) // k)]
+    return [
+        vote_deltas(answers[r * k : (r + 1) * k], correct[r * k : (r + 1) * k])
+        for r in range(len(answers) // k)
+    ]
 
 
 class SummaryRegenerator:
@@ -110,12 +120,15 @@ class SummaryRegenerator:
     def __init__(self, run_dir: Path, config: dict, device: str) -> None:
         model_dir = run_dir / "final"
         if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{model_dir}: no final model (the summary diagnostic "
-                                    f"regenerates summaries with it)")
+            raise FileNotFoundError(
+                f"{model_dir}: no final model (the summary diagnostic "
+                f"regenerates summaries with it)"
+            )
         self.policy = load_policy(model_dir, device=device)
         self.engine = RolloutEngine.for_policy(self.policy)
-        self.params = SamplingParams(config["max_new_tokens"], config["temperature"],
-                                     config["top_p"])
+        self.params = SamplingParams(
+            config["max_new_tokens"], config["temperature"], config["top_p"]
+        )
 
     def deltas(self, step: dict) -> list[list[float]]:
         details, tokenizer = step["parallel"], self.policy.tokenizer
@@ -123,14 +136,14 @@ class SummaryRegenerator:
         prompt = tokenizer.encode(render_prompt(details["question"]))
         out = []
         for r, seed in enumerate(details["summary_seeds"]):
-            paths = details["path_ids"][r * k:(r + 1) * k]
-            variants = [paths] + [paths[:j] + paths[j + 1:] for j in range(k)]
-            contexts = [summary_context(v, tokenizer.encode, tokenizer.eos_token_ids)
-                        for v in variants]
+            paths = details["path_ids"][r * k : (r + 1) * k]
+            variants = [paths] + [paths[:j] + paths[j + 1 :] for j in range(k)]
+            contexts = [
+                summary_context(v, tokenizer.encode, tokenizer.eos_token_ids) for v in variants
+            ]
             source = self.engine.add(prompt)
             try:
-                seqs = summarise(self.engine, source, contexts, [seed] * len(contexts),
-                                 self.params)
+                seqs = summarise(self.engine, source, contexts, [seed] * len(contexts), self.params)
             finally:
                 self.engine.free(source)
             texts = tokenizer.decode_batch([seq.completion for seq in seqs])
@@ -160,8 +173,9 @@ def spearman(x, y) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def bootstrap_spearman(responses: list[ResponsePoints], resamples: int,
-                       seed: int) -> tuple[float, float]:
+def bootstrap_spearman(
+    responses: list[ResponsePoints], resamples: int, seed: int
+) -> tuple[float, float]:
     """95% percentile CI of Spearman(phi, delta), resampling responses with replacement;
     resamples where a side is constant are left out (NaN when all are)."""
     rng = np.random.default_rng(seed)
@@ -170,8 +184,9 @@ def bootstrap_spearman(responses: list[ResponsePoints], resamples: int,
     values = []
     for _ in range(resamples):
         pick = rng.integers(0, len(responses), len(responses))
-        value = spearman(np.concatenate([phi[i] for i in pick]),
-                         np.concatenate([delta[i] for i in pick]))
+        value = spearman(
+            np.concatenate([phi[i] for i in pick]), np.concatenate([delta[i] for i in pick])
+        )
         if not math.isnan(value):
             values.append(value)
     if not values:
@@ -180,8 +195,14 @@ def bootstrap_spearman(responses: list[ResponsePoints], resamples: int,
     return float(low), float(high)
 
 
-def mc_standard_error(step: dict, config: dict, permutations: int, antithetic: bool,
-                      repeats: int, generator: torch.Generator) -> list[float]:
+def mc_standard_error(
+    step: dict,
+    config: dict,
+    permutations: int,
+    antithetic: bool,
+    repeats: int,
+    generator: torch.Generator,
+) -> list[float]:
     """Per path of the step: the standard deviation of the ``permutations``-ordering estimate
     around the exact phi over ``repeats`` draws (module docstring); empty when the step's
     utility can be neither replayed from a stored table nor rebuilt from its answers."""
@@ -194,26 +215,43 @@ def mc_standard_error(step: dict, config: dict, permutations: int, antithetic: b
             utility = TableUtility(table)
         elif config["path_utility"] != "judge":
             part = slice(r * k, (r + 1) * k)
-            utility = outcome_utility(config["path_utility"], details["path_answers"][part],
-                                      details["path_correct"][part])
+            utility = outcome_utility(
+                config["path_utility"], details["path_answers"][part], details["path_correct"][part]
+            )
         else:
             return []
         exact = shapley_exact(utility, k).phi
-        draws = np.stack([shapley_monte_carlo(utility, k, permutations=permutations,
-                                              generator=generator, antithetic=antithetic).phi
-                          for _ in range(repeats)])
+        draws = np.stack(
+            [
+                shapley_monte_carlo(
+                    utility,
+                    k,
+                    permutations=permutations,
+                    generator=generator,
+                    antithetic=antithetic,
+                ).phi
+                for _ in range(repeats)
+            ]
+        )
         errors += np.sqrt(((draws - exact) ** 2).mean(axis=0)).tolist()
     return errors
 
 
-def build_report(run_dir: Path, *, max_steps: int | None = None, seed: int = 0,
-                 resamples: int = 4000, mc_repeats: int = 200,
-                 device: str = "cpu") -> tuple[dict, list[ResponsePoints]]:
+def build_report(
+    run_dir: Path,
+    *,
+    max_steps: int | None = None,
+    seed: int = 0,
+    resamples: int = 4000,
+    mc_repeats: int = 200,
+    device: str = "cpu",
+) -> tuple[dict, list[ResponsePoints]]:
     config, steps = load_parallel_steps(run_dir)
     if max_steps is not None and max_steps < len(steps):
         steps = sorted(random.Random(seed).sample(steps, max_steps), key=lambda s: s["step"])
-    regenerator = (SummaryRegenerator(run_dir, config, device)
-                   if config["aggregator"] == "summary" else None)
+    regenerator = (
+        SummaryRegenerator(run_dir, config, device) if config["aggregator"] == "summary" else None
+    )
     responses = []
     for step in steps:
         deltas = regenerator.deltas(step) if regenerator else step_vote_deltas(step)
@@ -227,32 +265,53 @@ def build_report(run_dir: Path, *, max_steps: int | None = None, seed: int = 0,
     permutations = PAPER_PERMUTATIONS if exact else config["shapley_permutations"]
     antithetic = not exact and config["shapley_antithetic"]
     generator = torch.Generator().manual_seed(seed)
-    mc_errors = [e for step in steps for e in mc_standard_error(
-        step, config, permutations, antithetic, mc_repeats, generator)]
+    mc_errors = [
+        e
+        for step in steps
+        for e in mc_standard_error(step, config, permutations, antithetic, mc_repeats, generator)
+    ]
     low, high = bootstrap_spearman(responses, resamples, seed)
     report = {
-        "run": str(run_dir), "arm": config["arm"], "aggregator": config["aggregator"],
-        "path_utility": config["path_utility"], "path_credit": config["path_credit"],
-        "paths_per_response": config["num_paths"], "steps": len(steps),
-        "responses": len(responses), "paths": len(phi),
+        "run": str(run_dir),
+        "arm": config["arm"],
+        "aggregator": config["aggregator"],
+        "path_utility": config["path_utility"],
+        "path_credit": config["path_credit"],
+        "paths_per_response": config["num_paths"],
+        "steps": len(steps),
+        "responses": len(responses),
+        "paths": len(phi),
         "spearman_phi_delta": spearman(phi, delta),
         "spearman_ci95": [None if math.isnan(low) else low, None if math.isnan(high) else high],
         "bootstrap_resamples": resamples,
         "mean_abs_sum_phi_minus_r_out": float(np.mean(np.abs(np.array(sums) - r_out))),
-        "mean_abs_sum_phi_minus_utility": float(np.mean(np.abs(
-            np.array(sums) - (full - np.array([r.utility_empty for r in responses]))))),
+        "mean_abs_sum_phi_minus_utility": float(
+            np.mean(
+                np.abs(np.array(sums) - (full - np.array([r.utility_empty for r in responses])))
+            )
+        ),
         "mean_abs_utility_minus_r_out": float(np.mean(np.abs(full - r_out))),
-        "pearson_utility_r_out": (float(np.corrcoef(full, r_out)[0, 1])
-                                  if full.std() > 0 and r_out.std() > 0 else math.nan),
-        "mean_r_out": float(r_out.mean()), "mean_utility_full": float(full.mean()),
-        "mc_permutations": permutations, "mc_antithetic": antithetic,
+        "pearson_utility_r_out": (
+            float(np.corrcoef(full, r_out)[0, 1])
+            if full.std() > 0 and r_out.std() > 0
+            else math.nan
+        ),
+        "mean_r_out": float(r_out.mean()),
+        "mean_utility_full": float(full.mean()),
+        "mc_permutations": permutations,
+        "mc_antithetic": antithetic,
         "mc_standard_error": float(np.mean(mc_errors)) if mc_errors else math.nan,
         "mc_repeats": mc_repeats,
-        "ledger_mean_phi_se": (float(np.mean([x for s in steps for x in s["parallel"]["phi_se"]]))
-                               if not exact else None),
+        "ledger_mean_phi_se": (
+            float(np.mean([x for s in steps for x in s["parallel"]["phi_se"]]))
+            if not exact
+            else None
+        ),
     }
-    return {key: None if isinstance(value, float) and math.isnan(value) else value
-            for key, value in report.items()}, responses
+    return {
+        key: None if isinstance(value, float) and math.isnan(value) else value
+        for key, value in report.items()
+    }, responses
 
 
 def number(value: float | None) -> str:
@@ -262,23 +321,34 @@ def number(value: float | None) -> str:
 def format_table(report: dict) -> str:
     low, high = report["spearman_ci95"]
     rows = [
-        ("run", report["run"]), ("arm", report["arm"]),
-        ("aggregator / utility / credit",
-         f"{report['aggregator']} / {report['path_utility']} / {report['path_credit']}"),
-        ("steps / responses / paths",
-         f"{report['steps']} / {report['responses']} / {report['paths']}"),
-        ("Spearman(phi_j, delta_j) [95% CI]",
-         f"{number(report['spearman_phi_delta'])} [{number(low)}, {number(high)}] "
-         f"({report['bootstrap_resamples']} response resamples)"),
+        ("run", report["run"]),
+        ("arm", report["arm"]),
+        (
+            "aggregator / utility / credit",
+            f"{report['aggregator']} / {report['path_utility']} / {report['path_credit']}",
+        ),
+        (
+            "steps / responses / paths",
+            f"{report['steps']} / {report['responses']} / {report['paths']}",
+        ),
+        (
+            "Spearman(phi_j, delta_j) [95% CI]",
+            f"{number(report['spearman_phi_delta'])} [{number(low)}, {number(high)}] "
+            f"({report['bootstrap_resamples']} response resamples)",
+        ),
         ("mean abs(sum phi - r_out)", number(report["mean_abs_sum_phi_minus_r_out"])),
         ("mean abs(sum phi - (U(P) - U(empty)))", number(report["mean_abs_sum_phi_minus_utility"])),
         ("mean abs(U(P) - r_out)", number(report["mean_abs_utility_minus_r_out"])),
         ("Pearson(U(P), r_out)", number(report["pearson_utility_r_out"])),
-        ("mean r_out / mean U(P)",
-         f"{number(report['mean_r_out'])} / {number(report['mean_utility_full'])}"),
-        (f"MC standard error of Shapley phi at M = {report['mc_permutations']}",
-         f"{number(report['mc_standard_error'])} ({report['mc_repeats']} draws per response"
-         f"{', antithetic' if report['mc_antithetic'] else ''})"),
+        (
+            "mean r_out / mean U(P)",
+            f"{number(report['mean_r_out'])} / {number(report['mean_utility_full'])}",
+        ),
+        (
+            f"MC standard error of Shapley phi at M = {report['mc_permutations']}",
+            f"{number(report['mc_standard_error'])} ({report['mc_repeats']} draws per response"
+            f"{', antithetic' if report['mc_antithetic'] else ''})",
+        ),
     ]
     if report["ledger_mean_phi_se"] is not None:
         rows.append(("ledger mean standard error of phi", number(report["ledger_mean_phi_se"])))
@@ -290,8 +360,10 @@ def write_scatter(responses: list[ResponsePoints], path: Path, title: str) -> No
     """phi_j against delta_j, one marker per distinct point, labelled with its number of paths
     (the credit takes few values, so most points are shared)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     points: dict[tuple[float, float], int] = {}
     for r in responses:
         for phi, delta in zip(r.phi, r.delta):
@@ -299,8 +371,9 @@ def write_scatter(responses: list[ResponsePoints], path: Path, title: str) -> No
             points[key] = points.get(key, 0) + 1
     figure, axes = plt.subplots(figsize=(5.5, 4.5), dpi=120)
     xs, ys = zip(*points)
-    axes.scatter(xs, ys, s=[20 * math.sqrt(c) for c in points.values()], alpha=0.5,
-                 edgecolors="none")
+    axes.scatter(
+        xs, ys, s=[20 * math.sqrt(c) for c in points.values()], alpha=0.5, edgecolors="none"
+    )
     for (x, y), count in points.items():
         axes.annotate(str(count), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     axes.axhline(0, color="grey", linewidth=0.5)
@@ -328,8 +401,11 @@ def shapley_report(run_dir: Path, *, out_dir: Path | None = None, **settings) ->
     table = format_table(report)
     write_json_atomic(out_dir / "report.json", report)
     write_text_atomic(out_dir / "report.md", table)
-    write_scatter(responses, out_dir / "scatter.png",
-                  f"{report['arm']}: Spearman {number(report['spearman_phi_delta'])}, "
-                  f"{report['paths']} paths")
+    write_scatter(
+        responses,
+        out_dir / "scatter.png",
+        f"{report['arm']}: Spearman {number(report['spearman_phi_delta'])}, "
+        f"{report['paths']} paths",
+    )
     report["table"] = table
     return report

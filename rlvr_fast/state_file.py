@@ -68,15 +68,22 @@ def encode(value, tensors: dict[str, torch.Tensor], seen: dict[tuple, str]):
     raise TypeError(f"save_state: cannot store a {type(value).__name__}")
 
 
-def tensor_name(tensor: torch.Tensor, tensors: dict[str, torch.Tensor],
-                seen: dict[tuple, str]) -> str:
+def tensor_name(
+    tensor: torch.Tensor, tensors: dict[str, torch.Tensor], seen: dict[tuple, str]
+) -> str:
     """One entry per distinct tensor: a tied weight (two names, one storage) is stored once and
     referenced twice. Other tensors that overlap a stored one are copied, as safetensors
     refuses shared storage."""
     tensor = tensor.detach()
     storage = tensor.untyped_storage().data_ptr()
-    view = (storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
-            tensor.dtype, tensor.device)
+    view = (
+        storage,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+        tensor.device,
+    )
     if view in seen:
         return seen[view]
     name = str(len(tensors))
@@ -93,8 +100,9 @@ def load_state(path: str | os.PathLike) -> dict:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             header = (handle.metadata() or {}).get(HEADER_KEY)
             if header is None:
-                raise StateFileError(f"{path}: not an rlvr_fast state file (no {HEADER_KEY!r} "
-                                     "header)")
+                raise StateFileError(
+                    f"{path}: not an rlvr_fast state file (no {HEADER_KEY!r} header)"
+                )
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except FileNotFoundError:
         raise StateFileError(f"{path}: no such file") from None
@@ -118,7 +126,7 @@ def decode(skeleton, tensors: dict[str, torch.Tensor]):
         return skeleton
     if len(skeleton) != 1:
         raise ValueError(f"untagged object {sorted(skeleton)[:3]}")
-    (tag, body), = skeleton.items()
+    ((tag, body),) = skeleton.items()
     if tag == TENSOR:
         return tensors[body]
     if tag == DICT:

@@ -39,11 +39,15 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance)
 
 
-def paired_differences(arm: Mapping[int, float], reference: Mapping[int, float]) -> dict[int, float]:
+def paired_differences(
+    arm: Mapping[int, float], reference: Mapping[int, float]
+) -> dict[int, float]:
     """arm[s] - reference[s] for every seed s both have, in the arm's seed order."""
     common = [s for s in arm if s in reference]
     if not common:
-        raise ValueError(f"no seed in common: arm has {sorted(arm)}, reference has {sorted(reference)}")
+        raise ValueError(
+            f"no seed in common: arm has {sorted(arm)}, reference has {sorted(reference)}"
+        )
     return {s: arm[s] - reference[s] for s in common}
 
 
@@ -55,8 +59,13 @@ def percentile_interval(statistics: np.ndarray, level: float = CI_LEVEL) -> tupl
     return float(low), float(high)
 
 
-def bootstrap_mean_ci(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
-                      seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> tuple[float, float]:
+def bootstrap_mean_ci(
+    values: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = CI_LEVEL,
+) -> tuple[float, float]:
     """One-level percentile bootstrap CI of the mean: resample the n values with replacement
     ``resamples`` times, take each resample's mean. Used for the pooled-item CI, where the values
     are the paired differences of every (seed, question) pair."""
@@ -73,9 +82,13 @@ def bootstrap_mean_ci(values: Sequence[float], *, resamples: int = BOOTSTRAP_RES
     return percentile_interval(means, level)
 
 
-def two_level_bootstrap_ci(matrix: Sequence[Sequence[float]], *,
-                           resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                           level: float = CI_LEVEL) -> tuple[float, float]:
+def two_level_bootstrap_ci(
+    matrix: Sequence[Sequence[float]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = CI_LEVEL,
+) -> tuple[float, float]:
     """Two-level (seed x question) percentile bootstrap CI of the grand mean of ``matrix``
     [seeds, questions] (one row per seed; a row holds per-question values, e.g. paired
     differences in correctness). Each resample draws S seeds with replacement, then N questions
@@ -83,8 +96,10 @@ def two_level_bootstrap_ci(matrix: Sequence[Sequence[float]], *,
     draws. With one seed this is the one-level bootstrap over its questions."""
     data = np.asarray(matrix, dtype=np.float64)
     if data.ndim != 2 or data.size == 0:
-        raise ValueError(f"two_level_bootstrap_ci needs a non-empty [seeds, questions] matrix, "
-                         f"got shape {data.shape}")
+        raise ValueError(
+            f"two_level_bootstrap_ci needs a non-empty [seeds, questions] matrix, "
+            f"got shape {data.shape}"
+        )
     _check_resamples(resamples)
     seeds, items = data.shape
     rng = np.random.default_rng(seed)
@@ -94,7 +109,7 @@ def two_level_bootstrap_ci(matrix: Sequence[Sequence[float]], *,
         count = min(resamples, start + chunk) - start
         drawn_seeds = rng.integers(0, seeds, (count, seeds))
         drawn_items = rng.integers(0, items, (count, seeds, items))
-        means[start:start + count] = data[drawn_seeds[:, :, None], drawn_items].mean(axis=(1, 2))
+        means[start : start + count] = data[drawn_seeds[:, :, None], drawn_items].mean(axis=(1, 2))
     return percentile_interval(means, level)
 
 

@@ -14,8 +14,14 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as RustTokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                   "special_tokens_map.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 class TokenizerError(ValueError):
@@ -48,8 +54,9 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def decode_batch(self, rows: list[list[int]], *, skip_special_tokens: bool = True) -> list[str]:
-        return self.backend.decode_batch([list(r) for r in rows],
-                                         skip_special_tokens=skip_special_tokens)
+        return self.backend.decode_batch(
+            [list(r) for r in rows], skip_special_tokens=skip_special_tokens
+        )
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -69,8 +76,9 @@ class Tokenizer:
         try:
             backend = RustTokenizer.from_file(str(path))
         except Exception as err:  # the tokenizers library raises a bare Exception
-            raise TokenizerError(f"{path}: unreadable tokenizer ({str(err).splitlines()[0]})") \
-                from None
+            raise TokenizerError(
+                f"{path}: unreadable tokenizer ({str(err).splitlines()[0]})"
+            ) from None
         tok_config = _read_json(directory / "tokenizer_config.json")
         eos = _eos_ids(directory, tok_config, backend)
         pad = _token_id(tok_config.get("pad_token"), backend)
@@ -103,14 +111,20 @@ def _eos_ids(directory: Path, tok_config: dict, backend: RustTokenizer) -> list[
         if eos is None:
             continue
         ids = eos if isinstance(eos, list) else [eos]
-        if not ids or not all(isinstance(i, int) and not isinstance(i, bool)
-                              and 0 <= i < backend.get_vocab_size(with_added_tokens=True)
-                              for i in ids):
-            raise TokenizerError(f"{directory / name}: eos_token_id must be token ids of the "
-                                 f"tokenizer, got {eos!r}")
+        if not ids or not all(
+            isinstance(i, int)
+            and not isinstance(i, bool)
+            and 0 <= i < backend.get_vocab_size(with_added_tokens=True)
+            for i in ids
+        ):
+            raise TokenizerError(
+                f"{directory / name}: eos_token_id must be token ids of the tokenizer, got {eos!r}"
+            )
         return ids
     eos = _token_id(tok_config.get("eos_token"), backend)
     if eos is None:
-        raise TokenizerError(f"{directory}: no eos_token_id in generation_config.json or "
-                             "config.json and no eos_token in tokenizer_config.json")
+        raise TokenizerError(
+            f"{directory}: no eos_token_id in generation_config.json or "
+            "config.json and no eos_token in tokenizer_config.json"
+        )
     return [eos]

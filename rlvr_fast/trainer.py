@@ -85,19 +85,37 @@ from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
 from rlvr_fast.generation import base_seed, sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
-from rlvr_fast.ledger import (LedgerWriter, ParallelStats, StepRecord, flat_step_record,
-                              multi_question_step_record, parallel_step_record, tree_step_record)
+from rlvr_fast.ledger import (
+    LedgerWriter,
+    ParallelStats,
+    StepRecord,
+    flat_step_record,
+    multi_question_step_record,
+    parallel_step_record,
+    tree_step_record,
+)
 from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.optim import zero_grad_adamw_
 from rlvr_fast.pairs import PairCategory
 from rlvr_fast.parallel import AGGREGATORS, ParallelRollout, sample_parallel
-from rlvr_fast.path_credit import (PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES,
-                                   ParallelCredit, outcome_utility, parallel_credit)
+from rlvr_fast.path_credit import (
+    PATH_CREDITS,
+    PATH_REWARD_NORMS,
+    PATH_UTILITIES,
+    ParallelCredit,
+    outcome_utility,
+    parallel_credit,
+)
 from rlvr_fast.polyak import PolyakAverage, trainable
 from rlvr_fast.rollout import EARLY_EOS_MODES, TreeRollout, sample_trees_ids
-from rlvr_fast.run_directory import (RESUME_MAY_CHANGE, check_eval_name, open_run_directory,
-                                     run_signature, whole_lines)
+from rlvr_fast.run_directory import (
+    RESUME_MAY_CHANGE,
+    check_eval_name,
+    open_run_directory,
+    run_signature,
+    whole_lines,
+)
 from rlvr_fast.shapley import MAX_EXACT_PLAYERS, MAX_PLAYERS, MajorityVote
 from rlvr_fast.state_file import StateFileError, load_state, save_state
 
@@ -181,97 +199,179 @@ class TrainConfig:
             (self.arm in ARMS, f"unknown arm {self.arm!r} (valid: {', '.join(ARMS)})"),
             (self.steps >= 1, f"steps must be >= 1, got {self.steps}"),
             (0 <= self.seed <= MAX_SEED, f"seed must be in [0, 2**63 - 1], got {self.seed}"),
-            (2 <= self.group_size <= MAX_GROUP_SIZE and self.group_size % 2 == 0,
-             f"group_size must be even and in [2, {MAX_GROUP_SIZE}] (rollouts are ledgered in "
-             f"pairs), got {self.group_size}"),
+            (
+                2 <= self.group_size <= MAX_GROUP_SIZE and self.group_size % 2 == 0,
+                f"group_size must be even and in [2, {MAX_GROUP_SIZE}] (rollouts are ledgered in "
+                f"pairs), got {self.group_size}",
+            ),
             (self.temperature > 0, f"temperature must be > 0 for rollouts, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
-             f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}"),
+            (
+                1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+                f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}",
+            ),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-             f"betas must be two numbers in [0, 1), got {self.betas}"),
+            (
+                len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                f"betas must be two numbers in [0, 1), got {self.betas}",
+            ),
             (self.eps > 0, f"eps must be > 0, got {self.eps}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0,
-             f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}"),
-            (self.loss_order in LOSS_ORDERS,
-             f"loss_order must be one of {', '.join(LOSS_ORDERS)}, got {self.loss_order!r}"),
-            (self.zero_var_step in ZERO_VAR_STEPS,
-             f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}"),
-            (self.gate_min_chars is None or self.gate_min_chars >= 0,
-             f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}"),
-            (self.loss_type in LOSS_TYPES,
-             f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"),
-            (self.loss_order == "token_weighted" or not (
-                self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated),
-             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
-             "token_weighted"),
-            (self.sampler == "flat" or (self.loss_type == "sum" and self.scale_rewards
-                                        and not self.tempered_logprobs and not self.mask_truncated),
-             "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
-             "arms only"),
-            (1 <= self.eval_max_new_tokens <= MAX_NEW_TOKENS,
-             f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got "
-             f"{self.eval_max_new_tokens}"),
-            (1 <= self.max_batch <= MAX_BATCH,
-             f"max_batch must be in [1, {MAX_BATCH}], got {self.max_batch}"),
+            (
+                self.max_grad_norm is None or self.max_grad_norm > 0,
+                f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}",
+            ),
+            (
+                self.loss_order in LOSS_ORDERS,
+                f"loss_order must be one of {', '.join(LOSS_ORDERS)}, got {self.loss_order!r}",
+            ),
+            (
+                self.zero_var_step in ZERO_VAR_STEPS,
+                f"zero_var_step must be one of {', '.join(ZERO_VAR_STEPS)}, got {self.zero_var_step!r}",
+            ),
+            (
+                self.gate_min_chars is None or self.gate_min_chars >= 0,
+                f"gate_min_chars must be >= 0 or None, got {self.gate_min_chars}",
+            ),
+            (
+                self.loss_type in LOSS_TYPES,
+                f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}",
+            ),
+            (
+                self.loss_order == "token_weighted"
+                or not (self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated),
+                "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+                "token_weighted",
+            ),
+            (
+                self.sampler == "flat"
+                or (
+                    self.loss_type == "sum"
+                    and self.scale_rewards
+                    and not self.tempered_logprobs
+                    and not self.mask_truncated
+                ),
+                "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat "
+                "arms only",
+            ),
+            (
+                1 <= self.eval_max_new_tokens <= MAX_NEW_TOKENS,
+                f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got "
+                f"{self.eval_max_new_tokens}",
+            ),
+            (
+                1 <= self.max_batch <= MAX_BATCH,
+                f"max_batch must be in [1, {MAX_BATCH}], got {self.max_batch}",
+            ),
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
-            (self.sampler in SAMPLERS, f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"),
-            (self.early_eos_mode in EARLY_EOS_MODES, f"early_eos_mode must be one of "
-             f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}"),
+            (
+                self.sampler in SAMPLERS,
+                f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}",
+            ),
+            (
+                self.early_eos_mode in EARLY_EOS_MODES,
+                f"early_eos_mode must be one of "
+                f"{', '.join(EARLY_EOS_MODES)}, got {self.early_eos_mode!r}",
+            ),
             (self.tree_b == 2, f"tree_b must be 2 (the ledger records pairs), got {self.tree_b}"),
-            (1 <= self.tree_k <= MAX_GROUP_SIZE // 2,
-             f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {self.tree_k}"),
-            (self.sampler != "tree" or self.group_size == self.tree_k * self.tree_b,
-             f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
-             f"warmup and tree steps train on as many leaves, got {self.group_size}"),
-            (self.sampler != "tree" or 1 <= self.t_min <= self.t_max < self.max_new_tokens,
-             f"need 1 <= t_min <= t_max < max_new_tokens, got {self.t_min}, {self.t_max}, "
-             f"{self.max_new_tokens}"),
+            (
+                1 <= self.tree_k <= MAX_GROUP_SIZE // 2,
+                f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {self.tree_k}",
+            ),
+            (
+                self.sampler != "tree" or self.group_size == self.tree_k * self.tree_b,
+                f"tree arms need group_size = tree_k * tree_b ({self.tree_k * self.tree_b}) so flat "
+                f"warmup and tree steps train on as many leaves, got {self.group_size}",
+            ),
+            (
+                self.sampler != "tree" or 1 <= self.t_min <= self.t_max < self.max_new_tokens,
+                f"need 1 <= t_min <= t_max < max_new_tokens, got {self.t_min}, {self.t_max}, "
+                f"{self.max_new_tokens}",
+            ),
             (0 <= self.beta <= 1, f"beta must be in [0, 1], got {self.beta}"),
             (0 <= self.alpha <= 1, f"alpha must be in [0, 1], got {self.alpha}"),
             (self.bifurcate_after_active >= 0, "bifurcate_after_active must be >= 0"),
-            (self.sampler == "flat" or self.loss_order == "token_weighted",
-             "tree and parallel arms weight every token, so they need loss_order token_weighted"),
-            (1 <= self.num_paths <= MAX_PLAYERS, f"num_paths must be in [1, {MAX_PLAYERS}], "
-             f"got {self.num_paths}"),
-            (self.aggregator in AGGREGATORS,
-             f"aggregator must be one of {', '.join(AGGREGATORS)}, got {self.aggregator!r}"),
-            (self.path_utility in PATH_UTILITIES, f"path_utility must be one of "
-             f"{', '.join(PATH_UTILITIES)}, got {self.path_utility!r}"),
-            (self.path_credit in PATH_CREDITS, f"path_credit must be one of "
-             f"{', '.join(PATH_CREDITS)}, got {self.path_credit!r}"),
-            (self.path_reward_norm in PATH_REWARD_NORMS, f"path_reward_norm must be one of "
-             f"{', '.join(PATH_REWARD_NORMS)}, got {self.path_reward_norm!r}"),
-            (0 <= self.shapley_permutations <= MAX_SHAPLEY_PERMUTATIONS,
-             f"shapley_permutations must be in [0, {MAX_SHAPLEY_PERMUTATIONS}] (0: exact)"),
-            (self.shapley_permutations > 0 or self.path_credit != "shapley"
-             or self.num_paths <= MAX_EXACT_PLAYERS, f"exact Shapley takes at most "
-             f"{MAX_EXACT_PLAYERS} paths; set shapley_permutations for {self.num_paths}"),
-            (not self.shapley_antithetic or self.shapley_permutations == 0
-             or (self.shapley_permutations >= 4 and self.shapley_permutations % 2 == 0),
-             "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
-             "(or shapley_antithetic false)"),
+            (
+                self.sampler == "flat" or self.loss_order == "token_weighted",
+                "tree and parallel arms weight every token, so they need loss_order token_weighted",
+            ),
+            (
+                1 <= self.num_paths <= MAX_PLAYERS,
+                f"num_paths must be in [1, {MAX_PLAYERS}], got {self.num_paths}",
+            ),
+            (
+                self.aggregator in AGGREGATORS,
+                f"aggregator must be one of {', '.join(AGGREGATORS)}, got {self.aggregator!r}",
+            ),
+            (
+                self.path_utility in PATH_UTILITIES,
+                f"path_utility must be one of "
+                f"{', '.join(PATH_UTILITIES)}, got {self.path_utility!r}",
+            ),
+            (
+                self.path_credit in PATH_CREDITS,
+                f"path_credit must be one of {', '.join(PATH_CREDITS)}, got {self.path_credit!r}",
+            ),
+            (
+                self.path_reward_norm in PATH_REWARD_NORMS,
+                f"path_reward_norm must be one of "
+                f"{', '.join(PATH_REWARD_NORMS)}, got {self.path_reward_norm!r}",
+            ),
+            (
+                0 <= self.shapley_permutations <= MAX_SHAPLEY_PERMUTATIONS,
+                f"shapley_permutations must be in [0, {MAX_SHAPLEY_PERMUTATIONS}] (0: exact)",
+            ),
+            (
+                self.shapley_permutations > 0
+                or self.path_credit != "shapley"
+                or self.num_paths <= MAX_EXACT_PLAYERS,
+                f"exact Shapley takes at most "
+                f"{MAX_EXACT_PLAYERS} paths; set shapley_permutations for {self.num_paths}",
+            ),
+            (
+                not self.shapley_antithetic
+                or self.shapley_permutations == 0
+                or (self.shapley_permutations >= 4 and self.shapley_permutations % 2 == 0),
+                "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
+                "(or shapley_antithetic false)",
+            ),
             (self.shapley_permutations != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
-            (self.lambda_outcome >= 0 and self.lambda_path >= 0,
-             "lambda_outcome and lambda_path must be >= 0"),
-            (1 <= self.questions_per_step <= MAX_QUESTIONS_PER_STEP,
-             f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got "
-             f"{self.questions_per_step}"),
-            (self.questions_per_step == 1 or self.skip_zero_var, "questions_per_step > 1 needs "
-             "skip_zero_var: a zero-variance question has no gradient to scale to unit norm"),
-            (self.questions_per_step == 1 or self.loss_order == "token_weighted",
-             "questions_per_step > 1 needs loss_order token_weighted"),
-            (self.questions_per_step == 1 or self.sampler != "parallel",
-             "parallel-path arms take one question per step (questions_per_step 1)"),
-            (not self.zero_cont_mass or self.sampler == "tree",
-             "zero_cont_mass centres tree continuations: it needs sampler tree"),
-            (0 <= self.polyak_start <= self.steps, f"polyak_start must be in [0, steps = "
-             f"{self.steps}] (0: no Polyak average), got {self.polyak_start}"),
-            (self.active_steps is None or 1 <= self.active_steps <= self.steps,
-             f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
-             f"{self.active_steps}"),
+            (
+                self.lambda_outcome >= 0 and self.lambda_path >= 0,
+                "lambda_outcome and lambda_path must be >= 0",
+            ),
+            (
+                1 <= self.questions_per_step <= MAX_QUESTIONS_PER_STEP,
+                f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got "
+                f"{self.questions_per_step}",
+            ),
+            (
+                self.questions_per_step == 1 or self.skip_zero_var,
+                "questions_per_step > 1 needs "
+                "skip_zero_var: a zero-variance question has no gradient to scale to unit norm",
+            ),
+            (
+                self.questions_per_step == 1 or self.loss_order == "token_weighted",
+                "questions_per_step > 1 needs loss_order token_weighted",
+            ),
+            (
+                self.questions_per_step == 1 or self.sampler != "parallel",
+                "parallel-path arms take one question per step (questions_per_step 1)",
+            ),
+            (
+                not self.zero_cont_mass or self.sampler == "tree",
+                "zero_cont_mass centres tree continuations: it needs sampler tree",
+            ),
+            (
+                0 <= self.polyak_start <= self.steps,
+                f"polyak_start must be in [0, steps = "
+                f"{self.steps}] (0: no Polyak average), got {self.polyak_start}",
+            ),
+            (
+                self.active_steps is None or 1 <= self.active_steps <= self.steps,
+                f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
+                f"{self.active_steps}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -281,26 +381,49 @@ class TrainConfig:
         """Overrides arrive from the command line as JSON: refuse a wrong type by name here
         rather than fail inside a comparison later. Ints are accepted where floats are."""
         numbers = (int, float)
-        expected = {"arm": (str,), "loss_order": (str,), "zero_var_step": (str,),
-                    "sampler": (str,), "early_eos_mode": (str,), "loss_type": (str,),
-                    "scale_rewards": (bool,), "tempered_logprobs": (bool,),
-                    "mask_truncated": (bool,), "aggregator": (str,),
-                    "path_utility": (str,), "path_credit": (str,), "path_reward_norm": (str,),
-                    "judge_model": (str,), "shapley_antithetic": (bool,),
-                    "lambda_outcome": numbers, "lambda_path": numbers,
-                    "skip_zero_var": (bool,), "eval_before": (bool,),
-                    "fused_zero_grad_step": (bool,), "clamped_prefix": (bool,),
-                    "tree_reprefill": (bool,), "cuda_graphs": (bool,), "allow_nonfinite": (bool,),
-                    "beta": numbers, "alpha": numbers,
-                    "zero_cont_mass": (bool,), "active_steps": (int, type(None)),
-                    "temperature": numbers, "top_p": numbers, "lr": numbers, "eps": numbers,
-                    "weight_decay": numbers, "max_grad_norm": numbers + (type(None),),
-                    "gate_min_chars": (int, type(None))}
+        expected = {
+            "arm": (str,),
+            "loss_order": (str,),
+            "zero_var_step": (str,),
+            "sampler": (str,),
+            "early_eos_mode": (str,),
+            "loss_type": (str,),
+            "scale_rewards": (bool,),
+            "tempered_logprobs": (bool,),
+            "mask_truncated": (bool,),
+            "aggregator": (str,),
+            "path_utility": (str,),
+            "path_credit": (str,),
+            "path_reward_norm": (str,),
+            "judge_model": (str,),
+            "shapley_antithetic": (bool,),
+            "lambda_outcome": numbers,
+            "lambda_path": numbers,
+            "skip_zero_var": (bool,),
+            "eval_before": (bool,),
+            "fused_zero_grad_step": (bool,),
+            "clamped_prefix": (bool,),
+            "tree_reprefill": (bool,),
+            "cuda_graphs": (bool,),
+            "allow_nonfinite": (bool,),
+            "beta": numbers,
+            "alpha": numbers,
+            "zero_cont_mass": (bool,),
+            "active_steps": (int, type(None)),
+            "temperature": numbers,
+            "top_p": numbers,
+            "lr": numbers,
+            "eps": numbers,
+            "weight_decay": numbers,
+            "max_grad_norm": numbers + (type(None),),
+            "gate_min_chars": (int, type(None)),
+        }
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "betas":
                 ok = isinstance(value, (list, tuple)) and all(
-                    isinstance(b, numbers) and not isinstance(b, bool) for b in value)
+                    isinstance(b, numbers) and not isinstance(b, bool) for b in value
+                )
                 if ok:
                     self.betas = tuple(float(b) for b in value)
             else:
@@ -309,8 +432,10 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"{f.name} has the wrong type: {value!r}")
             # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
-            if any(isinstance(v, float) and not math.isfinite(v)
-                   for v in (value if f.name == "betas" else (value,))):
+            if any(
+                isinstance(v, float) and not math.isfinite(v)
+                for v in (value if f.name == "betas" else (value,))
+            ):
                 raise ValueError(f"{f.name} must be a finite number, got {value!r}")
 
     @classmethod
@@ -320,8 +445,10 @@ class TrainConfig:
             raise ValueError("the arm is chosen by name (--arm), not overridden")
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ValueError(f"unknown setting {unknown[0]!r} (valid: "
-                             f"{', '.join(f.name for f in dataclasses.fields(cls))})")
+            raise ValueError(
+                f"unknown setting {unknown[0]!r} (valid: "
+                f"{', '.join(f.name for f in dataclasses.fields(cls))})"
+            )
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
@@ -367,32 +494,40 @@ class Phases:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def completion_batch(prompt_ids: list[int], completions: list[list[int]], device
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def completion_batch(
+    prompt_ids: list[int], completions: list[list[int]], device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded prompt + completion ids [G, W]; completion targets [G, T_max] and their
     mask. Right padding needs no attention mask: causal attention never lets a real token see a
     later pad."""
     width = len(prompt_ids) + max(len(c) for c in completions)
     ids = torch.zeros((len(completions), width), dtype=torch.long)
     for row, completion in enumerate(completions):
-        ids[row, :len(prompt_ids) + len(completion)] = torch.tensor(prompt_ids + completion)
+        ids[row, : len(prompt_ids) + len(completion)] = torch.tensor(prompt_ids + completion)
     ids = ids.to(device)
-    targets = ids[:, len(prompt_ids):]
+    targets = ids[:, len(prompt_ids) :]
     lengths = torch.tensor([len(c) for c in completions], device=device)
     mask = torch.arange(targets.shape[1], device=device)[None, :] < lengths[:, None]
     return ids, targets, mask
 
 
-def completion_token_nll(model, prompt_ids: list[int], completions: list[list[int]]) -> torch.Tensor:
+def completion_token_nll(
+    model, prompt_ids: list[int], completions: list[list[int]]
+) -> torch.Tensor:
     """Eager -log pi(y_t) for every completion token: [G, T_max] (0 past each completion's end)."""
     ids, targets, mask = completion_batch(prompt_ids, completions, model.lm_head.weight.device)
-    logits = model(ids[:, :-1])[:, len(prompt_ids) - 1:]
+    logits = model(ids[:, :-1])[:, len(prompt_ids) - 1 :]
     nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
     return nll.view_as(targets) * mask
 
 
-def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
-                    token_weights: list[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+def fused_grpo_loss(
+    model,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    token_weights: list[torch.Tensor],
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
     head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
@@ -405,7 +540,7 @@ def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
         hidden = model.model(ids, context)[0].index_select(0, rows)
     else:
         ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
-        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1:][mask]
+        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1 :][mask]
         targets = padded_targets[mask]
     if temperature != 1.0:
         hidden = hidden / temperature
@@ -413,8 +548,9 @@ def fused_grpo_loss(model, prompt_ids: list[int], completions: list[list[int]],
     return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
 
 
-def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], device
-                        ) -> tuple[torch.Tensor, ForwardContext, torch.Tensor, torch.Tensor]:
+def shared_prompt_batch(
+    prompt_ids: list[int], completions: list[list[int]], device
+) -> tuple[torch.Tensor, ForwardContext, torch.Tensor, torch.Tensor]:
     """One packed row: the prompt once, then each completion but its last token. A completion
     token sees the whole prompt and its own earlier tokens at the positions it has in its own
     sequence, so its hidden state is the one the padded batch computes. Returns ids [1, L], the
@@ -423,10 +559,12 @@ def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], dev
     prompt_len = len(prompt_ids)
     bodies = [c[:-1] for c in completions]
     ids = torch.tensor([prompt_ids + [t for body in bodies for t in body]], device=device)
-    segment = torch.cat([torch.full((prompt_len,), -1)]
-                        + [torch.full((len(b),), i) for i, b in enumerate(bodies)]).to(device)
-    positions = torch.cat([torch.arange(prompt_len)]
-                          + [prompt_len + torch.arange(len(b)) for b in bodies]).to(device)
+    segment = torch.cat(
+        [torch.full((prompt_len,), -1)] + [torch.full((len(b),), i) for i, b in enumerate(bodies)]
+    ).to(device)
+    positions = torch.cat(
+        [torch.arange(prompt_len)] + [prompt_len + torch.arange(len(b)) for b in bodies]
+    ).to(device)
     order = torch.arange(ids.shape[1], device=device)
     visible = (segment[:, None] == segment[None, :]) | (segment[None, :] == -1)
     mask = (visible & (order[:, None] >= order[None, :]))[None, None]
@@ -435,8 +573,12 @@ def shared_prompt_batch(prompt_ids: list[int], completions: list[list[int]], dev
         rows += [prompt_len - 1] + list(range(start, start + len(body)))
         start += len(body)
     targets = torch.tensor([t for c in completions for t in c], device=device)
-    return ids, ForwardContext(positions[None], mask=mask), torch.tensor(rows, device=device), \
-        targets
+    return (
+        ids,
+        ForwardContext(positions[None], mask=mask),
+        torch.tensor(rows, device=device),
+        targets,
+    )
 
 
 def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str) -> torch.Tensor:
@@ -448,21 +590,27 @@ def grpo_loss(token_nll: torch.Tensor, advantages: torch.Tensor, loss_order: str
     return (advantages[:, None] * token_nll).sum() / group
 
 
-def parallel_grpo_loss(model, prompt_ids: list[int], rollout: ParallelRollout,
-                       path_weights: list[torch.Tensor],
-                       summary_weights: list[torch.Tensor]) -> torch.Tensor:
+def parallel_grpo_loss(
+    model,
+    prompt_ids: list[int],
+    rollout: ParallelRollout,
+    path_weights: list[torch.Tensor],
+    summary_weights: list[torch.Tensor],
+) -> torch.Tensor:
     """-(1/(paths + summaries)) sum over paths and summaries of sum_t w_t log pi(y_t): the paths
     share the prompt (one batch), each summary has its own prompt (its serialised paths)."""
     paths = len(rollout.paths)
     loss = fused_grpo_loss(model, prompt_ids, rollout.paths, path_weights) * paths
-    for prompt, summary, weights in zip(rollout.summary_prompts, rollout.summaries,
-                                        summary_weights):
+    for prompt, summary, weights in zip(
+        rollout.summary_prompts, rollout.summaries, summary_weights
+    ):
         loss = loss + fused_grpo_loss(model, prompt, [summary], [weights])
     return loss / (paths + len(rollout.summaries))
 
 
-def standardised_advantages(rewards: list[float], *, scale: bool = True
-                            ) -> tuple[torch.Tensor, float]:
+def standardised_advantages(
+    rewards: list[float], *, scale: bool = True
+) -> tuple[torch.Tensor, float]:
     """A_i = (R_i - mean R) / (std R + 1e-4), or R_i - mean R without ``scale``, and std R.
     NaN rewards (no reward function scored the completion) are left out of the mean and std and
     get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
@@ -477,8 +625,9 @@ def standardised_advantages(rewards: list[float], *, scale: bool = True
     return advantages.nan_to_num(0.0), float(sigma)
 
 
-def sequence_scales(lengths: list[int], loss_type: str, max_new_tokens: int,
-                    masked: list[bool] | None = None) -> torch.Tensor:
+def sequence_scales(
+    lengths: list[int], loss_type: str, max_new_tokens: int, masked: list[bool] | None = None
+) -> torch.Tensor:
     """s_i [G] float32 such that token weights A_i s_i, summed and divided by G (as
     ``fused_grpo_loss`` does), give each loss type's normalisation of sum_t A_i log pi:
     "sum" (the study's) 1; "grpo" 1 / |o_i| (per-sequence mean); "dapo" G / sum_j |o_j| (mean
@@ -549,17 +698,27 @@ class MathTask:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return self.tokenizer.encode(render_prompt(problem.question))
 
-    def rewards(self, problem: Problem, texts: list[str], completions: list[list[int]]
-                ) -> list[float]:
+    def rewards(
+        self, problem: Problem, texts: list[str], completions: list[list[int]]
+    ) -> list[float]:
         answers = [final_answer(t, min_chars=self.gate_min_chars) for t in texts]
         return [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]
 
 
 class RLVRTrainer:
-    def __init__(self, policy, config: TrainConfig, train_data: Sequence[Problem],
-                 eval_data: dict[str, Sequence[Problem]] | None = None, *,
-                 out_dir: str | os.PathLike | None = None, resume: bool = False,
-                 progress: bool = True, profile_steps: int = 0, task=None) -> None:
+    def __init__(
+        self,
+        policy,
+        config: TrainConfig,
+        train_data: Sequence[Problem],
+        eval_data: dict[str, Sequence[Problem]] | None = None,
+        *,
+        out_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        profile_steps: int = 0,
+        task=None,
+    ) -> None:
         if not train_data:
             raise ValueError("train_data is empty")
         if task is not None and config.sampler == "parallel":
@@ -568,12 +727,16 @@ class RLVRTrainer:
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
         self.train_data = list(train_data)
-        self.eval_data = {check_eval_name(name): problems
-                          for name, problems in (eval_data or {}).items()}
+        self.eval_data = {
+            check_eval_name(name): problems for name, problems in (eval_data or {}).items()
+        }
         # Every prompt fits the model beside its completion, checked before anything is written.
-        check_prompt_lengths(policy, self.train_data,
-                             [self.task.prompt_ids(p) for p in self.train_data],
-                             config.max_new_tokens)
+        check_prompt_lengths(
+            policy,
+            self.train_data,
+            [self.task.prompt_ids(p) for p in self.train_data],
+            config.max_new_tokens,
+        )
         for problems in self.eval_data.values():
             encode_prompts(policy, problems, config.eval_max_new_tokens)
         run_dir = Path(out_dir) if out_dir is not None else None
@@ -583,19 +746,27 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.num_params = sum(p.numel() for p in self.params)
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=config.betas,
-                                           eps=config.eps, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
         # One engine, one KV cache, for every rollout and evaluation of the run.
-        self.engine = RolloutEngine.for_policy(policy, max_batch=config.max_batch,
-                                               cuda_graphs=config.cuda_graphs)
+        self.engine = RolloutEngine.for_policy(
+            policy, max_batch=config.max_batch, cuda_graphs=config.cuda_graphs
+        )
         self.judge = None
         if config.sampler == "parallel" and config.path_utility == "judge":
             own = config.judge_model == "policy"
-            self.judge = GenerativeJudge(policy if own else config.judge_model,
-                                         engine=self.engine if own else None,
-                                         device=policy.device)
+            self.judge = GenerativeJudge(
+                policy if own else config.judge_model,
+                engine=self.engine if own else None,
+                device=policy.device,
+            )
         # Allocated after the engine, so that a device short of memory keeps the KV cache.
         self.polyak = PolyakAverage(policy.model) if config.polyak_start else None
         self.start_step = 0
@@ -620,17 +791,35 @@ class RLVRTrainer:
         totals: dict[str, float] = {}
         step = self.start_step
         profiler = self._start_profiler()
-        with tqdm(desc=f"train {config.arm}", unit="step", disable=not self.progress,
-                  initial=step, total=config.steps) as bar:
+        with tqdm(
+            desc=f"train {config.arm}",
+            unit="step",
+            disable=not self.progress,
+            initial=step,
+            total=config.steps,
+        ) as bar:
             while step < config.steps and not self.reached_active_steps():
                 result = self.run_step(step)
                 if not config.allow_nonfinite:
                     self.check_finite(step, result.record)
                 if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                     profiler = self._stop_profiler(profiler)
-                for key in ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out",
-                            "bwd_full", "prefill_run", "decode_rows", "block_copies",
-                            "preemptions", "flops_out", "flops_full", "flops_pad_full"):
+                for key in (
+                    "gen",
+                    "pref",
+                    "pad_pref",
+                    "untrim_gen",
+                    "leaf",
+                    "bwd_out",
+                    "bwd_full",
+                    "prefill_run",
+                    "decode_rows",
+                    "block_copies",
+                    "preemptions",
+                    "flops_out",
+                    "flops_full",
+                    "flops_pad_full",
+                ):
                     totals[key] = totals.get(key, 0) + result.record[key]
                 for phase, seconds in result.record["seconds"].items():
                     totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
@@ -638,9 +827,11 @@ class RLVRTrainer:
                 bar.update()
                 if self.polyak is not None and step >= config.polyak_start:
                     self.polyak.add(self.policy.model)
-                if self.out_dir is not None and (step % config.checkpoint_every == 0
-                                                 or step == config.steps
-                                                 or self.reached_active_steps()):
+                if self.out_dir is not None and (
+                    step % config.checkpoint_every == 0
+                    or step == config.steps
+                    or self.reached_active_steps()
+                ):
                     self.save_checkpoint(step)
         if profiler is not None:
             self._stop_profiler(profiler)
@@ -658,14 +849,17 @@ class RLVRTrainer:
         return summary
 
     def reached_active_steps(self) -> bool:
-        return self.config.active_steps is not None and self.active_steps >= self.config.active_steps
+        return (
+            self.config.active_steps is not None and self.active_steps >= self.config.active_steps
+        )
 
     def run_step(self, step: int) -> StepResult:
         """Step ``step`` on its questions: the next ``questions_per_step`` of the training data,
         which the run cycles through."""
         count = self.config.questions_per_step
-        problems = [self.train_data[(step * count + i) % len(self.train_data)]
-                    for i in range(count)]
+        problems = [
+            self.train_data[(step * count + i) % len(self.train_data)] for i in range(count)
+        ]
         if count == 1:
             return self.train_step(step, problems[0])
         return self.multi_question_step(step, problems)
@@ -685,21 +879,43 @@ class RLVRTrainer:
         def loss_fn():
             if config.loss_order == "sum_then_scale":
                 token_nll = completion_token_nll(model, prompt_ids, rollouts.completions)
-                return grpo_loss(token_nll, credit.advantages.to(token_nll.device),
-                                 config.loss_order)
-            return fused_grpo_loss(model, prompt_ids, rollouts.completions, credit.token_weights,
-                                   config.temperature if config.tempered_logprobs else 1.0)
+                return grpo_loss(
+                    token_nll, credit.advantages.to(token_nll.device), config.loss_order
+                )
+            return fused_grpo_loss(
+                model,
+                prompt_ids,
+                rollouts.completions,
+                credit.token_weights,
+                config.temperature if config.tempered_logprobs else 1.0,
+            )
 
         active = not (credit.sigma == 0 and config.skip_zero_var)
         update = self.update(phase, active, loss_fn)
         record = self.question_record(
-            step, problem, prompt_ids, rollouts, credit, active=active,
-            optimizer_step=active or config.zero_var_step == "zero_grad", loss=update.loss,
-            grad_norm=update.grad_norm, seconds=phase.seconds, executed=rollouts.executed)
+            step,
+            problem,
+            prompt_ids,
+            rollouts,
+            credit,
+            active=active,
+            optimizer_step=active or config.zero_var_step == "zero_grad",
+            loss=update.loss,
+            grad_norm=update.grad_norm,
+            seconds=phase.seconds,
+            executed=rollouts.executed,
+        )
         if self.ledger is not None:
             self.ledger.write(record)
-            self._append_rollouts(step, problem, len(prompt_ids), credit.texts, credit.lengths,
-                                  credit.rewards, rollouts.tree)
+            self._append_rollouts(
+                step,
+                problem,
+                len(prompt_ids),
+                credit.texts,
+                credit.lengths,
+                credit.rewards,
+                rollouts.tree,
+            )
         return StepResult(rewards=credit.rewards, texts=credit.texts, record=record.to_json())
 
     def multi_question_step(self, step: int, problems: list[Problem]) -> StepResult:
@@ -722,40 +938,83 @@ class RLVRTrainer:
             credits = [self.question_credit(p, r) for p, r in zip(problems, batch)]
         contributing = [q for q, credit in enumerate(credits) if credit.sigma != 0]
         step_contributing = distributed.sum_over_ranks(len(contributing))
-        update = self.update(phase, step_contributing > 0, *[
-            functools.partial(fused_grpo_loss, model, prompts[q], batch[q].completions,
-                              credits[q].token_weights,
-                              config.temperature if config.tempered_logprobs else 1.0)
-            for q in contributing], questions=step_contributing)
+        update = self.update(
+            phase,
+            step_contributing > 0,
+            *[
+                functools.partial(
+                    fused_grpo_loss,
+                    model,
+                    prompts[q],
+                    batch[q].completions,
+                    credits[q].token_weights,
+                    config.temperature if config.tempered_logprobs else 1.0,
+                )
+                for q in contributing
+            ],
+            questions=step_contributing,
+        )
         optimizer_step = step_contributing > 0 or config.zero_var_step == "zero_grad"
         losses = dict(zip(contributing, update.question_losses))
         norms = dict(zip(contributing, update.question_grad_norms))
-        questions = [self.question_record(
-            step, problem, prompt, rollouts, credit, active=q in losses,
-            optimizer_step=optimizer_step, loss=losses.get(q), grad_norm=norms.get(q),
-            seconds={}, executed=EngineCounters())
+        questions = [
+            self.question_record(
+                step,
+                problem,
+                prompt,
+                rollouts,
+                credit,
+                active=q in losses,
+                optimizer_step=optimizer_step,
+                loss=losses.get(q),
+                grad_norm=norms.get(q),
+                seconds={},
+                executed=EngineCounters(),
+            )
             for q, (problem, prompt, rollouts, credit) in enumerate(
-                zip(problems, prompts, batch, credits))]
-        lines = [rollouts_line(step, problem, len(prompt), credit.texts, credit.lengths,
-                               credit.rewards, rollouts.tree)
-                 for problem, prompt, rollouts, credit in zip(problems, prompts, batch, credits)]
+                zip(problems, prompts, batch, credits)
+            )
+        ]
+        lines = [
+            rollouts_line(
+                step,
+                problem,
+                len(prompt),
+                credit.texts,
+                credit.lengths,
+                credit.rewards,
+                rollouts.tree,
+            )
+            for problem, prompt, rollouts, credit in zip(problems, prompts, batch, credits)
+        ]
         questions, lines, executed, loss = distributed.gather_step(
-            questions, lines, batch[0].executed, update.loss)
+            questions, lines, batch[0].executed, update.loss
+        )
         record = multi_question_step_record(
-            step=step, questions=questions, active=step_contributing > 0,
-            optimizer_step=optimizer_step, executed=executed, loss=loss,
-            grad_norm=update.grad_norm, seconds=phase.seconds)
+            step=step,
+            questions=questions,
+            active=step_contributing > 0,
+            optimizer_step=optimizer_step,
+            executed=executed,
+            loss=loss,
+            grad_norm=update.grad_norm,
+            seconds=phase.seconds,
+        )
         if self.ledger is not None:
             self.ledger.write(record)
             self._write_rollouts({"step": step, "questions": lines})
-        return StepResult(rewards=[r for line in lines for r in line["rewards"]],
-                          texts=[t for line in lines for t in line["texts"]],
-                          record=record.to_json())
+        return StepResult(
+            rewards=[r for line in lines for r in line["rewards"]],
+            texts=[t for line in lines for t in line["texts"]],
+            record=record.to_json(),
+        )
 
     def tree_step_due(self) -> bool:
         """Tree arms sample trees once ``bifurcate_after_active`` steps ran a backward pass."""
-        return (self.config.sampler == "tree"
-                and self.active_steps >= self.config.bifurcate_after_active)
+        return (
+            self.config.sampler == "tree"
+            and self.active_steps >= self.config.bifurcate_after_active
+        )
 
     def question_credit(self, problem: Problem, rollouts: Rollouts) -> QuestionCredit:
         """Rewards (the task's: the study's grading with the arm's derivation gate by default)
@@ -771,38 +1030,75 @@ class RLVRTrainer:
             advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
             eos = self.policy.tokenizer.eos_token_ids
             truncated = [c[-1] not in eos for c in rollouts.completions]
-            scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens,
-                                     truncated if config.mask_truncated else None)
-            return QuestionCredit(texts, rewards, lengths, sigma, advantages,
-                                  [(a * s).expand(n)
-                                   for a, s, n in zip(advantages, scales, lengths)])
-        credit = tree_credit([rewards[2 * k:2 * k + 2] for k in range(len(tree.pairs))],
-                             tree.prefix_lens, beta=config.beta, alpha=config.alpha,
-                             clamped_prefix=config.clamped_prefix)
+            scales = sequence_scales(
+                lengths,
+                config.loss_type,
+                config.max_new_tokens,
+                truncated if config.mask_truncated else None,
+            )
+            return QuestionCredit(
+                texts,
+                rewards,
+                lengths,
+                sigma,
+                advantages,
+                [(a * s).expand(n) for a, s, n in zip(advantages, scales, lengths)],
+            )
+        credit = tree_credit(
+            [rewards[2 * k : 2 * k + 2] for k in range(len(tree.pairs))],
+            tree.prefix_lens,
+            beta=config.beta,
+            alpha=config.alpha,
+            clamped_prefix=config.clamped_prefix,
+        )
         leaf_lengths = [p.lengths for p in tree.pairs]
         if config.zero_cont_mass:
             credit = credit.zero_continuation_mass(leaf_lengths)
-        return QuestionCredit(texts, rewards, lengths, credit.sigma, None,
-                              credit.token_weights(leaf_lengths))
+        return QuestionCredit(
+            texts, rewards, lengths, credit.sigma, None, credit.token_weights(leaf_lengths)
+        )
 
-    def question_record(self, step: int, problem: Problem, prompt_ids: list[int],
-                        rollouts: Rollouts, credit: QuestionCredit, *, active: bool,
-                        optimizer_step: bool, loss: float | None, grad_norm: float | None,
-                        seconds: dict[str, float], executed: EngineCounters) -> StepRecord:
+    def question_record(
+        self,
+        step: int,
+        problem: Problem,
+        prompt_ids: list[int],
+        rollouts: Rollouts,
+        credit: QuestionCredit,
+        *,
+        active: bool,
+        optimizer_step: bool,
+        loss: float | None,
+        grad_norm: float | None,
+        seconds: dict[str, float],
+        executed: EngineCounters,
+    ) -> StepRecord:
         """The ledger record of one question's flat or tree rollouts."""
-        common = dict(step=step, question_id=problem.id, rewards=credit.rewards,
-                      sigma_r=credit.sigma, active=active, optimizer_step=optimizer_step,
-                      prompt_len=len(prompt_ids), executed=executed,
-                      max_new_tokens=self.config.max_new_tokens, params=self.num_params,
-                      loss=loss, grad_norm=grad_norm, seconds=seconds)
+        common = dict(
+            step=step,
+            question_id=problem.id,
+            rewards=credit.rewards,
+            sigma_r=credit.sigma,
+            active=active,
+            optimizer_step=optimizer_step,
+            prompt_len=len(prompt_ids),
+            executed=executed,
+            max_new_tokens=self.config.max_new_tokens,
+            params=self.num_params,
+            loss=loss,
+            grad_norm=grad_norm,
+            seconds=seconds,
+        )
         if rollouts.tree is not None:
-            return tree_step_record(pairs=rollouts.tree.pairs,
-                                    stage2_gen=rollouts.tree.stage2_generated, **common)
+            return tree_step_record(
+                pairs=rollouts.tree.pairs, stage2_gen=rollouts.tree.stage2_generated, **common
+            )
         category = PairCategory.FLAT_WARMUP if self.config.sampler == "tree" else PairCategory.FLAT
         return flat_step_record(lengths=credit.lengths, category=category, **common)
 
-    def update(self, phase: "Phases", active: bool, *loss_fns,
-               questions: int | None = None) -> Update:
+    def update(
+        self, phase: "Phases", active: bool, *loss_fns, questions: int | None = None
+    ) -> Update:
         """Every arm's stepping rule: an active step computes the step's gradient from
         ``loss_fns`` (each runs one forward; one per step, or on a multi-question step one per
         contributing question of the ``questions`` the step has over all ranks,
@@ -837,8 +1133,9 @@ class RLVRTrainer:
             loss.backward()
         return float(loss.detach())
 
-    def accumulate_unit_gradients(self, phase: "Phases", loss_fns,
-                                  questions: int | None = None) -> Update:
+    def accumulate_unit_gradients(
+        self, phase: "Phases", loss_fns, questions: int | None = None
+    ) -> Update:
         """p.grad = (1/n) sum_q g_q / |g_q| over the n loss functions (questions), g_q the
         gradient of loss q alone (its own backward) and |g_q| its L2 norm over all parameters; a
         question whose gradient is exactly zero adds nothing. Every question then moves the
@@ -887,53 +1184,98 @@ class RLVRTrainer:
         with phase("shapley"):
             credit = self.path_credit(problem, rollout, texts, answers, correct, summary_correct)
         path_weights, summary_weights = credit.token_weights(
-            [len(p) for p in rollout.paths], [len(s) for s in rollout.summaries])
+            [len(p) for p in rollout.paths], [len(s) for s in rollout.summaries]
+        )
         active = not (credit.homogeneous and config.skip_zero_var)
-        update = self.update(phase, active, lambda: parallel_grpo_loss(
-            model, prompt_ids, rollout, path_weights, summary_weights))
+        update = self.update(
+            phase,
+            active,
+            lambda: parallel_grpo_loss(model, prompt_ids, rollout, path_weights, summary_weights),
+        )
 
         rewards = credit.path_returns.tolist()
         lengths = [len(p) for p in rollout.paths]
         stats = ParallelStats(
-            paths_per_response=config.num_paths, aggregator=config.aggregator,
-            path_utility=config.path_utility, path_credit=config.path_credit,
-            permutations=config.shapley_permutations, path_reward_norm=config.path_reward_norm,
-            lambda_outcome=config.lambda_outcome, lambda_path=config.lambda_path, phi=credit.phi,
+            paths_per_response=config.num_paths,
+            aggregator=config.aggregator,
+            path_utility=config.path_utility,
+            path_credit=config.path_credit,
+            permutations=config.shapley_permutations,
+            path_reward_norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome,
+            lambda_path=config.lambda_path,
+            phi=credit.phi,
             phi_se=[float(x) for a in credit.attributions for x in a.se],
             utility_full=[a.full for a in credit.attributions],
-            utility_empty=[a.empty for a in credit.attributions], r_out=credit.r_out,
+            utility_empty=[a.empty for a in credit.attributions],
+            r_out=credit.r_out,
             utility_calls=credit.utility_calls,
             summary_prompt_lens=[len(p) for p in rollout.summary_prompts],
             summary_lengths=[len(s) for s in rollout.summaries],
-            summary_rewards=credit.summary_returns.tolist())
+            summary_rewards=credit.summary_returns.tolist(),
+        )
         record = parallel_step_record(
-            step=step, question_id=problem.id, rewards=rewards, sigma_r=credit.sigma,
-            homogeneous=credit.homogeneous, active=active,
+            step=step,
+            question_id=problem.id,
+            rewards=rewards,
+            sigma_r=credit.sigma,
+            homogeneous=credit.homogeneous,
+            active=active,
             optimizer_step=active or config.zero_var_step == "zero_grad",
-            prompt_len=len(prompt_ids), lengths=lengths, parallel=stats,
-            executed=rollout.executed, max_new_tokens=config.max_new_tokens,
-            params=self.num_params, loss=update.loss, grad_norm=update.grad_norm,
-            seconds=phase.seconds)
+            prompt_len=len(prompt_ids),
+            lengths=lengths,
+            parallel=stats,
+            executed=rollout.executed,
+            max_new_tokens=config.max_new_tokens,
+            params=self.num_params,
+            loss=update.loss,
+            grad_norm=update.grad_norm,
+            seconds=phase.seconds,
+        )
         if self.ledger is not None:
             self.ledger.write(record)
-            details = dict(question=problem.question, gold=problem.answer,
-                           paths_per_response=config.num_paths, aggregator=config.aggregator,
-                           path_answers=answers, path_correct=[bool(c) for c in correct],
-                           r_out=credit.r_out, phi=credit.phi, phi_se=stats.phi_se,
-                           utility_full=stats.utility_full, utility_empty=stats.utility_empty,
-                           utility_tables=credit.tables, summary_texts=summary_texts,
-                           summary_answers=summary_answers, summary_seeds=rollout.summary_seeds,
-                           path_returns=rewards,
-                           path_ids=rollout.paths if rollout.summaries else None)
+            details = dict(
+                question=problem.question,
+                gold=problem.answer,
+                paths_per_response=config.num_paths,
+                aggregator=config.aggregator,
+                path_answers=answers,
+                path_correct=[bool(c) for c in correct],
+                r_out=credit.r_out,
+                phi=credit.phi,
+                phi_se=stats.phi_se,
+                utility_full=stats.utility_full,
+                utility_empty=stats.utility_empty,
+                utility_tables=credit.tables,
+                summary_texts=summary_texts,
+                summary_answers=summary_answers,
+                summary_seeds=rollout.summary_seeds,
+                path_returns=rewards,
+                path_ids=rollout.paths if rollout.summaries else None,
+            )
             # As on every arm, the log's rewards are the texts' grades; the returns trained on
             # (the ledger's rewards) sit in the parallel section.
-            self._append_rollouts(step, problem, len(prompt_ids), texts, lengths,
-                                  [float(c) for c in correct], None, details)
+            self._append_rollouts(
+                step,
+                problem,
+                len(prompt_ids),
+                texts,
+                lengths,
+                [float(c) for c in correct],
+                None,
+                details,
+            )
         return StepResult(rewards=rewards, texts=texts, record=record.to_json())
 
-    def path_credit(self, problem: Problem, rollout: ParallelRollout, texts: list[str],
-                    answers: list[str | None], correct: list[bool],
-                    summary_correct: list[bool]) -> ParallelCredit:
+    def path_credit(
+        self,
+        problem: Problem,
+        rollout: ParallelRollout,
+        texts: list[str],
+        answers: list[str | None],
+        correct: list[bool],
+        summary_correct: list[bool],
+    ) -> ParallelCredit:
         """Each response's utility on its K paths, its outcome reward, and the step's credit."""
         config, k = self.config, self.config.num_paths
         utilities, r_out = [], []
@@ -942,42 +1284,72 @@ class RLVRTrainer:
             if config.path_utility == "judge":
                 utilities.append(self.judge.game(problem.question, problem.answer, texts[part]))
             else:
-                utilities.append(outcome_utility(config.path_utility, answers[part],
-                                                 correct[part]))
-            r_out.append(float(summary_correct[r]) if rollout.summaries
-                         else MajorityVote(answers[part], correct[part]).value((1 << k) - 1))
-        return parallel_credit(utilities, r_out, k, method=config.path_credit,
-                               permutations=config.shapley_permutations,
-                               antithetic=config.shapley_antithetic, generator=self.generator,
-                               norm=config.path_reward_norm, lambda_outcome=config.lambda_outcome,
-                               lambda_path=config.lambda_path, summaries=bool(rollout.summaries))
+                utilities.append(outcome_utility(config.path_utility, answers[part], correct[part]))
+            r_out.append(
+                float(summary_correct[r])
+                if rollout.summaries
+                else MajorityVote(answers[part], correct[part]).value((1 << k) - 1)
+            )
+        return parallel_credit(
+            utilities,
+            r_out,
+            k,
+            method=config.path_credit,
+            permutations=config.shapley_permutations,
+            antithetic=config.shapley_antithetic,
+            generator=self.generator,
+            norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome,
+            lambda_path=config.lambda_path,
+            summaries=bool(rollout.summaries),
+        )
 
     def sample_parallel(self, prompt_ids: list[int]) -> ParallelRollout:
         config = self.config
-        return sample_parallel(self.engine, prompt_ids, responses=config.group_size,
-                               paths=config.num_paths, params=self.sampling,
-                               aggregator=config.aggregator, encode=self.policy.tokenizer.encode,
-                               generator=self.generator)
+        return sample_parallel(
+            self.engine,
+            prompt_ids,
+            responses=config.group_size,
+            paths=config.num_paths,
+            params=self.sampling,
+            aggregator=config.aggregator,
+            encode=self.policy.tokenizer.encode,
+            generator=self.generator,
+        )
 
-    def sample(self, prompts: list[list[int]], tree_step: bool,
-               bases: list[int] | None = None) -> list[Rollouts]:
+    def sample(
+        self, prompts: list[list[int]], tree_step: bool, bases: list[int] | None = None
+    ) -> list[Rollouts]:
         """Each prompt's G rollouts (a K x B tree on tree steps), all prompts in one engine
         batch, prompt q from base seed ``bases[q]`` (default: one draw of the run's generator
         per prompt); every ``Rollouts.executed`` is the batch's work."""
         config = self.config
         if tree_step:
             trees = sample_trees_ids(
-                self.engine, prompts, newline_token_ids=self.policy.tokenizer.newline_token_ids,
-                k=config.tree_k, b=config.tree_b, t_min=config.t_min, t_max=config.t_max,
-                max_new_tokens=config.max_new_tokens, early_eos_mode=config.early_eos_mode,
-                temperature=config.temperature, top_p=config.top_p, generator=self.generator,
-                bases=bases, reprefill=config.tree_reprefill)
+                self.engine,
+                prompts,
+                newline_token_ids=self.policy.tokenizer.newline_token_ids,
+                k=config.tree_k,
+                b=config.tree_b,
+                t_min=config.t_min,
+                t_max=config.t_max,
+                max_new_tokens=config.max_new_tokens,
+                early_eos_mode=config.early_eos_mode,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                generator=self.generator,
+                bases=bases,
+                reprefill=config.tree_reprefill,
+            )
             return [Rollouts(tree.leaves, tree.executed, tree) for tree in trees]
         group = config.group_size
-        out = sample_groups(self.engine, prompts, group, self.sampling, generator=self.generator,
-                            bases=bases)
-        return [Rollouts(out.tokens[q * group:(q + 1) * group], out.counters)
-                for q in range(len(prompts))]
+        out = sample_groups(
+            self.engine, prompts, group, self.sampling, generator=self.generator, bases=bases
+        )
+        return [
+            Rollouts(out.tokens[q * group : (q + 1) * group], out.counters)
+            for q in range(len(prompts))
+        ]
 
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
@@ -1012,14 +1384,21 @@ class RLVRTrainer:
         summaries = {}
         for name, problems in self.eval_data.items():
             result: EvalResult = distributed.evaluate_sharded(
-                self.policy, problems, max_new_tokens=self.config.eval_max_new_tokens,
-                progress=self.progress, desc=f"eval {name} ({label})", engine=self.engine)
+                self.policy,
+                problems,
+                max_new_tokens=self.config.eval_max_new_tokens,
+                progress=self.progress,
+                desc=f"eval {name} ({label})",
+                engine=self.engine,
+            )
             summaries[name] = result.summary()
             if self.out_dir is not None:
                 # The final evaluation is evals/NAME.jsonl; the others sit beside it.
                 directory = self.out_dir / "evals" / EVAL_DIRS[label]
-                write_text_atomic(directory / f"{name}.jsonl",
-                                  "".join(json.dumps(i.to_json()) + "\n" for i in result.items))
+                write_text_atomic(
+                    directory / f"{name}.jsonl",
+                    "".join(json.dumps(i.to_json()) + "\n" for i in result.items),
+                )
         return summaries
 
     # ------------------------------------------------------------------ run directory
@@ -1052,8 +1431,7 @@ class RLVRTrainer:
         if recorded is None or recorded["config"] != config:
             # summary.json goes first: a kill in between leaves an unfinished run to resume.
             summary.unlink(missing_ok=True)
-            write_json_atomic(self.out_dir / "config.json",
-                              self.run_meta(signature, recorded))
+            write_json_atomic(self.out_dir / "config.json", self.run_meta(signature, recorded))
         self.ledger = LedgerWriter(self.out_dir / "ledger.jsonl")
 
     def run_meta(self, signature: dict, recorded: dict | None) -> dict:
@@ -1062,22 +1440,36 @@ class RLVRTrainer:
         change."""
         config = json.loads(json.dumps(self.config.to_json()))
         if recorded is None:
-            meta = {"rlvr_fast_run": signature, "config": config, "model": str(self.policy.path),
-                    "trainable_parameters": self.num_params, "versions": package_versions(),
-                    "git_commit": git_commit(), "changes": []}
+            meta = {
+                "rlvr_fast_run": signature,
+                "config": config,
+                "model": str(self.policy.path),
+                "trainable_parameters": self.num_params,
+                "versions": package_versions(),
+                "git_commit": git_commit(),
+                "changes": [],
+            }
             if distributed.world_size() > 1:
                 meta["world_size"] = distributed.world_size()
             return meta
-        change = {name: [recorded["config"].get(name), config[name]]
-                  for name in RESUME_MAY_CHANGE if recorded["config"].get(name) != config[name]}
-        return {**recorded, "rlvr_fast_run": signature, "config": config,
-                "changes": [*recorded.get("changes", []),
-                            {"at_step": self.start_step, **change}]}
+        change = {
+            name: [recorded["config"].get(name), config[name]]
+            for name in RESUME_MAY_CHANGE
+            if recorded["config"].get(name) != config[name]
+        }
+        return {
+            **recorded,
+            "rlvr_fast_run": signature,
+            "config": config,
+            "changes": [*recorded.get("changes", []), {"at_step": self.start_step, **change}],
+        }
 
-    def _append_rollouts(self, step, problem, prompt_len, texts, lengths, rewards, tree,
-                         parallel: dict | None = None) -> None:
-        self._write_rollouts(rollouts_line(step, problem, prompt_len, texts, lengths, rewards,
-                                           tree, parallel))
+    def _append_rollouts(
+        self, step, problem, prompt_len, texts, lengths, rewards, tree, parallel: dict | None = None
+    ) -> None:
+        self._write_rollouts(
+            rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree, parallel)
+        )
 
     def _write_rollouts(self, line: dict) -> None:
         append_line(self.out_dir / "rollouts.jsonl", json.dumps(line))
@@ -1086,8 +1478,9 @@ class RLVRTrainer:
         """The Polyak average's summary entries: the steps it spans and, when it holds any (an
         ``active_steps`` run can end first), its evaluation (evals/polyak/) and final_polyak/.
         The averaged weights are swapped in for that and the live ones swapped back after."""
-        info = {"polyak": {"first_step": self.config.polyak_start,
-                           "steps_averaged": self.polyak.count}}
+        info = {
+            "polyak": {"first_step": self.config.polyak_start, "steps_averaged": self.polyak.count}
+        }
         if self.polyak.count == 0:
             return info
         model = self.policy.model
@@ -1106,13 +1499,19 @@ class RLVRTrainer:
         """Weights, optimizer and RNG state after ``next_step`` steps, in one safetensors file
         written atomically (``rlvr_fast.state_file``: no pickle), with the world size, the Polyak
         sums and the before-training evaluation's summary."""
-        save_state(self.out_dir / "checkpoint" / CHECKPOINT_FILE, {
-            "next_step": next_step, "world_size": distributed.world_size(),
-            "model": self.policy.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
-            "polyak": self.polyak.state_dict() if self.polyak is not None else None,
-            "eval_before": self.eval_before})
+        save_state(
+            self.out_dir / "checkpoint" / CHECKPOINT_FILE,
+            {
+                "next_step": next_step,
+                "world_size": distributed.world_size(),
+                "model": self.policy.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "polyak": self.polyak.state_dict() if self.polyak is not None else None,
+                "eval_before": self.eval_before,
+            },
+        )
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from. The file is
@@ -1125,8 +1524,11 @@ class RLVRTrainer:
         distributed.check_world_size(state.get("world_size", 1), path)
         try:
             next_step = state["next_step"]
-            if isinstance(next_step, bool) or not isinstance(next_step, int) \
-                    or not 0 <= next_step <= self.config.steps:
+            if (
+                isinstance(next_step, bool)
+                or not isinstance(next_step, int)
+                or not 0 <= next_step <= self.config.steps
+            ):
                 raise ValueError(f"next_step {next_step!r} is outside [0, {self.config.steps}]")
             check_optimizer_state(state["optimizer"], self.params)
             self.policy.model.load_state_dict(state["model"])
@@ -1146,20 +1548,37 @@ class RLVRTrainer:
     def check_finite(self, step: int, record: dict) -> None:
         """Stop at the first step whose loss, gradient norm or weights are not finite, before
         it is checkpointed: the last checkpoint stays the last good state."""
-        bad = [f"{name} {record[name]}" for name in ("loss", "grad_norm")
-               if record.get(name) is not None and not math.isfinite(record[name])]
+        bad = [
+            f"{name} {record[name]}"
+            for name in ("loss", "grad_norm")
+            if record.get(name) is not None and not math.isfinite(record[name])
+        ]
         finite = torch.stack([p.detach().isfinite().all() for p in self.params]).all()
         if not bad and bool(finite):
             return
         if not bool(finite):
-            bad.append("weight " + next(name for name, p in self.policy.model.named_parameters()
-                                        if not p.detach().isfinite().all()))
+            bad.append(
+                "weight "
+                + next(
+                    name
+                    for name, p in self.policy.model.named_parameters()
+                    if not p.detach().isfinite().all()
+                )
+            )
         checkpoint = None if self.out_dir is None else self.out_dir / "checkpoint" / CHECKPOINT_FILE
-        kept = "" if checkpoint is None else (
-            f"; {checkpoint} keeps the last good state" if checkpoint.exists()
-            else "; no checkpoint was written yet")
-        raise NonFiniteError(f"step {step}: non-finite {', '.join(bad)} (lr "
-                             f"{self.config.lr:g}){kept}; --set allow_nonfinite=true trains on")
+        kept = (
+            ""
+            if checkpoint is None
+            else (
+                f"; {checkpoint} keeps the last good state"
+                if checkpoint.exists()
+                else "; no checkpoint was written yet"
+            )
+        )
+        raise NonFiniteError(
+            f"step {step}: non-finite {', '.join(bad)} (lr "
+            f"{self.config.lr:g}){kept}; --set allow_nonfinite=true trains on"
+        )
 
 
 def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
@@ -1171,27 +1590,37 @@ def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
         raise ValueError("optimizer state is not a mapping")
     for index, entry in moments.items():
         if not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"optimizer state for parameter {index!r}, the run has "
-                             f"{len(params)}")
+            raise ValueError(f"optimizer state for parameter {index!r}, the run has {len(params)}")
         for name in ("exp_avg", "exp_avg_sq"):
             tensor = entry[name]
             if not isinstance(tensor, torch.Tensor) or tensor.shape != params[index].shape:
                 raise ValueError(f"optimizer {name} of parameter {index} has the wrong shape")
 
 
-def rollouts_line(step, problem, prompt_len, texts, lengths, rewards, tree,
-                  parallel: dict | None = None) -> dict:
+def rollouts_line(
+    step, problem, prompt_len, texts, lengths, rewards, tree, parallel: dict | None = None
+) -> dict:
     """What ``rlvr-fast verify`` re-derives a question's ledger record from: the answer to
     re-grade the texts against, the prompt length, and on tree steps what the sampler reported
     per pair (|p^(k)| is not in the texts: Stage 1's discarded tail is); on parallel-path steps
     the paths, votes and credit of ``parallel_step``. A multi-question step's line holds one per
     question under "questions"."""
-    line = {"step": step, "question_id": problem.id, "answer": problem.answer,
-            "prompt_len": prompt_len, "texts": texts, "lengths": lengths, "rewards": rewards}
+    line = {
+        "step": step,
+        "question_id": problem.id,
+        "answer": problem.answer,
+        "prompt_len": prompt_len,
+        "texts": texts,
+        "lengths": lengths,
+        "rewards": rewards,
+    }
     if tree is not None:
-        line.update(prefix_lens=tree.prefix_lens, categories=[p.category for p in tree.pairs],
-                    stage1_lengths=[p.stage1_len for p in tree.pairs],
-                    stage2_gen=tree.stage2_generated)
+        line.update(
+            prefix_lens=tree.prefix_lens,
+            categories=[p.category for p in tree.pairs],
+            stage1_lengths=[p.stage1_len for p in tree.pairs],
+            stage2_gen=tree.stage2_generated,
+        )
     if parallel is not None:
         line["parallel"] = parallel
     return line
@@ -1219,6 +1648,7 @@ def count_active_steps(ledger: Path, steps: int) -> int:
 
 def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
+
     versions = {}
     for name in ("rlvr_fast", "torch", "triton", "transformers", "tokenizers", "safetensors"):
         try:
@@ -1230,8 +1660,15 @@ def package_versions() -> dict[str, str]:
 
 def git_commit() -> str | None:
     import subprocess
+
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

@@ -31,24 +31,36 @@ FLAGS = ["-O0", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-DRLVR_FAST_NO_A
 
 
 # The sources with an AVX2 variant (``#if RLVR_FAST_AVX2``) and their register functions.
-AVX2_SOURCES = {"zero_grad_adamw.cpp": "register_zero_grad_adamw",
-                "paged_attention.cpp": "register_paged_attention"}
+AVX2_SOURCES = {
+    "zero_grad_adamw.cpp": "register_zero_grad_adamw",
+    "paged_attention.cpp": "register_paged_attention",
+}
 
 
 def build(directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
-    with_avx2 = sorted(p.name for p in (ROOT / "csrc").glob("*.cpp")
-                       if "RLVR_FAST_AVX2" in p.read_text())
+    with_avx2 = sorted(
+        p.name for p in (ROOT / "csrc").glob("*.cpp") if "RLVR_FAST_AVX2" in p.read_text()
+    )
     if with_avx2 != sorted(AVX2_SOURCES):
         raise SystemExit(f"csrc/ files with AVX2 code are {with_avx2}; update AVX2_SOURCES")
     module = directory / "scalar_module.cpp"
-    module.write_text("#include <torch/extension.h>\n" + "".join(
-        f"void {name}(pybind11::module& m);\n" for name in AVX2_SOURCES.values())
+    module.write_text(
+        "#include <torch/extension.h>\n"
+        + "".join(f"void {name}(pybind11::module& m);\n" for name in AVX2_SOURCES.values())
         + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
-        + "".join(f"  {name}(m);\n" for name in AVX2_SOURCES.values()) + "}\n")
+        + "".join(f"  {name}(m);\n" for name in AVX2_SOURCES.values())
+        + "}\n"
+    )
     sources = [str(ROOT / "csrc" / name) for name in AVX2_SOURCES] + [str(module)]
-    return load(name="rlvr_fast_scalar_C", sources=sources, extra_cflags=FLAGS,
-                extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
+    return load(
+        name="rlvr_fast_scalar_C",
+        sources=sources,
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(directory),
+        verbose=False,
+    )
 
 
 def check_zero_grad_adamw(scalar) -> None:
@@ -59,8 +71,17 @@ def check_zero_grad_adamw(scalar) -> None:
         outputs = []
         for module in (installed, scalar):
             param, exp_avg, exp_avg_sq = (t.clone() for t in tensors)
-            module.zero_grad_adamw_(param, exp_avg, exp_avg_sq, 0.1, 0.999, 1e-8,
-                                    [0.9999, 0.9999], [0.03, 0.04], [-1e-3, -1e-3])
+            module.zero_grad_adamw_(
+                param,
+                exp_avg,
+                exp_avg_sq,
+                0.1,
+                0.999,
+                1e-8,
+                [0.9999, 0.9999],
+                [0.03, 0.04],
+                [-1e-3, -1e-3],
+            )
             outputs.append((param, exp_avg, exp_avg_sq))
         for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), *outputs):
             if not torch.equal(a, b):
@@ -72,7 +93,7 @@ def check_paged_attention(scalar) -> None:
     rows, q_heads, kv_heads, dim, block_size, blocks = 3, 4, 2, 64, 16, 12
     k_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=generator)
     v_cache = torch.randn(blocks, block_size, kv_heads, dim, generator=generator)
-    tables = torch.randperm(blocks, generator=generator, dtype=torch.int32)[:rows * 4]
+    tables = torch.randperm(blocks, generator=generator, dtype=torch.int32)[: rows * 4]
     tables = tables.view(rows, 4)
     lens = torch.tensor([[37], [64], [5]])
     q = torch.randn(rows, q_heads, 1, dim, generator=generator)

@@ -38,9 +38,11 @@ def main() -> None:
         agree = sum(v.correct == c[2] for v, c in zip(verdicts, cases))
         false_accepts = sum(v.correct and not c[2] for v, c in zip(verdicts, cases))
         false_rejects = sum(not v.correct and c[2] for v, c in zip(verdicts, cases))
-        print(f"{mode}: agreement {agree}/{len(cases)} = {100 * agree / len(cases):.1f}%, "
-              f"false accepts {false_accepts}, false rejects {false_rejects}, "
-              f"{len(cases) / seconds:,.0f} items/s")
+        print(
+            f"{mode}: agreement {agree}/{len(cases)} = {100 * agree / len(cases):.1f}%, "
+            f"false accepts {false_accepts}, false rejects {false_rejects}, "
+            f"{len(cases) / seconds:,.0f} items/s"
+        )
         for verdict, (pred, gold, expected, form) in zip(verdicts, cases):
             if verdict.correct != expected:
                 print(f"    [{form}] {pred!r} vs {gold!r}: expected {expected}, {verdict.reason}")

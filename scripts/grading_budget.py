@@ -45,15 +45,22 @@ def main() -> None:
     args = parser.parse_args()
     grade("\\sqrt{8}", "2\\sqrt{2}")  # start the pool
     with ThreadPoolExecutor(args.threads) as threads:
-        per_thread = list(threads.map(lambda _: one_thread(args.rounds, args.timeout),
-                                      range(args.threads)))
+        per_thread = list(
+            threads.map(lambda _: one_thread(args.rounds, args.timeout), range(args.threads))
+        )
     calls = [call for thread in per_thread for call in thread]
-    after_slow = [seconds for thread in per_thread for (before, _), (_, seconds)
-                  in zip(thread, thread[1:]) if before == "slow"]
-    print(f"{args.threads} threads x {len(per_thread[0])} calls, budget {args.timeout:g} s: "
-          f"slowest call {max(s for _, s in calls):.2f} s, slowest call after a timeout "
-          f"{max(after_slow):.2f} s, 10 MB box {max(s for k, s in calls if k == 'huge'):.3f} s; "
-          f"bound {args.timeout + 0.5:g} s")
+    after_slow = [
+        seconds
+        for thread in per_thread
+        for (before, _), (_, seconds) in zip(thread, thread[1:])
+        if before == "slow"
+    ]
+    print(
+        f"{args.threads} threads x {len(per_thread[0])} calls, budget {args.timeout:g} s: "
+        f"slowest call {max(s for _, s in calls):.2f} s, slowest call after a timeout "
+        f"{max(after_slow):.2f} s, 10 MB box {max(s for k, s in calls if k == 'huge'):.3f} s; "
+        f"bound {args.timeout + 0.5:g} s"
+    )
 
 
 if __name__ == "__main__":

@@ -20,13 +20,24 @@ from pathlib import Path
 
 from rlvr_fast.cli import main
 
-TRAIN = ["train", "--arm", "zg_flat", "--quiet", "--set", "max_new_tokens=16",
-         "--set", "eval_max_new_tokens=16", "--eval", "t=synthetic:test:2"]
+TRAIN = [
+    "train",
+    "--arm",
+    "zg_flat",
+    "--quiet",
+    "--set",
+    "max_new_tokens=16",
+    "--set",
+    "eval_max_new_tokens=16",
+    "--eval",
+    "t=synthetic:test:2",
+]
 
 
 def edit_json(name: str, **fields):
     def damage(run: Path) -> None:
         (run / name).write_text(json.dumps({**json.loads((run / name).read_text()), **fields}))
+
     return damage
 
 
@@ -34,6 +45,7 @@ def write(name: str, data: str | bytes):
     def damage(run: Path) -> None:
         path = run / name
         path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+
     return damage
 
 
@@ -44,7 +56,8 @@ def cut(name: str, keep: int):
 def null_gen(run: Path) -> None:
     lines = (run / "ledger.jsonl").read_text().splitlines()
     (run / "ledger.jsonl").write_text(
-        "".join(json.dumps({**json.loads(line), "gen": None}) + "\n" for line in lines))
+        "".join(json.dumps({**json.loads(line), "gen": None}) + "\n" for line in lines)
+    )
 
 
 DAMAGES = {
@@ -54,8 +67,9 @@ DAMAGES = {
     "config nested 10^5 deep": write("config.json", "[" * 100_000 + "]" * 100_000),
     "ledger garbage line": write("ledger.jsonl", "garbage\n"),
     "ledger [] line": write("ledger.jsonl", "[]\n"),
-    "ledger partial last line": lambda run: cut("ledger.jsonl", (run / "ledger.jsonl").stat()
-                                                .st_size - 30)(run),
+    "ledger partial last line": lambda run: cut(
+        "ledger.jsonl", (run / "ledger.jsonl").stat().st_size - 30
+    )(run),
     "ledger missing": lambda run: (run / "ledger.jsonl").unlink(),
     "ledger null field": null_gen,
     "rollouts garbage": write("rollouts.jsonl", "{\n"),
@@ -74,8 +88,7 @@ COMMANDS = {
     "verify": lambda run: ["verify", str(run)],
     "compare": lambda run: ["compare", str(run)],
     "report": lambda run: ["report", str(run), "--out", str(run.parent / "report")],
-    "eval": lambda run: ["eval", str(run), "--eval", "t=synthetic:test:1",
-                         "--max-new-tokens", "8"],
+    "eval": lambda run: ["eval", str(run), "--eval", "t=synthetic:test:1", "--max-new-tokens", "8"],
     "resume": lambda run: [*TRAIN, "--steps", "3", "--out", str(run), "--resume"],
 }
 
@@ -106,8 +119,10 @@ def main_probe() -> int:
             damage(work / "run")
             code, lines = run_cli(argv(work / "run"))
             tracebacks += str(code).startswith("TRACEBACK")
-            print(f"{name:26s} {command:8s} {str(code):4s} {lines[-1][:120] if lines else ''}",
-                  flush=True)
+            print(
+                f"{name:26s} {command:8s} {str(code):4s} {lines[-1][:120] if lines else ''}",
+                flush=True,
+            )
     shutil.rmtree(root)
     print(f"{len(DAMAGES) * len(COMMANDS)} probes, {tracebacks} tracebacks")
     return 1 if tracebacks else 0

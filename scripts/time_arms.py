@@ -31,8 +31,14 @@ Trainer = getattr(trainer_module, "RLVRTrainer", None) or trainer_module.GRPOTra
 def time_arm(arm: str, steps: int) -> dict:
     config = trainer_module.TrainConfig.from_arm(arm, steps=steps, seed=42, lr=1e-4)
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(load_policy("tiny"), config, synthetic_problems("train", steps, seed=42),
-                          {}, out_dir=out, progress=False)
+        trainer = Trainer(
+            load_policy("tiny"),
+            config,
+            synthetic_problems("train", steps, seed=42),
+            {},
+            out_dir=out,
+            progress=False,
+        )
         started = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - started
@@ -42,9 +48,15 @@ def time_arm(arm: str, steps: int) -> dict:
     for line in lines:
         for phase, seconds in (line.get("seconds") or {}).items():
             phases[phase] = round(phases.get(phase, 0.0) + seconds, 3)
-    return {"package": str(Path(rlvr_fast.__file__).parent), "arm": arm, "steps": steps,
-            "wall_s": round(wall, 3), "generated_tokens": generated,
-            "ms_per_token": round(1000 * wall / max(generated, 1), 3), "phase_seconds": phases}
+    return {
+        "package": str(Path(rlvr_fast.__file__).parent),
+        "arm": arm,
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "generated_tokens": generated,
+        "ms_per_token": round(1000 * wall / max(generated, 1), 3),
+        "phase_seconds": phases,
+    }
 
 
 def main() -> None:

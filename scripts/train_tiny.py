@@ -62,8 +62,9 @@ def build_corpus(num_documents: int, seed: int) -> list[tuple[str, str]]:
     return documents
 
 
-def tokenize_corpus(tokenizer: Tokenizer, documents: list[tuple[str, str]],
-                    loss_on: str) -> list[tuple[list[int], int]]:
+def tokenize_corpus(
+    tokenizer: Tokenizer, documents: list[tuple[str, str]], loss_on: str
+) -> list[tuple[list[int], int]]:
     """Token ids per document and the index of its first loss target.
 
     Prompt and completion are encoded separately, exactly as the sampler sees them (the prompt
@@ -71,32 +72,47 @@ def tokenize_corpus(tokenizer: Tokenizer, documents: list[tuple[str, str]],
     """
     prompts = tokenizer.encode_batch([p for p, _ in documents])
     completions = tokenizer.encode_batch([c for _, c in documents])
-    return [(p.ids + c.ids, len(p.ids) if loss_on == "completion" else 1)
-            for p, c in zip(prompts, completions)]
+    return [
+        (p.ids + c.ids, len(p.ids) if loss_on == "completion" else 1)
+        for p, c in zip(prompts, completions)
+    ]
 
 
 def train_tokenizer(documents: list[str], vocab_size: int) -> Tokenizer:
     """Byte-level BPE with one token per digit, as Qwen's tokenizer does."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(documents, trainer=trainer)
     return tokenizer
 
 
 def model_config(vocab_size: int, eos_id: int, args) -> ModelConfig:
     return ModelConfig(
-        vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-        max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=False,
-        model_type="qwen3", eos_token_id=[eos_id])
+        vocab_size=vocab_size,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        model_type="qwen3",
+        eos_token_id=[eos_id],
+    )
 
 
 def init_weights(model: Qwen3ForCausalLM, std: float = 0.02) -> None:
@@ -107,11 +123,12 @@ def init_weights(model: Qwen3ForCausalLM, std: float = 0.02) -> None:
             torch.nn.init.normal_(param, std=std)
 
 
-def batches(token_rows: list[tuple[list[int], int]], batch_size: int, rng: random.Random,
-            pad_id: int):
+def batches(
+    token_rows: list[tuple[list[int], int]], batch_size: int, rng: random.Random, pad_id: int
+):
     """Length-bucketed, right-padded batches; yields (ids [B, T], target mask [B, T])."""
     order = sorted(range(len(token_rows)), key=lambda i: (len(token_rows[i][0]), rng.random()))
-    groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(groups)
     for group in groups:
         width = max(len(token_rows[i][0]) for i in group)
@@ -119,13 +136,14 @@ def batches(token_rows: list[tuple[list[int], int]], batch_size: int, rng: rando
         mask = torch.zeros((len(group), width), dtype=torch.bool)
         for row, index in enumerate(group):
             tokens, first_target = token_rows[index]
-            ids[row, :len(tokens)] = torch.tensor(tokens)
-            mask[row, first_target:len(tokens)] = True
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, first_target : len(tokens)] = True
         yield ids, mask
 
 
-def train(model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args,
-          pad_id: int) -> float:
+def train(
+    model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args, pad_id: int
+) -> float:
     """AdamW with linear warm-up and cosine decay; returns the smoothed per-token loss.
 
     Right padding needs no attention mask: causal attention never lets a real token see a later
@@ -135,12 +153,15 @@ def train(model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args
     and skew the learned guess / derive choice away from the corpus frequencies.
     """
     rng = random.Random(args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.1)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
     total = args.epochs * math.ceil(len(token_rows) / args.batch_size)
     warmup = max(1, total // 50)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
-        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))),
+    )
     targets_per_document = sum(len(ids) - first for ids, first in token_rows) / len(token_rows)
     normaliser = args.batch_size * targets_per_document
     model.train()
@@ -150,15 +171,18 @@ def train(model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args
             for ids, mask in batches(token_rows, args.batch_size, rng, pad_id):
                 logits = model(ids[:, :-1])
                 target_mask = mask[:, 1:]
-                loss_sum = F.cross_entropy(logits[target_mask], ids[:, 1:][target_mask],
-                                           reduction="sum")
+                loss_sum = F.cross_entropy(
+                    logits[target_mask], ids[:, 1:][target_mask], reduction="sum"
+                )
                 optimizer.zero_grad(set_to_none=True)
                 (loss_sum / normaliser).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 schedule.step()
                 token_loss = loss_sum.item() / int(target_mask.sum())
-                loss_avg = token_loss if math.isnan(loss_avg) else 0.98 * loss_avg + 0.02 * token_loss
+                loss_avg = (
+                    token_loss if math.isnan(loss_avg) else 0.98 * loss_avg + 0.02 * token_loss
+                )
                 bar.set_postfix(loss=f"{loss_avg:.3f}")
                 bar.update()
     model.eval()
@@ -168,11 +192,24 @@ def train(model: Qwen3ForCausalLM, token_rows: list[tuple[list[int], int]], args
 def write_checkpoint(model, tokenizer: Tokenizer, eos_id: int, staging: Path) -> None:
     write_model_files(model, staging)
     tokenizer.save(str(staging / "tokenizer.json"))
-    (staging / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
-        "bos_token": None, "add_bos_token": False, "model_max_length": 4096}, indent=2) + "\n")
-    (staging / "generation_config.json").write_text(json.dumps({
-        "eos_token_id": eos_id, "pad_token_id": eos_id, "bos_token_id": None}, indent=2) + "\n")
+    (staging / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS,
+                "pad_token": EOS,
+                "bos_token": None,
+                "add_bos_token": False,
+                "model_max_length": 4096,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (staging / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": eos_id, "pad_token_id": eos_id, "bos_token_id": None}, indent=2)
+        + "\n"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -190,10 +227,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--eval-problems", type=int, default=500)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch threads; results depend on it (2 made the shipped model)")
-    parser.add_argument("--loss-on", choices=("all", "completion"), default="completion",
-                        help="train on every token, or on completions only")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads; results depend on it (2 made the shipped model)",
+    )
+    parser.add_argument(
+        "--loss-on",
+        choices=("all", "completion"),
+        default="completion",
+        help="train on every token, or on completions only",
+    )
     return parser.parse_args()
 
 
@@ -209,8 +254,10 @@ def main() -> None:
     config = model_config(tokenizer.get_vocab_size(), eos_id, args)
     model = Qwen3ForCausalLM(config)
     init_weights(model)
-    print(f"corpus: {len(documents)} documents, {sum(len(ids) for ids, _ in token_rows)} tokens; "
-          f"model: {config.num_parameters()} parameters")
+    print(
+        f"corpus: {len(documents)} documents, {sum(len(ids) for ids, _ in token_rows)} tokens; "
+        f"model: {config.num_parameters()} parameters"
+    )
     final_loss = train(model, token_rows, args, eos_id)
 
     with replaced_directory(args.out) as staging:
@@ -219,17 +266,25 @@ def main() -> None:
         policy = load_policy(staging)
         report = evaluate(policy, held_out, max_new_tokens=256, desc="greedy eval").summary()
         rollout_params = SamplingParams(max_new_tokens=256, temperature=0.8, top_p=0.9)
-        sampled = evaluate(policy, held_out, params=rollout_params, desc="sampled eval",
-                           generator=torch.Generator().manual_seed(args.seed)).summary()
-        card = {"trained_by": "scripts/train_tiny.py", "settings": {
-                    k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "guess_probability_by_level": GUESS_PROBABILITY,
-                "sampled_with": "temperature 0.8, top-p 0.9",
-                "parameters_untied": config.num_parameters(),
-                "corpus_tokens": sum(len(ids) for ids, _ in token_rows),
-                "final_train_loss": round(final_loss, 4),
-                "greedy_test": report, "sampled_test": sampled,
-                "train_seconds": round(time.time() - started, 1)}
+        sampled = evaluate(
+            policy,
+            held_out,
+            params=rollout_params,
+            desc="sampled eval",
+            generator=torch.Generator().manual_seed(args.seed),
+        ).summary()
+        card = {
+            "trained_by": "scripts/train_tiny.py",
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "guess_probability_by_level": GUESS_PROBABILITY,
+            "sampled_with": "temperature 0.8, top-p 0.9",
+            "parameters_untied": config.num_parameters(),
+            "corpus_tokens": sum(len(ids) for ids, _ in token_rows),
+            "final_train_loss": round(final_loss, 4),
+            "greedy_test": report,
+            "sampled_test": sampled,
+            "train_seconds": round(time.time() - started, 1),
+        }
         (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     print(json.dumps(card, indent=2))
 

@@ -59,23 +59,46 @@ class Compiled:
         return len(re.findall(pattern, self.ptx))
 
 
-def compile_for_sm90(module: str, kernel: str, signature: dict[str, str], constexprs: dict,
-                     *, divisible: tuple[str, ...] = (), options: dict | None = None) -> Compiled:
+def compile_for_sm90(
+    module: str,
+    kernel: str,
+    signature: dict[str, str],
+    constexprs: dict,
+    *,
+    divisible: tuple[str, ...] = (),
+    options: dict | None = None,
+) -> Compiled:
     """``module.kernel`` compiled for sm_90. ``signature`` maps run-time arguments to Triton
     types ("*bf16", "i32", ...); ``constexprs`` holds the compile-time ones (a "tl.NAME" string
     stands for ``triton.language.NAME``); ``divisible`` names the arguments Triton's launcher
     would mark divisible by 16."""
     pytest.importorskip("triton.backends.nvidia")
-    request = dict(module=module, kernel=kernel, signature=signature, constexprs=constexprs,
-                   divisible=list(divisible), options=options or {})
+    request = dict(
+        module=module,
+        kernel=kernel,
+        signature=signature,
+        constexprs=constexprs,
+        divisible=list(divisible),
+        options=options or {},
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(request)], env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE, json.dumps(request)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     info = result["ptxas_info"]
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
     registers = re.search(r"Used (\d+) registers", info)
     assert spills and registers, info
-    return Compiled(result["ptx"], result["cubin_bytes"], int(registers.group(1)),
-                    int(spills.group(1)), int(spills.group(2)))
+    return Compiled(
+        result["ptx"],
+        result["cubin_bytes"],
+        int(registers.group(1)),
+        int(spills.group(1)),
+        int(spills.group(2)),
+    )

@@ -18,8 +18,9 @@ from hf_models import random_hf_model
 
 # ``pytest --hypothesis-profile=probe`` runs the property and fuzz tests with many more examples
 # than CI does (the numbers of the reliability probe).
-settings.register_profile("probe", max_examples=2000, deadline=None,
-                          suppress_health_check=list(HealthCheck))
+settings.register_profile(
+    "probe", max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,9 +11,18 @@ def random_hf_model(model_type: str = "qwen3", *, tie: bool = False, seed: int =
     parity test cannot pass by accident on ones / zeros."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
-    common = dict(vocab_size=211, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
-                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=tie, rope_theta=10000.0, eos_token_id=0)
+    common = dict(
+        vocab_size=211,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+        rope_theta=10000.0,
+        eos_token_id=0,
+    )
     if model_type == "qwen3":
         config = transformers.Qwen3Config(head_dim=32, **common)
         model = transformers.Qwen3ForCausalLM(config)

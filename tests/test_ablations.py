@@ -21,8 +21,10 @@ from rlvr_fast.state_file import load_state
 from rlvr_fast.trainer import CHECKPOINT_FILE, Phases, RLVRTrainer, TrainConfig, fused_grpo_loss
 
 FAST = dict(max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
-IMPOSSIBLE = [Problem(id=f"impossible-{i}", question=f"What is {i} + 30?", answer="-1",
-                      source="test") for i in range(2)]
+IMPOSSIBLE = [
+    Problem(id=f"impossible-{i}", question=f"What is {i} + 30?", answer="-1", source="test")
+    for i in range(2)
+]
 
 
 @pytest.fixture()
@@ -51,10 +53,12 @@ def test_groups_sampled_in_one_batch_equal_groups_sampled_one_by_one(tiny):
 def test_trees_sampled_in_one_batch_equal_trees_sampled_one_by_one(tiny):
     engine = RolloutEngine.for_policy(tiny, kv_blocks=256)
     prompts = [tiny.tokenizer.encode(p.question) for p in synthetic_problems("train", 3, seed=6)]
-    settings = dict(newline_token_ids=tiny.tokenizer.newline_token_ids, t_min=4, t_max=8,
-                    max_new_tokens=32)
-    batched = sample_trees_ids(engine, prompts, generator=torch.Generator().manual_seed(3),
-                               **settings)
+    settings = dict(
+        newline_token_ids=tiny.tokenizer.newline_token_ids, t_min=4, t_max=8, max_new_tokens=32
+    )
+    batched = sample_trees_ids(
+        engine, prompts, generator=torch.Generator().manual_seed(3), **settings
+    )
     generator = torch.Generator().manual_seed(3)
     alone = [sample_tree_ids(engine, prompt, generator=generator, **settings) for prompt in prompts]
     for together, single in zip(batched, alone):
@@ -69,10 +73,18 @@ def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questio
     config = TrainConfig.from_arm("ra_flat", questions_per_step=2, max_grad_norm=None, **FAST)
     trainer = RLVRTrainer(tiny, config, IMPOSSIBLE, progress=False)
     model = tiny.model
-    questions = [([5, 6, 7], [[8, 9, 10], [11, 12]], [torch.tensor([0.5, 0.5, 0.5]),
-                                                         torch.tensor([-0.5, -0.5])]),
-                 ([3, 4], [[13], [14, 15, 16, 17]], [torch.tensor([2.0]),
-                                                     torch.tensor([-1.0, -1.0, -1.0, -1.0])])]
+    questions = [
+        (
+            [5, 6, 7],
+            [[8, 9, 10], [11, 12]],
+            [torch.tensor([0.5, 0.5, 0.5]), torch.tensor([-0.5, -0.5])],
+        ),
+        (
+            [3, 4],
+            [[13], [14, 15, 16, 17]],
+            [torch.tensor([2.0]), torch.tensor([-1.0, -1.0, -1.0, -1.0])],
+        ),
+    ]
     hand, losses = [], []
     for prompt, completions, weights in questions:
         model.zero_grad(set_to_none=True)
@@ -81,12 +93,14 @@ def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questio
         hand.append([p.grad.clone() for p in trainer.params])
         losses.append(float(loss.detach()))
     model.zero_grad(set_to_none=True)
-    norms = [float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
-             for grads in hand]
+    norms = [
+        float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) for grads in hand
+    ]
     expected = [(a / norms[0] + b / norms[1]) / 2 for a, b in zip(*hand)]
 
-    update = trainer.accumulate_unit_gradients(Phases(tiny.device), [
-        lambda q=q: fused_grpo_loss(model, *q) for q in questions])
+    update = trainer.accumulate_unit_gradients(
+        Phases(tiny.device), [lambda q=q: fused_grpo_loss(model, *q) for q in questions]
+    )
     for p, want in zip(trainer.params, expected):
         torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-7)
     assert update.question_grad_norms == pytest.approx(norms, rel=1e-5)
@@ -111,13 +125,15 @@ def test_a_step_whose_questions_are_all_homogeneous_is_a_zero_gradient_step(tiny
 
 def test_multi_question_run_batches_its_questions_and_verify_rederives_it(tiny, tmp_path):
     problems = synthetic_problems("train", 6, seed=11)
-    config = TrainConfig.from_arm("ra_flat", steps=3, questions_per_step=2, gate_min_chars=None,
-                                  **FAST)
+    config = TrainConfig.from_arm(
+        "ra_flat", steps=3, questions_per_step=2, gate_min_chars=None, **FAST
+    )
     RLVRTrainer(tiny, config, problems, out_dir=tmp_path, progress=False).train()
     lines = read_jsonl(tmp_path / "ledger.jsonl")
     rollouts = read_jsonl(tmp_path / "rollouts.jsonl")
-    assert [[q["question_id"] for q in line["questions"]] for line in lines] == \
-        [[p.id for p in problems[i:i + 2]] for i in (0, 2, 4)]
+    assert [[q["question_id"] for q in line["questions"]] for line in lines] == [
+        [p.id for p in problems[i : i + 2]] for i in (0, 2, 4)
+    ]
     for line, rollout in zip(lines, rollouts):
         # One batch: each prompt prefilled once, the rest forks; the engine's count is the step's.
         assert line["prefill_run"] == sum(q["prompt_len"] for q in line["questions"])
@@ -152,9 +168,15 @@ class Killed(Exception):
 
 def polyak_trainer(out_dir, problems, resume=False):
     config = TrainConfig.from_arm("zg_flat", steps=5, polyak_start=2, checkpoint_every=2, **FAST)
-    return RLVRTrainer(load_policy("tiny"), config, problems,
-                       {"held_out": synthetic_problems("test", 4, seed=1)}, out_dir=out_dir,
-                       resume=resume, progress=False)
+    return RLVRTrainer(
+        load_policy("tiny"),
+        config,
+        problems,
+        {"held_out": synthetic_problems("test", 4, seed=1)},
+        out_dir=out_dir,
+        resume=resume,
+        progress=False,
+    )
 
 
 def test_polyak_average_equals_the_hand_average_also_across_a_resume(tmp_path):

@@ -88,32 +88,45 @@ def rewrite_text_to_flip_reward(lines):
 
 EDITS = {
     "one token in a ledger leaf": (
-        "ledger.jsonl", lambda lines: lines[1]["lengths"].__setitem__(0, lines[1]["lengths"][0] + 1),
-        r"step 1 lengths\[0\]: recorded (\d+), re-derived (\d+)"),
+        "ledger.jsonl",
+        lambda lines: lines[1]["lengths"].__setitem__(0, lines[1]["lengths"][0] + 1),
+        r"step 1 lengths\[0\]: recorded (\d+), re-derived (\d+)",
+    ),
     "one token in a rollout": (
-        "rollouts.jsonl", lambda lines: lines[2]["lengths"].__setitem__(3, lines[2]["lengths"][3] - 1),
-        r"step 2 lengths\[3\]: recorded (\d+), re-derived (\d+)"),
+        "rollouts.jsonl",
+        lambda lines: lines[2]["lengths"].__setitem__(3, lines[2]["lengths"][3] - 1),
+        r"step 2 lengths\[3\]: recorded (\d+), re-derived (\d+)",
+    ),
     "a changed FLOP figure": (
-        "ledger.jsonl", lambda lines: lines[0].update(flops_full=lines[0]["flops_full"] + 886144),
-        r"step 0 flops_full: recorded (\d+), re-derived (\d+)"),
+        "ledger.jsonl",
+        lambda lines: lines[0].update(flops_full=lines[0]["flops_full"] + 886144),
+        r"step 0 flops_full: recorded (\d+), re-derived (\d+)",
+    ),
     "a flipped reward": (
-        "ledger.jsonl", lambda lines: lines[2]["rewards"].__setitem__(5, flip(lines[2]["rewards"][5])),
-        r"step 2 rewards\[5\]: recorded ([\d.]+), re-derived ([\d.]+)"),
+        "ledger.jsonl",
+        lambda lines: lines[2]["rewards"].__setitem__(5, flip(lines[2]["rewards"][5])),
+        r"step 2 rewards\[5\]: recorded ([\d.]+), re-derived ([\d.]+)",
+    ),
     "an edited response": (
-        "rollouts.jsonl", rewrite_text_to_flip_reward,
-        r"step 1 rewards\[0\]: recorded ([\d.]+), re-derived ([\d.]+)"),
+        "rollouts.jsonl",
+        rewrite_text_to_flip_reward,
+        r"step 1 rewards\[0\]: recorded ([\d.]+), re-derived ([\d.]+)",
+    ),
     "a flipped grade": (
-        "evals/t.jsonl", lambda lines: lines[4].update(correct=not lines[4]["correct"]),
-        r"evals/t.jsonl:5 item \S+ correct: recorded (\w+), re-graded (\w+)"),
+        "evals/t.jsonl",
+        lambda lines: lines[4].update(correct=not lines[4]["correct"]),
+        r"evals/t.jsonl:5 item \S+ correct: recorded (\w+), re-graded (\w+)",
+    ),
     "a missing step": (
-        "ledger.jsonl", lambda lines: lines.pop(1),
-        r"ledger.jsonl line 2: step (2), expected (1)"),
+        "ledger.jsonl",
+        lambda lines: lines.pop(1),
+        r"ledger.jsonl line 2: step (2), expected (1)",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(EDITS))
-def test_verify_names_the_step_field_and_both_values_of_an_edit(sweep_dir, tmp_path, capsys,
-                                                               name):
+def test_verify_names_the_step_field_and_both_values_of_an_edit(sweep_dir, tmp_path, capsys, name):
     file, edit, pattern = EDITS[name]
     run = edited_copy(sweep_dir / "runs" / "baseline_s1", tmp_path, file, edit)
     assert main(["verify", str(run)]) == 1
@@ -146,13 +159,17 @@ def test_verify_regrades_a_parallel_path_step(tmp_path, capsys):
     def box_the_answer_in_a_wrong_path(lines):
         line = lines[0]
         wrong = line["parallel"]["path_correct"].index(False)
-        line["texts"][wrong] = f"Adding the numbers step by step, we get \\boxed{{{line['answer']}}}"
+        line["texts"][wrong] = (
+            f"Adding the numbers step by step, we get \\boxed{{{line['answer']}}}"
+        )
 
     edited = edited_copy(run, tmp_path / "edited", "rollouts.jsonl", box_the_answer_in_a_wrong_path)
     capsys.readouterr()
     assert main(["verify", str(edited)]) == 1
     out = capsys.readouterr().out
-    assert re.search(r"step 0 parallel\.phi\[\d+\]: recorded [\d.e-]+, re-derived [\d.e-]+", out), out
+    assert re.search(r"step 0 parallel\.phi\[\d+\]: recorded [\d.e-]+, re-derived [\d.e-]+", out), (
+        out
+    )
 
 
 def test_verify_fails_a_run_without_recorded_versions(sweep_dir, tmp_path, capsys):
@@ -162,8 +179,10 @@ def test_verify_fails_a_run_without_recorded_versions(sweep_dir, tmp_path, capsy
     del meta["versions"]["torch"]
     (run / "config.json").write_text(json.dumps(meta))
     assert main(["verify", str(run)]) == 1
-    assert "FAIL config: 1 problem(s)\n    config.json: version of torch not recorded" in \
-        capsys.readouterr().out
+    assert (
+        "FAIL config: 1 problem(s)\n    config.json: version of torch not recorded"
+        in capsys.readouterr().out
+    )
 
 
 def test_verify_of_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, capsys):
@@ -189,14 +208,17 @@ def test_compare_tables_match_the_eval_files(sweep_dir):
     assert comparison.reference == "baseline" and comparison.eval_sets == {"t": 8}
     ra = comparison.arms[1]
     assert ra.seeds == [1, 2]
-    assert ra.per_seed("t", lambda g: g.accuracy) == [accuracy(runs / "ra_flat_s1"),
-                                                      accuracy(runs / "ra_flat_s2")]
+    assert ra.per_seed("t", lambda g: g.accuracy) == [
+        accuracy(runs / "ra_flat_s1"),
+        accuracy(runs / "ra_flat_s2"),
+    ]
     ledger = read_lines(runs / "ra_flat_s2" / "ledger.jsonl")
     assert ra.totals[2]["bwd_full"] == sum(line["bwd_full"] for line in ledger)
     (contrast,) = [c for c in comparison.contrasts if c.metric == "accuracy"]
     assert contrast.arm == "ra_flat" and contrast.seeds == [1, 2]
     assert contrast.per_seed == pytest.approx(
-        [accuracy(runs / f"ra_flat_s{s}") - accuracy(runs / f"baseline_s{s}") for s in (1, 2)])
+        [accuracy(runs / f"ra_flat_s{s}") - accuracy(runs / f"baseline_s{s}") for s in (1, 2)]
+    )
     assert contrast.mean == pytest.approx(sum(contrast.per_seed) / 2)
     for low, high in (contrast.two_level_ci, contrast.pooled_ci):
         assert -1 <= low <= high <= 1
@@ -215,8 +237,9 @@ def test_compare_reproduces_the_studys_layout(sweep_dir, capsys):
     assert re.search(r"\| [\d.]+ \[[\d.]+\] / [\d.]+ \[[\d.]+\] / [\d.]+ / [\d.]+k \|", row)
     assert re.search(r"\| \d+\.\d\d% \(\d/8\) \|", table), "base model row: one value, count/N"
     contrast = next(line for line in table.splitlines() if "ra_flat vs. baseline: accuracy" in line)
-    assert re.search(r"\[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] pp \| \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] pp \|$",
-                     contrast), contrast
+    assert re.search(
+        r"\[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] pp \| \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] pp \|$", contrast
+    ), contrast
     assert mean_sd_cell([44.4, 45.0, 48.8], "%") == "46.07% ± 2.39% (44.4 / 45.0 / 48.8)"
 
 
@@ -236,11 +259,16 @@ def test_compare_csv_and_json_hold_the_same_numbers(sweep_dir, capsys):
     assert (sweep_dir / "compare.json").is_file() and (sweep_dir / "compare.csv").is_file()
 
 
-@pytest.mark.parametrize("change,message", [
-    ("rename", "mixed eval sets"), ("drop_item", "unequal item lists"),
-    ("duplicate", "two runs of arm ra_flat with seed 1"),
-    ("other_lr", "runs of arm ra_flat differ in lr (0.0001 in"),
-    ("unfinished", "unfinished run (no summary.json)")])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("rename", "mixed eval sets"),
+        ("drop_item", "unequal item lists"),
+        ("duplicate", "two runs of arm ra_flat with seed 1"),
+        ("other_lr", "runs of arm ra_flat differ in lr (0.0001 in"),
+        ("unfinished", "unfinished run (no summary.json)"),
+    ],
+)
 def test_compare_refuses_runs_that_do_not_pair(sweep_dir, tmp_path, capsys, change, message):
     copy = tmp_path / "ra_flat_copy"
     shutil.copytree(sweep_dir / "runs" / "ra_flat_s1", copy)
@@ -270,8 +298,14 @@ def test_compare_refuses_runs_that_do_not_pair(sweep_dir, tmp_path, capsys, chan
 def test_report_draws_every_figure_beside_the_tables(sweep_dir, tree_run, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(sweep_dir / "runs"), str(tree_run), "--out", str(out)]) == 0
-    figures = ["base_lengths_t.png", "accuracy.png", "reward_over_steps.png",
-               "length_over_steps.png", "compute.png", "tree_pairs.png"]
+    figures = [
+        "base_lengths_t.png",
+        "accuracy.png",
+        "reward_over_steps.png",
+        "length_over_steps.png",
+        "compute.png",
+        "tree_pairs.png",
+    ]
     for name in figures:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     report = (out / "report.md").read_text()
@@ -317,8 +351,14 @@ def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monk
     before_kill = read_lines(interrupted / "ledger.jsonl")
 
     monkeypatch.setattr(RLVRTrainer, "train_step", train_step)
-    tables = run_sweep(plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings), tmp_path, TRAIN,
-                       EVAL_SETS, lambda: load_policy("tiny"), progress=False)
+    tables = run_sweep(
+        plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings),
+        tmp_path,
+        TRAIN,
+        EVAL_SETS,
+        lambda: load_policy("tiny"),
+        progress=False,
+    )
     assert (finished / "summary.json").stat().st_mtime_ns == finished_mtime, "finished: skipped"
     resumed = read_lines(interrupted / "ledger.jsonl")
     assert [line["step"] for line in resumed] == [0, 1, 2]
@@ -329,15 +369,39 @@ def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monk
 
 
 def test_a_sweep_refuses_a_run_directory_with_other_settings(sweep_dir, tmp_path, capsys):
-    same_settings = ["--set", "max_new_tokens=48", "--set", "eval_max_new_tokens=48",
-                     "--set", "lr=1e-4"]
-    assert main(["sweep", "--arms", "baseline", "--seeds", "1", "--steps", "4", *same_settings,
-                 "--out", str(sweep_dir), "--quiet"]) == 2
+    same_settings = [
+        "--set",
+        "max_new_tokens=48",
+        "--set",
+        "eval_max_new_tokens=48",
+        "--set",
+        "lr=1e-4",
+    ]
+    assert (
+        main(
+            [
+                "sweep",
+                "--arms",
+                "baseline",
+                "--seeds",
+                "1",
+                "--steps",
+                "4",
+                *same_settings,
+                "--out",
+                str(sweep_dir),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "baseline_s1 was trained with steps=3, this sweep asks for steps=4" in err
-    for args, message in ((["--arms", "nope"], "unknown arm 'nope'"),
-                          (["--arms", "baseline", "--seeds", "1,x"], "--seeds wants"),
-                          (["--arms", "baseline,baseline"], "listed twice")):
+    for args, message in (
+        (["--arms", "nope"], "unknown arm 'nope'"),
+        (["--arms", "baseline", "--seeds", "1,x"], "--seeds wants"),
+        (["--arms", "baseline,baseline"], "listed twice"),
+    ):
         out = tmp_path / "new"
         assert main(["sweep", *args, "--out", str(out), "--quiet"]) == 2
         assert message in capsys.readouterr().err
@@ -348,17 +412,25 @@ def test_compare_and_report_read_the_ablation_arms(sweep_dir, tmp_path, capsys):
     """A multi-question run (one ledger line per step, a sub-record per question) and a Polyak
     run (evals/polyak/ beside evals/) verify, compare and report beside the flat arms."""
     runs = []
-    for arm, settings in (("accum4", TREE_SHORT), ("ra_mst_tail50", dict(TREE_SHORT, polyak_start=2))):
+    for arm, settings in (
+        ("accum4", TREE_SHORT),
+        ("ra_mst_tail50", dict(TREE_SHORT, polyak_start=2)),
+    ):
         runs.append(tmp_path / "runs" / f"{arm}_s1")
         config = TrainConfig.from_arm(arm, seed=1, **settings)
-        RLVRTrainer(load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=runs[-1],
-                    progress=False).train()
+        RLVRTrainer(
+            load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=runs[-1], progress=False
+        ).train()
     assert (runs[1] / "evals" / "polyak" / "t.jsonl").is_file()
     assert main(["verify", *map(str, runs)]) == 0
     assert "verify: 2 of 2 runs PASS" in capsys.readouterr().out
     assert main(["compare", str(sweep_dir / "runs"), *map(str, runs), "--format", "json"]) == 0
     arms = [record["arm"] for record in json.loads(capsys.readouterr().out)["records"]]
     assert {"accum4", "ra_mst_tail50"} <= set(arms)
-    assert main(["report", str(sweep_dir / "runs"), *map(str, runs), "--out",
-                 str(tmp_path / "report")]) == 0
+    assert (
+        main(
+            ["report", str(sweep_dir / "runs"), *map(str, runs), "--out", str(tmp_path / "report")]
+        )
+        == 0
+    )
     assert (tmp_path / "report" / "tree_pairs.png").is_file()

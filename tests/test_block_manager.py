@@ -65,7 +65,9 @@ def test_append_batch_replays_copy_on_write_in_order_and_returns_slots():
         manager.append_batch([parent, parent], 1)
     with pytest.raises(RuntimeError, match="append_batch: out of KV blocks"):
         manager.append_batch([parent, child], 40)
-    assert manager.num_tokens(parent) == manager.num_tokens(child) == 7, "failed call changed nothing"
+    assert manager.num_tokens(parent) == manager.num_tokens(child) == 7, (
+        "failed call changed nothing"
+    )
     manager.check_invariants()
 
 
@@ -126,8 +128,11 @@ def test_failures_are_clear_and_change_nothing():
         manager.fork(7)
     with pytest.raises(ValueError, match="num_tokens must be >= 0"):
         manager.append(seq, -1)
-    assert (manager.num_free_blocks(), manager.block_table(seq).tolist(),
-            manager.num_tokens(seq)) == before
+    assert (
+        manager.num_free_blocks(),
+        manager.block_table(seq).tolist(),
+        manager.num_tokens(seq),
+    ) == before
     manager.check_invariants()
     with pytest.raises(ValueError, match="need 1 <= num_blocks"):
         BlockManager(0, 16)
@@ -145,8 +150,10 @@ class RandomOperations(RuleBasedStateMachine):
         return -(-tokens // BLOCK_SIZE)
 
     def snapshot(self):
-        return (self.manager.num_free_blocks(),
-                {s: self.manager.block_table(s).tolist() for s in self.tokens})
+        return (
+            self.manager.num_free_blocks(),
+            {s: self.manager.block_table(s).tolist() for s in self.tokens},
+        )
 
     @rule(tokens=st.integers(0, 40))
     def allocate(self, tokens):
@@ -175,8 +182,11 @@ class RandomOperations(RuleBasedStateMachine):
             assert self.snapshot() == before
             return
         copies = self.manager.append(seq, tokens)
-        assert copies == ([(table[-1], self.manager.block_table(seq).tolist()[len(table) - 1])]
-                          if partial_shared else [])
+        assert copies == (
+            [(table[-1], self.manager.block_table(seq).tolist()[len(table) - 1])]
+            if partial_shared
+            else []
+        )
         self.tokens[seq] = old + tokens
         new_table = self.manager.block_table(seq).tolist()
         # Every slot written by this append lies in a block no other sequence holds.
@@ -186,8 +196,9 @@ class RandomOperations(RuleBasedStateMachine):
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), tokens=st.integers(1, 4))
     def append_batch(self, data, tokens):
-        seqs = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, max_size=6,
-                                  unique=True))
+        seqs = data.draw(
+            st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, max_size=6, unique=True)
+        )
         tables = {s: self.manager.block_table(s).tolist() for s in seqs}
         refs = [self.manager.ref_count(b) for b in range(NUM_BLOCKS)]
         needed = 0
@@ -222,8 +233,10 @@ class RandomOperations(RuleBasedStateMachine):
         child = self.manager.fork(seq, tokens)
         kept = self.tokens[seq] if tokens < 0 else tokens
         assert self.manager.num_free_blocks() == free, "forking allocates nothing"
-        assert (self.manager.block_table(child).tolist()
-                == self.manager.block_table(seq).tolist()[:self.blocks_needed(kept)])
+        assert (
+            self.manager.block_table(child).tolist()
+            == self.manager.block_table(seq).tolist()[: self.blocks_needed(kept)]
+        )
         self.tokens[child] = kept
 
     @precondition(lambda self: self.tokens)
@@ -255,14 +268,16 @@ class RandomOperations(RuleBasedStateMachine):
 
 
 TestRandomOperations = RandomOperations.TestCase
-TestRandomOperations.settings = settings(max_examples=100, stateful_step_count=200,
-                                         deadline=None, derandomize=True)
+TestRandomOperations.settings = settings(
+    max_examples=100, stateful_step_count=200, deadline=None, derandomize=True
+)
 
 
 INT64_MAX = 2**63 - 1
 # Values at and around every boundary the manager computes with, and any int64.
-EXTREME = st.sampled_from([-INT64_MAX - 1, -2, -1, 0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**62,
-                           INT64_MAX - 1, INT64_MAX]) | st.integers(-INT64_MAX - 1, INT64_MAX)
+EXTREME = st.sampled_from(
+    [-INT64_MAX - 1, -2, -1, 0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**62, INT64_MAX - 1, INT64_MAX]
+) | st.integers(-INT64_MAX - 1, INT64_MAX)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -280,8 +295,11 @@ def test_a_shape_that_overflows_is_refused(num_blocks, block_size):
 
 
 def snapshot(manager, seqs):
-    return (manager.num_free_blocks(), manager.num_sequences,
-            {s: (manager.num_tokens(s), manager.block_table(s).tolist()) for s in seqs})
+    return (
+        manager.num_free_blocks(),
+        manager.num_sequences,
+        {s: (manager.num_tokens(s), manager.block_table(s).tolist()) for s in seqs},
+    )
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -295,16 +313,20 @@ def test_huge_and_negative_counts_and_ids_raise_and_change_nothing(block_size, d
     seqs.append(manager.fork(seqs[0]))
     calls = {
         "allocate": lambda: manager.allocate(data.draw(EXTREME)),
-        "append": lambda: manager.append(data.draw(st.sampled_from(seqs) | EXTREME),
-                                         data.draw(EXTREME)),
-        "append_batch": lambda: manager.append_batch(data.draw(st.lists(
-            st.sampled_from(seqs) | EXTREME, max_size=3)), data.draw(EXTREME)),
+        "append": lambda: manager.append(
+            data.draw(st.sampled_from(seqs) | EXTREME), data.draw(EXTREME)
+        ),
+        "append_batch": lambda: manager.append_batch(
+            data.draw(st.lists(st.sampled_from(seqs) | EXTREME, max_size=3)), data.draw(EXTREME)
+        ),
         "append_many": lambda: manager.append_many(
             data.draw(st.lists(st.sampled_from(seqs), min_size=1, max_size=3, unique=True)),
-            data.draw(st.lists(EXTREME, min_size=1, max_size=3))),
+            data.draw(st.lists(EXTREME, min_size=1, max_size=3)),
+        ),
         "blocks_needed": lambda: manager.blocks_needed(seqs, [data.draw(EXTREME)] * len(seqs)),
-        "fork": lambda: manager.fork(data.draw(st.sampled_from(seqs) | EXTREME),
-                                     data.draw(EXTREME)),
+        "fork": lambda: manager.fork(
+            data.draw(st.sampled_from(seqs) | EXTREME), data.draw(EXTREME)
+        ),
         "free": lambda: manager.free(data.draw(EXTREME.filter(lambda i: i not in seqs))),
         "block_tables": lambda: manager.block_tables(seqs, data.draw(EXTREME)),
         "ref_count": lambda: manager.ref_count(data.draw(EXTREME)),

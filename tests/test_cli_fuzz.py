@@ -49,27 +49,53 @@ def stub_the_real_work(monkeypatch):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                max_size=3),
-    max_leaves=6)
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 numbers = st.integers().map(str) | st.sampled_from(["0", "-1", "1e3", "2", "9" * 30, "abc", ""])
-set_pairs = st.builds(lambda key, value: f"{key}={value}",
-                      st.sampled_from(FIELDS) | st.text(max_size=10),
-                      json_values.map(json.dumps) | st.text(max_size=10))
+set_pairs = st.builds(
+    lambda key, value: f"{key}={value}",
+    st.sampled_from(FIELDS) | st.text(max_size=10),
+    json_values.map(json.dumps) | st.text(max_size=10),
+)
 data_files = st.one_of(
     st.binary(max_size=200),
     json_values.map(lambda v: json.dumps(v).encode()),
-    st.lists(st.dictionaries(st.sampled_from(["problem", "question", "answer", "solution", "id",
-                                              "level", "source"]), json_values, max_size=4),
-             max_size=3).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode()))
-MODEL_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-               "generation_config.json"]
-model_damage = st.tuples(st.sampled_from(MODEL_FILES),
-                         st.sampled_from(["truncate", "replace", "delete", "json"]),
-                         st.integers(min_value=0, max_value=5000), json_values)
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["problem", "question", "answer", "solution", "id", "level", "source"]),
+            json_values,
+            max_size=4,
+        ),
+        max_size=3,
+    ).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode()),
+)
+MODEL_FILES = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+]
+model_damage = st.tuples(
+    st.sampled_from(MODEL_FILES),
+    st.sampled_from(["truncate", "replace", "delete", "json"]),
+    st.integers(min_value=0, max_value=5000),
+    json_values,
+)
 eval_names = st.sampled_from(["t", "../x", "a/b", "", ".h"]) | st.text(max_size=6)
-eval_sources = st.sampled_from(["synthetic:test:2", "synthetic:test:0", "synthetic:bogus:2",
-                                "synthetic:test:99999999", "DATA", "missing.jsonl"])
+eval_sources = st.sampled_from(
+    [
+        "synthetic:test:2",
+        "synthetic:test:0",
+        "synthetic:bogus:2",
+        "synthetic:test:99999999",
+        "DATA",
+        "missing.jsonl",
+    ]
+)
 outs = st.sampled_from(["new", "new/nested", "file", "file/under", "model", "nonempty"])
 
 
@@ -90,8 +116,12 @@ def damage_model(directory: Path, damage) -> None:
 
 
 def digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_file()
+        else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def run_cli(argv: list[str]) -> tuple[int | str, str]:
@@ -131,8 +161,9 @@ def make_sandbox(data: bytes, damage, out_kind: str) -> tuple[Path, Path]:
 
 
 CI = settings(deadline=None, suppress_health_check=list(HealthCheck))
-VALID_DATA = "".join(json.dumps({"problem": f"What is {i} + 3?", "answer": str(i + 3)}) + "\n"
-                     for i in range(4)).encode()
+VALID_DATA = "".join(
+    json.dumps({"problem": f"What is {i} + 3?", "answer": str(i + 3)}) + "\n" for i in range(4)
+).encode()
 
 
 @st.composite
@@ -144,22 +175,35 @@ def inputs(draw, valid: dict, wild: dict) -> dict:
 
 
 TRAIN_VALID = dict(
-    arm=st.sampled_from(list(ARMS)), steps=st.sampled_from(["1", "3"]),
+    arm=st.sampled_from(list(ARMS)),
+    steps=st.sampled_from(["1", "3"]),
     seed=st.integers(0, 2**63 - 1).map(str),
     sets=st.sampled_from([[], ["max_new_tokens=16"], ["lr=1e-4", "group_size=4"]]),
-    data=st.just(VALID_DATA), train_data=st.sampled_from(["DATA", "synthetic:train"]),
+    data=st.just(VALID_DATA),
+    train_data=st.sampled_from(["DATA", "synthetic:train"]),
     evals=st.sampled_from([[], [("t", "synthetic:test:2")], [("t", "DATA")]]),
-    model=st.sampled_from(["tiny", "MODEL"]), damage=st.none(), device=st.just("cpu"),
-    dtype=st.sampled_from(["auto", "fp32"]), out=st.sampled_from(["new", "new/nested"]),
-    resume=st.just(False))
+    model=st.sampled_from(["tiny", "MODEL"]),
+    damage=st.none(),
+    device=st.just("cpu"),
+    dtype=st.sampled_from(["auto", "fp32"]),
+    out=st.sampled_from(["new", "new/nested"]),
+    resume=st.just(False),
+)
 TRAIN_WILD = dict(
-    arm=st.text(max_size=8), steps=numbers, seed=numbers, sets=st.lists(set_pairs, min_size=1,
-                                                                        max_size=3),
-    data=data_files, train_data=st.just("synthetic:train:x") | st.just("DATA"),
+    arm=st.text(max_size=8),
+    steps=numbers,
+    seed=numbers,
+    sets=st.lists(set_pairs, min_size=1, max_size=3),
+    data=data_files,
+    train_data=st.just("synthetic:train:x") | st.just("DATA"),
     evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
-    model=st.just("missing"), damage=model_damage,
+    model=st.just("missing"),
+    damage=model_damage,
     device=st.sampled_from(["cuda", "cuda:3", "bogus", "meta", "cpu:0"]),
-    dtype=st.sampled_from(["bf16", "fp8"]), out=outs, resume=st.just(True))
+    dtype=st.sampled_from(["bf16", "fp8"]),
+    out=outs,
+    resume=st.just(True),
+)
 
 
 @CI
@@ -167,13 +211,31 @@ TRAIN_WILD = dict(
 def test_train_keeps_the_cli_promise_for_generated_inputs(args):
     sandbox, out_path = make_sandbox(args["data"], args["damage"], args["out"])
     try:
+
         def path_of(spec):
             return str(sandbox / "data.jsonl") if spec == "DATA" else spec
 
         model = str(sandbox / "model") if args["model"] == "MODEL" else args["model"]
-        argv = ["train", "--arm", args["arm"], "--steps", args["steps"], "--seed", args["seed"],
-                "--quiet", "--train-data", path_of(args["train_data"]), "--device",
-                args["device"], "--dtype", args["dtype"], "--model", model, "--out", str(out_path)]
+        argv = [
+            "train",
+            "--arm",
+            args["arm"],
+            "--steps",
+            args["steps"],
+            "--seed",
+            args["seed"],
+            "--quiet",
+            "--train-data",
+            path_of(args["train_data"]),
+            "--device",
+            args["device"],
+            "--dtype",
+            args["dtype"],
+            "--model",
+            model,
+            "--out",
+            str(out_path),
+        ]
         for pair in args["sets"]:
             argv += ["--set", pair]
         for name, source in args["evals"]:
@@ -185,13 +247,24 @@ def test_train_keeps_the_cli_promise_for_generated_inputs(args):
         shutil.rmtree(sandbox)
 
 
-EVAL_VALID = dict(data=st.just(VALID_DATA), damage=st.none(),
-                  max_new=st.sampled_from(["8", "16"]), max_batch=st.sampled_from(["4", "256"]),
-                  evals=st.sampled_from([[("t", "synthetic:test:2")], [("t", "DATA")]]),
-                  device=st.just("cpu"), out=st.sampled_from(["new", "new/nested"]))
-EVAL_WILD = dict(data=data_files, damage=model_damage, max_new=numbers, max_batch=numbers,
-                 evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
-                 device=st.sampled_from(["cuda", "bogus"]), out=outs)
+EVAL_VALID = dict(
+    data=st.just(VALID_DATA),
+    damage=st.none(),
+    max_new=st.sampled_from(["8", "16"]),
+    max_batch=st.sampled_from(["4", "256"]),
+    evals=st.sampled_from([[("t", "synthetic:test:2")], [("t", "DATA")]]),
+    device=st.just("cpu"),
+    out=st.sampled_from(["new", "new/nested"]),
+)
+EVAL_WILD = dict(
+    data=data_files,
+    damage=model_damage,
+    max_new=numbers,
+    max_batch=numbers,
+    evals=st.lists(st.tuples(eval_names, eval_sources), min_size=1, max_size=2),
+    device=st.sampled_from(["cuda", "bogus"]),
+    out=outs,
+)
 
 
 @CI
@@ -199,9 +272,18 @@ EVAL_WILD = dict(data=data_files, damage=model_damage, max_new=numbers, max_batc
 def test_eval_keeps_the_cli_promise_for_generated_inputs(args):
     sandbox, out_path = make_sandbox(args["data"], args["damage"], args["out"])
     try:
-        argv = ["eval", str(sandbox / "model"), "--max-new-tokens", args["max_new"],
-                "--max-batch", args["max_batch"], "--device", args["device"], "--out",
-                str(out_path)]
+        argv = [
+            "eval",
+            str(sandbox / "model"),
+            "--max-new-tokens",
+            args["max_new"],
+            "--max-batch",
+            args["max_batch"],
+            "--device",
+            args["device"],
+            "--out",
+            str(out_path),
+        ]
         for name, source in args["evals"]:
             path = str(sandbox / "data.jsonl") if source == "DATA" else source
             argv += ["--eval", f"{name}={path}"]
@@ -211,20 +293,35 @@ def test_eval_keeps_the_cli_promise_for_generated_inputs(args):
 
 
 SELECT_VALID = dict(
-    data=st.just(VALID_DATA), damage=st.none(), k=st.sampled_from(["2", "8"]),
-    max_new=st.sampled_from(["8", "512"]), max_batch=st.just("256"),
-    batch_questions=st.sampled_from(["1", "16"]), limit=st.sampled_from([None, "2"]),
-    passes=st.sampled_from([[], ["0", "1"], ["0.5"]]), temperature=st.just("0.8"),
-    source=st.sampled_from(["DATA", "synthetic:test:2"]), device=st.just("cpu"),
-    out=st.sampled_from(["sel.json", "sel.jsonl"]))
+    data=st.just(VALID_DATA),
+    damage=st.none(),
+    k=st.sampled_from(["2", "8"]),
+    max_new=st.sampled_from(["8", "512"]),
+    max_batch=st.just("256"),
+    batch_questions=st.sampled_from(["1", "16"]),
+    limit=st.sampled_from([None, "2"]),
+    passes=st.sampled_from([[], ["0", "1"], ["0.5"]]),
+    temperature=st.just("0.8"),
+    source=st.sampled_from(["DATA", "synthetic:test:2"]),
+    device=st.just("cpu"),
+    out=st.sampled_from(["sel.json", "sel.jsonl"]),
+)
 SELECT_WILD = dict(
-    data=data_files, damage=model_damage, k=numbers, max_new=numbers, max_batch=numbers,
-    batch_questions=numbers, limit=numbers,
-    passes=st.lists(st.sampled_from(["0", "0.5", "1", "-1", "2", "nan", "x"]), min_size=1,
-                    max_size=2),
-    temperature=st.sampled_from(["0", "-1", "inf", "nan", "x"]), source=eval_sources,
+    data=data_files,
+    damage=model_damage,
+    k=numbers,
+    max_new=numbers,
+    max_batch=numbers,
+    batch_questions=numbers,
+    limit=numbers,
+    passes=st.lists(
+        st.sampled_from(["0", "0.5", "1", "-1", "2", "nan", "x"]), min_size=1, max_size=2
+    ),
+    temperature=st.sampled_from(["0", "-1", "inf", "nan", "x"]),
+    source=eval_sources,
     device=st.sampled_from(["cuda", "bogus"]),
-    out=st.sampled_from(["sel.txt", "file/sel.json", "missing/sel.json", "nonempty"]))
+    out=st.sampled_from(["sel.txt", "file/sel.json", "missing/sel.json", "nonempty"]),
+)
 
 
 @CI
@@ -233,11 +330,28 @@ def test_select_data_keeps_the_cli_promise_for_generated_inputs(args):
     sandbox, _ = make_sandbox(args["data"], args["damage"], "new")
     try:
         path = str(sandbox / "data.jsonl") if args["source"] == "DATA" else args["source"]
-        argv = ["select-data", "--model", str(sandbox / "model"), "--data", path, "--k",
-                args["k"], "--max-new-tokens", args["max_new"], "--max-batch", args["max_batch"],
-                "--batch-questions", args["batch_questions"], "--temperature",
-                args["temperature"], "--device", args["device"], "--quiet", "--out",
-                str(sandbox / args["out"])]
+        argv = [
+            "select-data",
+            "--model",
+            str(sandbox / "model"),
+            "--data",
+            path,
+            "--k",
+            args["k"],
+            "--max-new-tokens",
+            args["max_new"],
+            "--max-batch",
+            args["max_batch"],
+            "--batch-questions",
+            args["batch_questions"],
+            "--temperature",
+            args["temperature"],
+            "--device",
+            args["device"],
+            "--quiet",
+            "--out",
+            str(sandbox / args["out"]),
+        ]
         for flag, value in zip(("--min-pass", "--max-pass"), args["passes"]):
             argv += [flag, value]
         if args["limit"] is not None:

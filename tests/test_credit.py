@@ -33,16 +33,19 @@ def test_hand_computed_credit_alpha_one_and_zero():
     r = [[1, 0], [0, 0]]  # R̄ = 0.25, sigma_R = sqrt(3 * 0.0625 + 0.5625) / sqrt(3) = 0.5
     scale = 0.5 + ADVANTAGE_EPS
     sibling = tree_credit(r, [3, 3], alpha=1.0)
-    torch.testing.assert_close(sibling.continuation, torch.tensor([[0.5, -0.5], [0.0, 0.0]]) / scale)
+    torch.testing.assert_close(
+        sibling.continuation, torch.tensor([[0.5, -0.5], [0.0, 0.0]]) / scale
+    )
     torch.testing.assert_close(sibling.prefix, torch.tensor([[0.25, 0.25], [-0.25, -0.25]]) / scale)
     leafwise = tree_credit(r, [3, 3], alpha=0.0)
-    torch.testing.assert_close(leafwise.continuation,
-                               torch.tensor([[0.75, -0.25], [-0.25, -0.25]]) / scale)
+    torch.testing.assert_close(
+        leafwise.continuation, torch.tensor([[0.75, -0.25], [-0.25, -0.25]]) / scale
+    )
 
 
 def test_all_tau_zero_equals_the_flat_trainers_advantages_bitwise():
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
-    credit = tree_credit([rewards[i:i + 2] for i in range(0, 8, 2)], [0, 0, 0, 0])
+    credit = tree_credit([rewards[i : i + 2] for i in range(0, 8, 2)], [0, 0, 0, 0])
     flat, sigma = standardised_advantages(rewards)
     assert torch.equal(credit.prefix.flatten(), flat)
     assert torch.equal(credit.continuation.flatten(), flat)
@@ -58,9 +61,19 @@ def test_homogeneous_tree_has_zero_credit():
     assert torch.equal(credit.continuation, torch.zeros(2, 2))
 
 
-reward_trees = st.integers(1, 6).flatmap(lambda k: st.integers(1, 4).filter(
-    lambda b: k * b >= 2).flatmap(lambda b: st.lists(
-        st.lists(st.sampled_from([0.0, 1.0]), min_size=b, max_size=b), min_size=k, max_size=k)))
+reward_trees = st.integers(1, 6).flatmap(
+    lambda k: (
+        st.integers(1, 4)
+        .filter(lambda b: k * b >= 2)
+        .flatmap(
+            lambda b: st.lists(
+                st.lists(st.sampled_from([0.0, 1.0]), min_size=b, max_size=b),
+                min_size=k,
+                max_size=k,
+            )
+        )
+    )
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -85,8 +98,9 @@ def test_proposition_2_beta_increment_is_nonnegative_on_every_subset(rewards, da
     subset = data.draw(st.lists(st.booleans(), min_size=pairs, max_size=pairs))
     taus = [100] * pairs
     plain, bonus = tree_credit(rewards, taus), tree_credit(rewards, taus, beta=beta)
-    increment = sum(float((bonus.prefix[k] - plain.prefix[k]).sum())
-                    for k in range(pairs) if subset[k])
+    increment = sum(
+        float((bonus.prefix[k] - plain.prefix[k]).sum()) for k in range(pairs) if subset[k]
+    )
     r = torch.tensor(rewards, dtype=torch.float64)
     gap = sum(float(r[k].max() - r[k].mean()) for k in range(pairs) if subset[k])
     expected = branches * beta * gap / (plain.sigma + ADVANTAGE_EPS)
@@ -103,12 +117,19 @@ def test_proposition_2_counterexample_with_root_restarted_pairs():
     scale = credit.sigma + ADVANTAGE_EPS
     shared_sum = float(credit.prefix[0].sum())  # S = {pair 1}
     assert shared_sum == pytest.approx(-1.5 / scale, rel=1e-6)
-    assert credit.sigma == pytest.approx(math.sqrt(6 * 0.0625 + 2 * 0.5625) / math.sqrt(7), rel=1e-6)
+    assert credit.sigma == pytest.approx(
+        math.sqrt(6 * 0.0625 + 2 * 0.5625) / math.sqrt(7), rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("other_pairs,r_mean", [
-    ([[1, 1], [1, 1], [0, 0]], 0.625), ([[1, 1], [1, 1], [1, 0]], 0.75),
-    ([[1, 1], [1, 1], [1, 1]], 0.875)])
+@pytest.mark.parametrize(
+    "other_pairs,r_mean",
+    [
+        ([[1, 1], [1, 1], [0, 0]], 0.625),
+        ([[1, 1], [1, 1], [1, 0]], 0.75),
+        ([[1, 1], [1, 1], [1, 1]], 0.875),
+    ],
+)
 def test_proposition_3_clamping_reinforces_below_average_prefixes(other_pairs, r_mean):
     rewards = [[1, 0]] + other_pairs  # pair 0 is divergent: V̂ = 0.5, M = 1, Ṽ = 0.625 at beta 0.25
     taus = [100, 100, 100, 100]
@@ -131,7 +152,9 @@ def test_proposition_3_clamping_reinforces_below_average_prefixes(other_pairs, r
 def test_clamping_leaves_a_tau_zero_pair_with_leaf_credit():
     credit = tree_credit([[1, 0], [0, 0]], [0, 7], beta=0.25, clamped_prefix=True)
     torch.testing.assert_close(credit.prefix[0], credit.continuation[0])
-    torch.testing.assert_close(credit.prefix[0], torch.tensor([0.75, -0.25]) / (0.5 + ADVANTAGE_EPS))
+    torch.testing.assert_close(
+        credit.prefix[0], torch.tensor([0.75, -0.25]) / (0.5 + ADVANTAGE_EPS)
+    )
 
 
 def test_token_weights_layout_normal_terminal_dup_and_tau_zero():
@@ -152,17 +175,21 @@ def test_token_weights_layout_normal_terminal_dup_and_tau_zero():
     assert all(w.dtype == torch.float32 for w in weights)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(rewards=[[1, 0], [1]], prefix_lens=[1, 1]), r"\[K\]\[B\] grid"),
-    (dict(rewards=[[1]], prefix_lens=[1]), "K\\*B >= 2"),
-    (dict(rewards=[], prefix_lens=[]), "non-empty"),
-    (dict(rewards=[[1, float("nan")]], prefix_lens=[1]), "finite"),
-    (dict(rewards=[[1, 0]], prefix_lens=[1, 2]), "one entry per pair"),
-    (dict(rewards=[[1, 0]], prefix_lens=[-1]), "integers >= 0"),
-    (dict(rewards=[[1, 0]], prefix_lens=[1.5]), "integers >= 0"),
-    (dict(rewards=[[1, 0]], prefix_lens=[1], beta=1.5), "beta must be in"),
-    (dict(rewards=[[1, 0]], prefix_lens=[1], alpha=-0.1), "alpha must be in"),
-    (dict(rewards=[[1, 0]], prefix_lens=[1], eps=0.0), "eps must be > 0")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(rewards=[[1, 0], [1]], prefix_lens=[1, 1]), r"\[K\]\[B\] grid"),
+        (dict(rewards=[[1]], prefix_lens=[1]), "K\\*B >= 2"),
+        (dict(rewards=[], prefix_lens=[]), "non-empty"),
+        (dict(rewards=[[1, float("nan")]], prefix_lens=[1]), "finite"),
+        (dict(rewards=[[1, 0]], prefix_lens=[1, 2]), "one entry per pair"),
+        (dict(rewards=[[1, 0]], prefix_lens=[-1]), "integers >= 0"),
+        (dict(rewards=[[1, 0]], prefix_lens=[1.5]), "integers >= 0"),
+        (dict(rewards=[[1, 0]], prefix_lens=[1], beta=1.5), "beta must be in"),
+        (dict(rewards=[[1, 0]], prefix_lens=[1], alpha=-0.1), "alpha must be in"),
+        (dict(rewards=[[1, 0]], prefix_lens=[1], eps=0.0), "eps must be > 0"),
+    ],
+)
 def test_bad_inputs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tree_credit(**kwargs)
@@ -172,7 +199,9 @@ def test_token_weights_refuse_bad_lengths():
     credit = tree_credit(EXAMPLE, [3, 2, 4, 0])
     with pytest.raises(ValueError, match=r"\[K=4\]\[B=2\]"):
         credit.token_weights([[5, 3], [2, 4], [4, 4]])
-    with pytest.raises(ValueError, match=r"leaf \(2, 1\) has length 3, shorter than its prefix of 4"):
+    with pytest.raises(
+        ValueError, match=r"leaf \(2, 1\) has length 3, shorter than its prefix of 4"
+    ):
         credit.token_weights([[5, 3], [2, 4], [4, 3], [1, 3]])
 
 
@@ -182,14 +211,20 @@ def test_centred_continuations_carry_zero_signed_token_mass(data):
     """Random trees: after ``zero_continuation_mass`` the continuation tokens' weights sum to
     zero, every continuation weight moved by the same shift, and prefix weights did not move."""
     pairs = data.draw(st.integers(1, 5))
-    rewards = data.draw(st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=2),
-                                 min_size=pairs, max_size=pairs))
+    rewards = data.draw(
+        st.lists(
+            st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=2),
+            min_size=pairs,
+            max_size=pairs,
+        )
+    )
     taus = data.draw(st.lists(st.integers(0, 20), min_size=pairs, max_size=pairs))
     lengths = [[tau + data.draw(st.integers(0, 60)) for _ in range(2)] for tau in taus]
     credit = tree_credit(rewards, taus, beta=data.draw(st.sampled_from([0.0, 0.25])))
     centred = credit.zero_continuation_mass(lengths)
-    counts = torch.tensor([[n - tau for n in row] for row, tau in zip(lengths, taus)],
-                          dtype=torch.float64)
+    counts = torch.tensor(
+        [[n - tau for n in row] for row, tau in zip(lengths, taus)], dtype=torch.float64
+    )
     mass = float((counts * centred.continuation.double()).sum())
     assert abs(mass) <= 1e-4 * max(1.0, float(counts.sum()))
     assert torch.equal(centred.prefix, credit.prefix)
@@ -198,8 +233,10 @@ def test_centred_continuations_carry_zero_signed_token_mass(data):
         torch.testing.assert_close(shift, shift.flatten()[0].expand_as(shift))
     # Token by token: the weights of the continuation tokens (t > tau_k) sum to zero.
     weights = centred.token_weights(lengths)
-    continuation_sum = sum(float(w[tau:].double().sum()) for w, tau in
-                           zip(weights, [tau for tau in taus for _ in range(2)]))
+    continuation_sum = sum(
+        float(w[tau:].double().sum())
+        for w, tau in zip(weights, [tau for tau in taus for _ in range(2)])
+    )
     assert abs(continuation_sum) <= 1e-4 * max(1.0, float(counts.sum()))
 
 

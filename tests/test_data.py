@@ -53,18 +53,32 @@ def test_math_rows_with_answer_keep_level_and_solution(tmp_path: Path) -> None:
     path = write_jsonl(
         tmp_path / "math_train.jsonl",
         [
-            {"problem": "Find x.", "answer": "\\frac{1}{2}", "solution": "So \\boxed{\\frac12}.",
-             "level": "Level 3", "unique_id": "test/algebra/1.json"},
+            {
+                "problem": "Find x.",
+                "answer": "\\frac{1}{2}",
+                "solution": "So \\boxed{\\frac12}.",
+                "level": "Level 3",
+                "unique_id": "test/algebra/1.json",
+            },
             {"problem": "Find y.", "answer": 7, "level": 5},
             {"problem": "Find z.", "answer": "2", "level": "Level ?"},
         ],
     )
     first, second, third = load_problems(path)
     assert first == Problem(
-        id="test/algebra/1.json", question="Find x.", answer="\\frac{1}{2}",
-        source="math_train.jsonl", level=3, solution="So \\boxed{\\frac12}.",
+        id="test/algebra/1.json",
+        question="Find x.",
+        answer="\\frac{1}{2}",
+        source="math_train.jsonl",
+        level=3,
+        solution="So \\boxed{\\frac12}.",
     )
-    assert (second.id, second.answer, second.level, second.solution) == ("math_train-1", "7", 5, None)
+    assert (second.id, second.answer, second.level, second.solution) == (
+        "math_train-1",
+        "7",
+        5,
+        None,
+    )
     assert third.level is None
 
 
@@ -117,12 +131,17 @@ def test_json_array_wrapped_array_and_jsonl_give_the_same_problems(tmp_path: Pat
     rows = [{"problem": f"P{i}?", "answer": str(i)} for i in range(3)]
     (tmp_path / "set.json").write_text(json.dumps(rows), encoding="utf-8")
     (tmp_path / "wrapped").mkdir()
-    (tmp_path / "wrapped" / "set.json").write_text(json.dumps({"version": 1, "data": rows}), encoding="utf-8")
-    (tmp_path / "set.jsonl").write_text("\n".join(["", *map(json.dumps, rows), "", ""]), encoding="utf-8")
+    (tmp_path / "wrapped" / "set.json").write_text(
+        json.dumps({"version": 1, "data": rows}), encoding="utf-8"
+    )
+    (tmp_path / "set.jsonl").write_text(
+        "\n".join(["", *map(json.dumps, rows), "", ""]), encoding="utf-8"
+    )
     from_array = load_problems(tmp_path / "set.json")
     assert load_problems(tmp_path / "wrapped" / "set.json") == from_array
     assert load_problems(tmp_path / "set.jsonl") == [
-        Problem(id=p.id, question=p.question, answer=p.answer, source="set.jsonl") for p in from_array
+        Problem(id=p.id, question=p.question, answer=p.answer, source="set.jsonl")
+        for p in from_array
     ]
     assert [p.id for p in from_array] == ["set-0", "set-1", "set-2"]
 
@@ -143,7 +162,11 @@ GOOD = {"problem": "A?", "answer": "1"}
 # (file name, content, fragments the DataError message must contain)
 MALFORMED = {
     "bad JSON line": ("a.jsonl", lines(GOOD) + '\n{"problem": \n', ["a.jsonl:3", "invalid JSON"]),
-    "bad JSON array": ("a.json", '[\n{"problem": "A?",\n "answer": }\n]', ["a.json:3", "invalid JSON"]),
+    "bad JSON array": (
+        "a.json",
+        '[\n{"problem": "A?",\n "answer": }\n]',
+        ["a.json:3", "invalid JSON"],
+    ),
     "missing answer": (
         "math_train.jsonl",
         lines(GOOD, {"problem": "B?"}),
@@ -160,20 +183,44 @@ MALFORMED = {
         json.dumps({"data": [GOOD, {"problem": "B?", "solution": "\\boxed{\\frac{1}{2}"}]}),
         ["math.json:item 2", "'solution'", "boxed"],
     ),
-    "no box": ("math.jsonl", lines({"problem": "B?", "solution": "It is 2."}), ["math.jsonl:1", "'solution'"]),
+    "no box": (
+        "math.jsonl",
+        lines({"problem": "B?", "solution": "It is 2."}),
+        ["math.jsonl:1", "'solution'"],
+    ),
     "duplicate id": (
         "dup.jsonl",
         lines({"id": "x", **GOOD}, {"id": "x", "problem": "B?", "answer": "2"}),
         ["dup.jsonl:2", "'id'", "'x'", "dup.jsonl:1"],
     ),
     "row not an object": ("a.jsonl", "[1, 2]\n", ["a.jsonl:1", "expected a JSON object"]),
-    "empty question": ("a.jsonl", lines({"question": "  ", "answer": "1"}), ["a.jsonl:1", "'question'", "empty"]),
-    "answer wrong type": ("a.json", json.dumps([{"problem": "A?", "answer": [1]}]), ["a.json:item 1", "'answer'"]),
-    "answer is boolean": ("a.jsonl", lines({"problem": "A?", "answer": True}), ["a.jsonl:1", "'answer'"]),
-    "problem wrong type": ("a.jsonl", lines({"problem": 5, "answer": "5"}), ["a.jsonl:1", "'problem'"]),
+    "empty question": (
+        "a.jsonl",
+        lines({"question": "  ", "answer": "1"}),
+        ["a.jsonl:1", "'question'", "empty"],
+    ),
+    "answer wrong type": (
+        "a.json",
+        json.dumps([{"problem": "A?", "answer": [1]}]),
+        ["a.json:item 1", "'answer'"],
+    ),
+    "answer is boolean": (
+        "a.jsonl",
+        lines({"problem": "A?", "answer": True}),
+        ["a.jsonl:1", "'answer'"],
+    ),
+    "problem wrong type": (
+        "a.jsonl",
+        lines({"problem": 5, "answer": "5"}),
+        ["a.jsonl:1", "'problem'"],
+    ),
     "id wrong type": ("a.jsonl", lines({"problem_id": [1], **GOOD}), ["a.jsonl:1", "'problem_id'"]),
     "level wrong type": ("a.jsonl", lines({"level": [3], **GOOD}), ["a.jsonl:1", "'level'"]),
-    "no single list": ("a.json", json.dumps({"a": [], "b": []}), ["a.json", "exactly one list-valued key"]),
+    "no single list": (
+        "a.json",
+        json.dumps({"a": [], "b": []}),
+        ["a.json", "exactly one list-valued key"],
+    ),
     "unknown suffix": ("a.csv", "problem,answer\n", ["a.csv", "unsupported file type"]),
 }
 
@@ -205,10 +252,22 @@ def test_data_error_is_a_value_error() -> None:
 def test_save_then_load_round_trips(tmp_path: Path) -> None:
     problems = [
         *synthetic_problems("train", 8),
-        Problem(id="g-1", question="Eggs?\u2028Really?", answer="1234", source="gsm8k.jsonl",
-                solution="Some text.\n#### 1,234"),
-        Problem(id="m-1", question="Find x.", answer="\\frac{1}{2}", source="math.jsonl", level=3,
-                solution="So $\\boxed{\\frac{1}{2}}$.", subject="Algebra"),
+        Problem(
+            id="g-1",
+            question="Eggs?\u2028Really?",
+            answer="1234",
+            source="gsm8k.jsonl",
+            solution="Some text.\n#### 1,234",
+        ),
+        Problem(
+            id="m-1",
+            question="Find x.",
+            answer="\\frac{1}{2}",
+            source="math.jsonl",
+            level=3,
+            solution="So $\\boxed{\\frac{1}{2}}$.",
+            subject="Algebra",
+        ),
         Problem(id="a-1", question="AMC?", answer="36", source="amc.json"),
     ]
     path = tmp_path / "saved.jsonl"
@@ -236,7 +295,9 @@ def test_synthetic_is_deterministic_per_seed() -> None:
 
 
 def test_synthetic_splits_are_disjoint_and_distinct(large_splits: dict[str, list[Problem]]) -> None:
-    expressions = {split: [p.solution for p in problems] for split, problems in large_splits.items()}
+    expressions = {
+        split: [p.solution for p in problems] for split, problems in large_splits.items()
+    }
     for split, exprs in expressions.items():
         assert len(exprs) == len(set(exprs)) == 2000, split
     assert not set(expressions["train"]) & set(expressions["val"])
@@ -320,8 +381,14 @@ def test_guess_is_the_bare_box_below_the_gate() -> None:
 
 def synthetic(level: int, expression: str) -> Problem:
     answer = str(evaluate(expression))
-    return Problem(id="s", question=f"What is {expression}?", answer=answer, source="synthetic",
-                   level=level, solution=expression)
+    return Problem(
+        id="s",
+        question=f"What is {expression}?",
+        answer=answer,
+        source="synthetic",
+        level=level,
+        solution=expression,
+    )
 
 
 def test_worked_solution_examples() -> None:
@@ -333,12 +400,18 @@ def test_worked_solution_examples() -> None:
         " Let's solve it step by step.\nSplit 23 into 20 + 3.\n20 * 7 = 140\n3 * 7 = 21\n"
         "140 + 21 = 161\nThe final answer is:\n\\boxed{161}"
     )
-    assert "\nSplit 943 into 900 + 40 + 3.\n900 * 9 = 8100\n40 * 9 = 360\n3 * 9 = 27\n" \
-        "8100 + 360 = 8460\n8460 + 27 = 8487\n" in worked_solution(synthetic(3, "943 * 9"), "derive")
+    assert (
+        "\nSplit 943 into 900 + 40 + 3.\n900 * 9 = 8100\n40 * 9 = 360\n3 * 9 = 27\n"
+        "8100 + 360 = 8460\n8460 + 27 = 8487\n"
+        in worked_solution(synthetic(3, "943 * 9"), "derive")
+    )
     assert "\n100 * 8 = 800\nThe final" in worked_solution(synthetic(4, "(60 + 40) * 8"), "derive")
-    assert "\n473 - 100 = 373\n373 - 40 = 333\n333 - 8 = 325\n" in \
-        worked_solution(synthetic(1, "473 - 148"), "derive")
-    assert "\n58 - 30 = 28\n28 - 7 = 21\n" in worked_solution(synthetic(2, "19 + 39 - 37"), "derive")
+    assert "\n473 - 100 = 373\n373 - 40 = 333\n333 - 8 = 325\n" in worked_solution(
+        synthetic(1, "473 - 148"), "derive"
+    )
+    assert "\n58 - 30 = 28\n28 - 7 = 21\n" in worked_solution(
+        synthetic(2, "19 + 39 - 37"), "derive"
+    )
     assert worked_solution(synthetic(4, "(23 + 45) * 7"), "guess") == " \\boxed{476}"
 
 
@@ -346,7 +419,9 @@ def test_worked_solution_survives_save_and_load(tmp_path: Path) -> None:
     problems = synthetic_problems("val", 12)
     save_problems(problems, tmp_path / "val.jsonl")
     loaded = load_problems(tmp_path / "val.jsonl")
-    assert [worked_solution(p, "derive") for p in loaded] == [worked_solution(p, "derive") for p in problems]
+    assert [worked_solution(p, "derive") for p in loaded] == [
+        worked_solution(p, "derive") for p in problems
+    ]
 
 
 def test_invalid_arguments_are_rejected() -> None:
@@ -359,6 +434,8 @@ def test_invalid_arguments_are_rejected() -> None:
         worked_solution(problem, "explain")
     with pytest.raises(ValueError, match="not a synthetic problem"):
         worked_solution(Problem(id="x", question="Q?", answer="1", source="math.jsonl"), "derive")
-    tampered = Problem(id="t", question="Q?", answer="5", source="synthetic", level=1, solution="123 + 450")
+    tampered = Problem(
+        id="t", question="Q?", answer="5", source="synthetic", level=1, solution="123 + 450"
+    )
     with pytest.raises(ValueError, match="answer"):
         worked_solution(tampered, "derive")

@@ -31,15 +31,34 @@ from rlvr_fast.trainer import CHECKPOINT_FILE
 # Four questions a step (two a rank), 48 tokens: on the first 16 synthetic questions step 0 and
 # step 3 are homogeneous on both ranks, step 1 has a contributing question on each rank and
 # step 2 on rank 0 only (asserted below, so a change of model or sampler shows here first).
-RUN = ["--arm", "ra_flat", "--steps", "4", "--set", "questions_per_step=4", "--set",
-       "max_new_tokens=48", "--set", "eval_max_new_tokens=48", "--set", "gate_min_chars=null",
-       "--set", "lr=1e-4", "--eval", "test=synthetic:test:10", "--quiet"]
+RUN = [
+    "--arm",
+    "ra_flat",
+    "--steps",
+    "4",
+    "--set",
+    "questions_per_step=4",
+    "--set",
+    "max_new_tokens=48",
+    "--set",
+    "eval_max_new_tokens=48",
+    "--set",
+    "gate_min_chars=null",
+    "--set",
+    "lr=1e-4",
+    "--eval",
+    "test=synthetic:test:10",
+    "--quiet",
+]
 ROOT = Path(rlvr_fast.__file__).resolve().parents[1]
 
 
 def child_env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     for name in distributed.TORCHRUN_VARIABLES:
         env.pop(name, None)
     env.update(extra)
@@ -47,8 +66,14 @@ def child_env(**extra) -> dict:
 
 
 def cli(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlvr_fast.cli", *args], env=child_env(),
-                          capture_output=True, text=True, timeout=240, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr_fast.cli", *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        **kwargs,
+    )
 
 
 def free_port() -> int:
@@ -61,11 +86,22 @@ def start_ranks(args: list[str], world: int = 2) -> list[subprocess.Popen]:
     """``world`` ranks of ``rlvr-fast ARGS`` with torchrun's environment, without torchrun (whose
     agent would end the other ranks itself when one dies)."""
     port = free_port()
-    return [subprocess.Popen(
-        [sys.executable, "-m", "rlvr_fast.cli", *args],
-        env=child_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "rlvr_fast.cli", *args],
+            env=child_env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -102,8 +138,12 @@ def test_the_runs_cover_every_kind_of_step(runs):
     assert active[0] == active[3] == [False] * 4, "every rank homogeneous"
     assert any(active[1][:2]) and any(active[1][2:]), "both ranks contribute"
     assert any(active[2][:2]) and not any(active[2][2:]), "rank 1 joins with zero gradients"
-    assert [(line["active"], line["optimizer_step"]) for line in lines] == \
-        [(False, True), (True, True), (True, True), (False, True)], "zero-gradient AdamW steps"
+    assert [(line["active"], line["optimizer_step"]) for line in lines] == [
+        (False, True),
+        (True, True),
+        (True, True),
+        (False, True),
+    ], "zero-gradient AdamW steps"
     assert json.loads((two / "config.json").read_text())["world_size"] == 2
     assert "world_size" not in json.loads((one / "config.json").read_text())
 
@@ -118,8 +158,11 @@ def test_two_ranks_equal_one_process_taking_both_ranks_questions(runs):
         torch.testing.assert_close(p, double[name], rtol=0, atol=1e-5, msg=name)  # lr / 10
     states = [load_state(run / "checkpoint" / CHECKPOINT_FILE) for run in runs]
     assert states[0]["world_size"] == 1 and states[1]["world_size"] == 2
-    for a, b in zip(states[0]["optimizer"]["state"].values(),
-                    states[1]["optimizer"]["state"].values(), strict=True):
+    for a, b in zip(
+        states[0]["optimizer"]["state"].values(),
+        states[1]["optimizer"]["state"].values(),
+        strict=True,
+    ):
         assert int(a["step"]) == int(b["step"]) == 4, "an AdamW step on every step"
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], rtol=1e-4, atol=1e-9)
@@ -128,41 +171,62 @@ def test_two_ranks_equal_one_process_taking_both_ranks_questions(runs):
 def test_bitwise_where_no_two_unit_gradients_are_added(tmp_path):
     """Two questions a step, one a rank: on steps where at most one question contributes, both
     sides add nothing in another order, so weights and moments are bitwise equal."""
-    args = ["train", "--arm", "ra_flat", "--steps", "3", "--set", "questions_per_step=2",
-            "--set", "max_new_tokens=48", "--set", "gate_min_chars=null", "--set", "lr=1e-4",
-            "--quiet"]
+    args = [
+        "train",
+        "--arm",
+        "ra_flat",
+        "--steps",
+        "3",
+        "--set",
+        "questions_per_step=2",
+        "--set",
+        "max_new_tokens=48",
+        "--set",
+        "gate_min_chars=null",
+        "--set",
+        "lr=1e-4",
+        "--quiet",
+    ]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     done = cli(*args, "--nproc", "2", "--out", str(tmp_path / "two"))
     assert done.returncode == 0, done.stderr
     lines = read_jsonl(tmp_path / "two" / "ledger.jsonl")
     assert [sum(q["active"] for q in line["questions"]) for line in lines] == [0, 0, 1]
-    single, double = (dict(load_model(tmp_path / run / "final").named_parameters())
-                      for run in ("one", "two"))
+    single, double = (
+        dict(load_model(tmp_path / run / "final").named_parameters()) for run in ("one", "two")
+    )
     assert all(torch.equal(p, double[name]) for name, p in single.items())
     states = [load_state(tmp_path / run / "checkpoint" / CHECKPOINT_FILE) for run in ("one", "two")]
-    for a, b in zip(states[0]["optimizer"]["state"].values(),
-                    states[1]["optimizer"]["state"].values(), strict=True):
+    for a, b in zip(
+        states[0]["optimizer"]["state"].values(),
+        states[1]["optimizer"]["state"].values(),
+        strict=True,
+    ):
         assert torch.equal(a["exp_avg"], b["exp_avg"])
         assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
 
 
 def rounded_floats(line: dict) -> list:
     """Pop the step's and its questions' losses and gradient norms."""
-    return [record.pop(name) for record in [line, *line["questions"]]
-            for name in ("loss", "grad_norm")]
+    return [
+        record.pop(name) for record in [line, *line["questions"]] for name in ("loss", "grad_norm")
+    ]
 
 
 def test_ledger_and_evals_equal_and_verify_passes(runs):
     one, two = runs
-    for a, b in zip(read_jsonl(one / "ledger.jsonl"), read_jsonl(two / "ledger.jsonl"), strict=True):
+    for a, b in zip(
+        read_jsonl(one / "ledger.jsonl"), read_jsonl(two / "ledger.jsonl"), strict=True
+    ):
         # Timings differ and the KV peaks are per rank (summed); losses and gradient norms are
         # the same up to the rounding of the sums above; the rest is equal.
         for name in ("seconds", "peak_kv_blocks"):
             a.pop(name), b.pop(name)
         x, y = rounded_floats(a), rounded_floats(b)
         assert [v is None for v in x] == [v is None for v in y]
-        assert [v for v in y if v is not None] == pytest.approx([v for v in x if v is not None],
-                                                                rel=1e-5)
+        assert [v for v in y if v is not None] == pytest.approx(
+            [v for v in x if v is not None], rel=1e-5
+        )
         assert a == b
     assert (one / "rollouts.jsonl").read_text() == (two / "rollouts.jsonl").read_text()
     # Sharded evaluation: each rank decodes 5 of the 10 items; the files list all 10 in order.
@@ -184,8 +248,20 @@ def test_resume_with_another_world_size_is_refused(runs, capsys):
 
 def test_rank_dies_the_other_exits_with_one_line_then_resume_finishes(tmp_path):
     out = tmp_path / "run"
-    args = ["train", *RUN, "--set", "checkpoint_every=1", "--set", "eval_before=false",
-            "--steps", "8", "--dist-timeout", "60", "--out", str(out)]
+    args = [
+        "train",
+        *RUN,
+        "--set",
+        "checkpoint_every=1",
+        "--set",
+        "eval_before=false",
+        "--steps",
+        "8",
+        "--dist-timeout",
+        "60",
+        "--out",
+        str(out),
+    ]
     procs = start_ranks(args)
     wait_for_lines(out / "ledger.jsonl", 1, procs)
     procs[1].send_signal(signal.SIGKILL)
@@ -196,7 +272,9 @@ def test_rank_dies_the_other_exits_with_one_line_then_resume_finishes(tmp_path):
     assert procs[0].returncode == 3, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("rlvr-fast: error: rank 0 of 2: ") and "--resume" in last
-    assert seconds < 30, f"a dead peer closes its sockets: no wait for the 60 s timeout ({seconds:.1f} s)"
+    assert seconds < 30, (
+        f"a dead peer closes its sockets: no wait for the 60 s timeout ({seconds:.1f} s)"
+    )
     done = len(read_jsonl(out / "ledger.jsonl"))
     assert 1 <= done < 8
 
@@ -208,8 +286,20 @@ def test_rank_dies_the_other_exits_with_one_line_then_resume_finishes(tmp_path):
 
 def test_rank_that_stops_answering_times_the_other_out(tmp_path):
     out = tmp_path / "run"
-    procs = start_ranks(["train", *RUN, "--set", "eval_before=false", "--steps", "8",
-                         "--dist-timeout", "5", "--out", str(out)])
+    procs = start_ranks(
+        [
+            "train",
+            *RUN,
+            "--set",
+            "eval_before=false",
+            "--steps",
+            "8",
+            "--dist-timeout",
+            "5",
+            "--out",
+            str(out),
+        ]
+    )
     wait_for_lines(out / "ledger.jsonl", 1, procs)
     procs[1].send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -231,8 +321,11 @@ def test_one_process_helpers_are_the_identity():
     distributed.check_questions_per_step(3)
     with pytest.raises(ValueError, match="resume it with 2"):
         distributed.check_world_size(2, CHECKPOINT_FILE)
-    assert without_nproc(["train", "--nproc", "2", "--arm", "x", "--nproc=3"]) == \
-        ["train", "--arm", "x"]
+    assert without_nproc(["train", "--nproc", "2", "--arm", "x", "--nproc=3"]) == [
+        "train",
+        "--arm",
+        "x",
+    ]
 
 
 def test_gradient_buckets_keep_order_and_split_by_size_and_dtype():

@@ -65,8 +65,9 @@ def test_fork_shares_the_prompt_and_its_logits(model):
     prompt = engine.add(PROMPTS[2])
     rows = engine.fork(prompt, n=3)
     assert engine.counters.prefill_run == len(PROMPTS[2]), "the prompt ran once"
-    torch.testing.assert_close(rows[0].logits, full_forward_logits(model, PROMPTS[2])[-1],
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        rows[0].logits, full_forward_logits(model, PROMPTS[2])[-1], rtol=1e-4, atol=1e-5
+    )
     assert all(r.num_cached == len(PROMPTS[2]) and r.logits is prompt.logits for r in rows)
     engine.free(prompt)
     engine.run(rows, SamplingParams(max_new_tokens=6), generator=torch.Generator().manual_seed(0))
@@ -109,16 +110,20 @@ def test_a_prefix_fork_of_a_finished_sequence_decodes_its_last_token(model, monk
     engine.run([root], SamplingParams.greedy(7))
     prefill_before = engine.counters.prefill_run
     seen = []
-    monkeypatch.setattr(model_runner, "sample_tokens",
-                        lambda logits, *a, **k: seen.append(logits.clone()) or logits.argmax(-1))
+    monkeypatch.setattr(
+        model_runner,
+        "sample_tokens",
+        lambda logits, *a, **k: seen.append(logits.clone()) or logits.argmax(-1),
+    )
     cut = len(PROMPTS[0]) + 3
     (branch,) = engine.fork(root, cut)
     assert branch.num_cached == cut - 1 and branch.token_ids == root.token_ids[:cut]
     engine.free(root)
     engine.run([branch], SamplingParams.greedy(1))
     assert engine.counters.prefill_run == prefill_before
-    torch.testing.assert_close(seen[0][0], full_forward_logits(model, root.token_ids[:cut])[-1],
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        seen[0][0], full_forward_logits(model, root.token_ids[:cut])[-1], rtol=1e-4, atol=1e-5
+    )
     assert branch.completion == [root.token_ids[cut]], "greedy: the root's own next token"
     assert all_free(engine)
 
@@ -136,8 +141,9 @@ def test_a_sequence_samples_the_same_tokens_alone_and_in_a_continuous_batch(mode
     finished = []
     engine.run(others[:7] + [same] + others[7:], params, on_finish=finished.append)
     assert same.completion == alone.completion
-    assert len(finished) == 12 and finished != others[:7] + [same] + others[7:], \
+    assert len(finished) == 12 and finished != others[:7] + [same] + others[7:], (
         "rows finish in their own order"
+    )
     assert all_free(engine) and all_free(alone_engine)
 
 
@@ -167,8 +173,9 @@ def test_eos_and_cap_finish_rows(model):
         assert seq.completion == reference.completion[:cut]
         assert seq.finish_reason == (FINISH_EOS if eos in reference.completion else FINISH_CAP)
     assert seqs[0].finish_reason == FINISH_EOS
-    assert engine.counters.decode_rows == sum(s.num_generated - 1 for s in seqs), \
+    assert engine.counters.decode_rows == sum(s.num_generated - 1 for s in seqs), (
         "no decode after a row finishes"
+    )
 
 
 def test_a_full_cache_preempts_and_recomputes(model):
@@ -231,10 +238,16 @@ def test_run_and_fork_refuse_misuse(model):
         engine.add([211])
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(kv_blocks=0), "kv_blocks"), (dict(kv_memory_fraction=0.0), "kv_memory_fraction"),
-    (dict(block_size=12), "power of two"), (dict(max_batch=0), "max_batch"),
-    (dict(max_prefill_tokens=0), "max_prefill_tokens")])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(kv_blocks=0), "kv_blocks"),
+        (dict(kv_memory_fraction=0.0), "kv_memory_fraction"),
+        (dict(block_size=12), "power of two"),
+        (dict(max_batch=0), "max_batch"),
+        (dict(max_prefill_tokens=0), "max_prefill_tokens"),
+    ],
+)
 def test_bad_engine_settings_are_refused(model, settings, message):
     with pytest.raises(ValueError, match=message):
         RolloutEngine(model, **settings)
@@ -255,8 +268,9 @@ def test_cuda_graph_decode_samples_what_eager_decode_samples(hf_qwen3, greedy):
     params = SamplingParams.greedy(24) if greedy else SamplingParams(max_new_tokens=24)
     outputs = []
     for graphs in (False, True):
-        engine = RolloutEngine(model, eos_token_ids=[EOS], kv_blocks=512, cuda_graphs=graphs,
-                               max_batch=8)
+        engine = RolloutEngine(
+            model, eos_token_ids=[EOS], kv_blocks=512, cuda_graphs=graphs, max_batch=8
+        )
         runs = []
         for count in (1, 3, 5):
             seqs = [engine.add(PROMPTS[i % len(PROMPTS)], seed=i) for i in range(count)]

@@ -7,8 +7,15 @@ import os
 
 import pytest
 
-from rlvr_fast.files import (append_line, atomic_path, files_into, remove_stale_files,
-                             replaced_directory, write_json_atomic, write_text_atomic)
+from rlvr_fast.files import (
+    append_line,
+    atomic_path,
+    files_into,
+    remove_stale_files,
+    replaced_directory,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 class Killed(Exception):
@@ -30,14 +37,24 @@ def test_stale_temp_files_are_removed_on_start(tmp_path):
     """A SIGKILL skips the writer's cleanup: its temp file stays until the next start."""
     (tmp_path / "evals").mkdir()
     # .tmpAbC123: safetensors' own temp file, found beside a checkpoint killed mid-save.
-    for name in (".config.json.abc123.tmp", "evals/.t.jsonl.x.tmp", "evals/.tmpAbC123",
-                 "keep.jsonl", ".keep", ".tmpfile"):
+    for name in (
+        ".config.json.abc123.tmp",
+        "evals/.t.jsonl.x.tmp",
+        "evals/.tmpAbC123",
+        "keep.jsonl",
+        ".keep",
+        ".tmpfile",
+    ):
         (tmp_path / name).write_text("x")
     (tmp_path / ".final.q1w2.tmp").mkdir()
     removed = remove_stale_files(tmp_path)
     assert len(removed) == 4
-    assert sorted(p.name for p in tmp_path.rglob("*")) == [".keep", ".tmpfile", "evals",
-                                                           "keep.jsonl"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        ".keep",
+        ".tmpfile",
+        "evals",
+        "keep.jsonl",
+    ]
 
 
 def test_a_leftover_final_old_does_not_break_the_next_save(tmp_path):
@@ -89,7 +106,10 @@ def test_files_into_adds_files_whole_and_keeps_the_rest(tmp_path):
         (staging / "config.json").write_text("new")
         (staging / "model.safetensors").write_text("weights")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "checkpoint-2", "config.json", "model.safetensors"]
+        "checkpoint-2",
+        "config.json",
+        "model.safetensors",
+    ]
     assert (tmp_path / "out" / "config.json").read_text() == "new"
     with pytest.raises(RuntimeError), files_into(tmp_path / "out") as staging:
         (staging / "config.json").write_text("newer")
@@ -102,11 +122,25 @@ def test_one_atomic_write_helper():
     """Renames and temp files live in rlvr_fast/files.py only: every other writer goes through
     it (there used to be five, each with its own temp-file names)."""
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
-    sources = [p for folder in ("rlvr_fast", "scripts") for p in (root / folder).rglob("*.py")
-               if p != root / "rlvr_fast" / "files.py"]
-    writers = ("os.replace(", "os.rename(", "tempfile.mkstemp", "shutil.move(",
-               "NamedTemporaryFile")
-    found = [f"{p.relative_to(root)}: {w}" for p in sources for w in writers
-             if w in p.read_text(encoding="utf-8")]
+    sources = [
+        p
+        for folder in ("rlvr_fast", "scripts")
+        for p in (root / folder).rglob("*.py")
+        if p != root / "rlvr_fast" / "files.py"
+    ]
+    writers = (
+        "os.replace(",
+        "os.rename(",
+        "tempfile.mkstemp",
+        "shutil.move(",
+        "NamedTemporaryFile",
+    )
+    found = [
+        f"{p.relative_to(root)}: {w}"
+        for p in sources
+        for w in writers
+        if w in p.read_text(encoding="utf-8")
+    ]
     assert not found, found

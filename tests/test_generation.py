@@ -22,8 +22,10 @@ def engine(hf_qwen3):
 
 def test_same_generator_seed_reproduces_the_run(engine):
     params = SamplingParams(max_new_tokens=24)
-    runs = [generate(engine, PROMPTS, params, generator=torch.Generator().manual_seed(seed)).tokens
-            for seed in (7, 7, 8)]
+    runs = [
+        generate(engine, PROMPTS, params, generator=torch.Generator().manual_seed(seed)).tokens
+        for seed in (7, 7, 8)
+    ]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -44,10 +46,14 @@ def test_counts_of_a_batch(engine):
 
 def test_immediate_eos_costs_no_decode(hf_qwen3):
     model = load_model(hf_qwen3[1])
-    first = generate(RolloutEngine(model, kv_blocks=64), PROMPTS[:1],
-                     SamplingParams.greedy(5)).tokens[0][0]
-    out = generate(RolloutEngine(model, kv_blocks=64, eos_token_ids=[first]), PROMPTS[:1],
-                   SamplingParams.greedy(5))
+    first = generate(
+        RolloutEngine(model, kv_blocks=64), PROMPTS[:1], SamplingParams.greedy(5)
+    ).tokens[0][0]
+    out = generate(
+        RolloutEngine(model, kv_blocks=64, eos_token_ids=[first]),
+        PROMPTS[:1],
+        SamplingParams.greedy(5),
+    )
     assert out.tokens == [[first]] and out.finish_reasons == ["eos"]
     assert out.counters.decode_rows == 0
 
@@ -63,9 +69,17 @@ def test_empty_prompts_are_refused(engine):
 def test_a_group_forked_from_one_prefill_samples_what_g_prefills_sample(engine, params):
     """The GRPO group: prefill tokens executed = |prompt| with forks, G |prompt| without; the
     same tokens either way, and decode work sum(L_i - 1) either way."""
-    runs = [sample_group(engine, PROMPTS[2], 8, params, reprefill=reprefill,
-                         generator=torch.Generator().manual_seed(11))
-            for reprefill in (False, True)]
+    runs = [
+        sample_group(
+            engine,
+            PROMPTS[2],
+            8,
+            params,
+            reprefill=reprefill,
+            generator=torch.Generator().manual_seed(11),
+        )
+        for reprefill in (False, True)
+    ]
     forked, reprefilled = runs
     assert forked.tokens == reprefilled.tokens
     assert forked.counters.prefill_run == len(PROMPTS[2])
@@ -83,7 +97,9 @@ def test_continuously_batched_evaluation_grades_what_one_at_a_time_decoding_grad
     problems = synthetic_problems("test", 12)
     engine = RolloutEngine.for_policy(policy, max_batch=5, kv_blocks=512)
     together = evaluate(policy, problems, max_new_tokens=48, progress=False, engine=engine)
-    alone = [evaluate(policy, [p], max_new_tokens=48, progress=False, engine=engine).items[0]
-             for p in problems]
+    alone = [
+        evaluate(policy, [p], max_new_tokens=48, progress=False, engine=engine).items[0]
+        for p in problems
+    ]
     assert together.items == alone
     assert engine.blocks_in_use == 0

@@ -27,13 +27,21 @@ environment = load("environment")
 def fake_run(tmp_path: Path, steps: int, ledger_steps: int) -> Path:
     """A run directory of ``steps`` configured steps whose ledger holds ``ledger_steps`` lines
     of 2 + 1 seconds each, every rollout at the 512 cap."""
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"config": {"arm": "baseline", "steps": steps, "max_new_tokens": 512}}))
-    line = {"seconds": {"rollout": 2.0, "backward": 1.0}, "active": True,
-            "pairs": [[0, 0, 512, 512, 0.0, 0.0, "flat"]] * 4, "gen": 4096,
-            "prefill_run": 150, "decode_rows": 4088, "bwd_out": 4096}
-    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(line) + "\n"
-                                                   for _ in range(ledger_steps)))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"config": {"arm": "baseline", "steps": steps, "max_new_tokens": 512}})
+    )
+    line = {
+        "seconds": {"rollout": 2.0, "backward": 1.0},
+        "active": True,
+        "pairs": [[0, 0, 512, 512, 0.0, 0.0, "flat"]] * 4,
+        "gen": 4096,
+        "prefill_run": 150,
+        "decode_rows": 4088,
+        "bwd_out": 4096,
+    }
+    (tmp_path / "ledger.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for _ in range(ledger_steps))
+    )
     return tmp_path
 
 
@@ -66,11 +74,17 @@ def test_a_run_that_never_started_says_so(tmp_path):
 
 def test_missing_runtime_dependencies_are_named(monkeypatch):
     assert environment.missing_dependencies() == []
-    monkeypatch.setattr(environment, "requires", lambda name: [
-        "torch>=2.11", "no-such-package-here>=1", "pytest>=8; extra == 'dev'",
-        "torch<1; python_version < '3'"])
-    assert environment.missing_dependencies() == [
-        "no-such-package-here>=1 (installed: none)"]
+    monkeypatch.setattr(
+        environment,
+        "requires",
+        lambda name: [
+            "torch>=2.11",
+            "no-such-package-here>=1",
+            "pytest>=8; extra == 'dev'",
+            "torch<1; python_version < '3'",
+        ],
+    )
+    assert environment.missing_dependencies() == ["no-such-package-here>=1 (installed: none)"]
 
 
 @pytest.mark.parametrize("name", ["check.sh", "environment.py", "run_report.py"])

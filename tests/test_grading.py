@@ -260,8 +260,11 @@ def test_unknown_mode_is_a_clear_error() -> None:
 
 
 def test_held_out_agreement_without_false_accepts() -> None:
-    cases = [line.split("\t") for line in HELD_OUT_TABLE.read_text().splitlines()
-             if not line.startswith("#")]
+    cases = [
+        line.split("\t")
+        for line in HELD_OUT_TABLE.read_text().splitlines()
+        if not line.startswith("#")
+    ]
     verdicts = grade_many([case[0] for case in cases], [case[1] for case in cases])
     expected = [case[2] == "1" for case in cases]
     agree = sum(v == e for v, e in zip(verdicts, expected))
@@ -370,8 +373,12 @@ def test_a_killed_worker_is_replaced_in_the_background() -> None:
 def test_budget_holds_for_every_thread() -> None:
     timeout = 0.5
     POOL.reserve(4)
-    items = [("(x+1)^{100000}", "(x+1)^{100001}"), ("\\sqrt{8}", "2\\sqrt{2}"),
-             ("9^{9^{9^{9}}}", "1"), ("x^2+2x+1", "(x+1)^2")] * 3
+    items = [
+        ("(x+1)^{100000}", "(x+1)^{100001}"),
+        ("\\sqrt{8}", "2\\sqrt{2}"),
+        ("9^{9^{9^{9}}}", "1"),
+        ("x^2+2x+1", "(x+1)^2"),
+    ] * 3
 
     def timed(item: tuple[str, str]) -> float:
         start = time.monotonic()
@@ -503,6 +510,7 @@ def test_final_answer_applies_the_gate_and_the_cap() -> None:
 def test_judge_response_reasons() -> None:
     assert judge_response("no box", "1").reason == "no \\boxed answer"
     assert judge_response("short \\boxed{1}", "1", min_chars=30).reason == (
-        "the last \\boxed starts before char 30 (gate)")
+        "the last \\boxed starts before char 30 (gate)"
+    )
     verdicts = judge_many(["1", None], ["1", "1"])
     assert [v.correct for v in verdicts] == [True, False]

@@ -26,27 +26,56 @@ import torch
 from rlvr_fast.state_file import load_state
 
 KILL_TRIALS = int(os.environ.get("RLVR_KILL_TRIALS", "2"))
-TRAIN = ["train", "--arm", "zg_flat", "--steps", "3", "--seed", "5", "--quiet",
-         "--train-data", "synthetic:train:3", "--eval", "t=synthetic:test:2",
-         "--set", "max_new_tokens=16", "--set", "eval_max_new_tokens=16", "--set", "lr=1e-4",
-         "--set", "checkpoint_every=1"]
+TRAIN = [
+    "train",
+    "--arm",
+    "zg_flat",
+    "--steps",
+    "3",
+    "--seed",
+    "5",
+    "--quiet",
+    "--train-data",
+    "synthetic:train:3",
+    "--eval",
+    "t=synthetic:test:2",
+    "--set",
+    "max_new_tokens=16",
+    "--set",
+    "eval_max_new_tokens=16",
+    "--set",
+    "lr=1e-4",
+    "--set",
+    "checkpoint_every=1",
+]
 
 
 def command(out: Path, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "rlvr_fast.cli", *TRAIN, "--out", str(out),
-            *(["--resume"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "rlvr_fast.cli",
+        *TRAIN,
+        "--out",
+        str(out),
+        *(["--resume"] if resume else []),
+    ]
 
 
 def environment() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
+    }
 
 
 def run_to_the_end(out: Path, resume: bool) -> None:
-    done = subprocess.run(command(out, resume), env=environment(), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        command(out, resume), env=environment(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -80,8 +109,13 @@ def watch(process: subprocess.Popen, out: Path, changes: float, delay: float) ->
 
 
 def start(out: Path, resume: bool) -> subprocess.Popen:
-    return subprocess.Popen(command(out, resume), env=environment(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command(out, resume),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_and_kill(out: Path, resume: bool, changes: int, delay: float) -> str:
@@ -104,23 +138,32 @@ def written(out: Path) -> str:
     ledger = out / "ledger.jsonl"
     lines = ledger.read_text().count("\n") if ledger.exists() else 0
     temps = sorted(n for n in names if Path(n).name.startswith("."))
-    return (f"{'config ' if 'config.json' in names else ''}{lines} ledger lines"
-            f"{' checkpoint' if 'checkpoint/state.safetensors' in names else ''}"
-            f"{' final' if 'final/model.safetensors' in names else ''}"
-            f"{' summary' if 'summary.json' in names else ''}"
-            f"{' temp:' + ','.join(temps) if temps else ''}")
+    return (
+        f"{'config ' if 'config.json' in names else ''}{lines} ledger lines"
+        f"{' checkpoint' if 'checkpoint/state.safetensors' in names else ''}"
+        f"{' final' if 'final/model.safetensors' in names else ''}"
+        f"{' summary' if 'summary.json' in names else ''}"
+        f"{' temp:' + ','.join(temps) if temps else ''}"
+    )
 
 
 def outputs(run: Path) -> dict:
-    ledger = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-              for line in (run / "ledger.jsonl").read_text().splitlines()]
+    ledger = [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"}
+        for line in (run / "ledger.jsonl").read_text().splitlines()
+    ]
     summary = json.loads((run / "summary.json").read_text())
-    return {"weights": (run / "final" / "model.safetensors").read_bytes(),
-            "checkpoint": checkpoint_bytes(run / "checkpoint" / "state.safetensors"),
-            "ledger": ledger, "rollouts": (run / "rollouts.jsonl").read_text(),
-            "evals": {p.relative_to(run).as_posix(): p.read_text()
-                      for p in sorted((run / "evals").rglob("*.jsonl"))},
-            "summary_evals": {k: v for k, v in summary.items() if k.startswith("eval")}}
+    return {
+        "weights": (run / "final" / "model.safetensors").read_bytes(),
+        "checkpoint": checkpoint_bytes(run / "checkpoint" / "state.safetensors"),
+        "ledger": ledger,
+        "rollouts": (run / "rollouts.jsonl").read_text(),
+        "evals": {
+            p.relative_to(run).as_posix(): p.read_text()
+            for p in sorted((run / "evals").rglob("*.jsonl"))
+        },
+        "summary_evals": {k: v for k, v in summary.items() if k.startswith("eval")},
+    }
 
 
 def checkpoint_bytes(path: Path) -> dict:
@@ -134,14 +177,25 @@ def checkpoint_bytes(path: Path) -> dict:
 
 def flat_bytes(value, prefix=""):
     if isinstance(value, dict):
-        return {k: v for key, item in value.items()
-                for k, v in flat_bytes(item, f"{prefix}/{key}").items()}
+        return {
+            k: v
+            for key, item in value.items()
+            for k, v in flat_bytes(item, f"{prefix}/{key}").items()
+        }
     if isinstance(value, (list, tuple)):
-        return {k: v for i, item in enumerate(value)
-                for k, v in flat_bytes(item, f"{prefix}[{i}]").items()}
+        return {
+            k: v
+            for i, item in enumerate(value)
+            for k, v in flat_bytes(item, f"{prefix}[{i}]").items()
+        }
     if isinstance(value, torch.Tensor):
-        return {prefix: (str(value.dtype), tuple(value.shape),
-                         value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())}
+        return {
+            prefix: (
+                str(value.dtype),
+                tuple(value.shape),
+                value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes(),
+            )
+        }
     return {prefix: value}
 
 
@@ -174,8 +228,10 @@ def test_a_run_killed_at_any_moment_resumes_bit_identical(reference, tmp_path, t
     # A run killed before it made its directory wrote nothing: it starts again without --resume.
     second = run_and_kill(out, resume=out.exists(), changes=at[1], delay=draw.uniform(0.0, 0.2))
     run_to_the_end(out, resume=out.exists())
-    print(f"trial {trial}: killed after change {at[0]} of {changes} -> {first}; resume killed "
-          f"after change {at[1]} -> {second}")
+    print(
+        f"trial {trial}: killed after change {at[0]} of {changes} -> {first}; resume killed "
+        f"after change {at[1]} -> {second}"
+    )
     assert not [p for p in out.rglob(".*")], "a temp file or half swap was left behind"
     assert outputs(out) == expected
     print(f"trial {trial}: resumed to the same bytes")

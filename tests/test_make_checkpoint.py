@@ -23,9 +23,17 @@ spec.loader.exec_module(make_checkpoint)
 def small_qwen3_config(tmp_path) -> Path:
     """Qwen3-0.6B-Base's config.json with every size shrunk."""
     raw = json.loads(make_checkpoint.NAMED_CONFIGS["qwen3-0.6b"].read_text())
-    raw.update(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=299,
-               bos_token_id=299)
+    raw.update(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        eos_token_id=299,
+        bos_token_id=299,
+    )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     return path
@@ -33,9 +41,15 @@ def small_qwen3_config(tmp_path) -> Path:
 
 def test_qwen3_0_6b_base_configuration_is_the_published_one():
     config = ModelConfig.from_file(make_checkpoint.resolve_config("qwen3-0.6b"))
-    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers,
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            config.intermediate_size) == (151_936, 1024, 28, 16, 8, 128, 3072)
+    assert (
+        config.vocab_size,
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.intermediate_size,
+    ) == (151_936, 1024, 28, 16, 8, 128, 3072)
     assert config.rope_theta == 1e6 and config.tie_word_embeddings
     assert config.eos_token_id == [151_643] and config.torch_dtype == "bfloat16"
     assert config.num_parameters() == 751_632_384
@@ -58,8 +72,12 @@ def test_checkpoint_loads_here_and_in_transformers_with_seeded_weights(tmp_path)
     transformers = pytest.importorskip("transformers")
     config = small_qwen3_config(tmp_path)
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        assert make_checkpoint.main(["--config", str(config), "--out", str(tmp_path / name),
-                                     "--seed", str(seed)]) == 0
+        assert (
+            make_checkpoint.main(
+                ["--config", str(config), "--out", str(tmp_path / name), "--seed", str(seed)]
+            )
+            == 0
+        )
     policy = load_policy(tmp_path / "a")
     assert policy.tokenizer.eos_token_ids == [299]
     state = policy.model.state_dict()
@@ -85,7 +103,9 @@ def test_unknown_config_is_a_one_line_error(tmp_path, capsys):
 
 @pytest.mark.cuda
 def test_weights_drawn_on_the_gpu_load_on_the_gpu(tmp_path):
-    assert make_checkpoint.main(["--config", "tiny", "--out", str(tmp_path / "m"),
-                                 "--device", "cuda"]) == 0
+    assert (
+        make_checkpoint.main(["--config", "tiny", "--out", str(tmp_path / "m"), "--device", "cuda"])
+        == 0
+    )
     policy = load_policy(tmp_path / "m", device="cuda")
     assert policy.device.type == "cuda" and policy.config.vocab_size == 384

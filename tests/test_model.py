@@ -15,8 +15,9 @@ from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
 from rlvr_fast.models.config import ConfigError, ModelConfig
 
 # config.json of Qwen/Qwen3-0.6B-Base, the study's model, as the package keeps it.
-QWEN3_0_6B_BASE = json.loads((Path(rlvr_fast.__file__).parent / "assets" / "configs"
-                              / "qwen3-0.6b-base.json").read_text())
+QWEN3_0_6B_BASE = json.loads(
+    (Path(rlvr_fast.__file__).parent / "assets" / "configs" / "qwen3-0.6b-base.json").read_text()
+)
 
 
 def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
@@ -25,12 +26,13 @@ def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
     ids = torch.randint(1, vocab, (len(lengths), width), generator=generator)
     mask = torch.zeros_like(ids)
     for row, length in enumerate(lengths):
-        mask[row, width - length:] = 1
+        mask[row, width - length :] = 1
     return ids * mask, mask
 
 
-@pytest.mark.parametrize("model_type,tie", [("qwen3", False), ("qwen3", True), ("qwen2", False),
-                                            ("llama", True)])
+@pytest.mark.parametrize(
+    "model_type,tie", [("qwen3", False), ("qwen3", True), ("qwen2", False), ("llama", True)]
+)
 def test_logits_match_transformers(tmp_path, model_type, tie):
     hf = random_hf_model(model_type, tie=tie, seed=1)
     hf.save_pretrained(tmp_path)
@@ -79,7 +81,9 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path, hf_qwen3, tie):
     ids = torch.randint(0, 211, (2, 10))
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, hf(ids).logits)
-    assert json.loads((tmp_path / "saved" / "config.json").read_text())["tie_word_embeddings"] is tie
+    assert (
+        json.loads((tmp_path / "saved" / "config.json").read_text())["tie_word_embeddings"] is tie
+    )
 
 
 def test_bfloat16_load_keeps_rope_in_fp32(hf_qwen3):
@@ -123,16 +127,23 @@ def test_untie_gives_the_head_its_own_copy(tmp_path):
 
 
 def test_transformers5_rope_parameters_are_read():
-    raw = dict(QWEN3_0_6B_BASE, rope_theta=None, rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
+    raw = dict(
+        QWEN3_0_6B_BASE,
+        rope_theta=None,
+        rope_parameters={"rope_theta": 5e5, "rope_type": "default"},
+    )
     assert ModelConfig.from_hf_dict(raw).rope_theta == 5e5
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
-    ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
+        ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)
 def test_unsupported_configs_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_hf_dict(dict(QWEN3_0_6B_BASE, **change))

@@ -20,30 +20,36 @@ def empty_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int):
     """k_cache, v_cache [N, block_size, Hkv, D] filled with NaN: a slot read before it is
     written poisons the result."""
     shape = (num_blocks, block_size, kv_heads, head_dim)
-    return (torch.full(shape, float("nan"), device=DEVICE),
-            torch.full(shape, float("nan"), device=DEVICE))
+    return (
+        torch.full(shape, float("nan"), device=DEVICE),
+        torch.full(shape, float("nan"), device=DEVICE),
+    )
 
 
 def write_sequence(k_cache, v_cache, table, k, v) -> None:
     """Store k, v [L, Hkv, D] as the first L tokens of the sequence with block table ``table``."""
     block_size = k_cache.shape[1]
-    slots = torch.tensor([int(table[p // block_size]) * block_size + p % block_size
-                          for p in range(k.shape[0])], device=DEVICE)
+    slots = torch.tensor(
+        [int(table[p // block_size]) * block_size + p % block_size for p in range(k.shape[0])],
+        device=DEVICE,
+    )
     k_cache.view(-1, *k_cache.shape[2:])[slots] = k
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v
 
 
 def contiguous_attention(q, keys, values):
     """q [Hq, D], keys / values [L, Hkv, D] -> [Hq, D] with SDPA."""
-    out = F.scaled_dot_product_attention(q[:, None, :], keys.transpose(0, 1),
-                                         values.transpose(0, 1), enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q[:, None, :], keys.transpose(0, 1), values.transpose(0, 1), enable_gqa=True
+    )
     return out[:, 0]
 
 
 @on_device
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("q_heads,kv_heads,head_dim,block_size", [(4, 4, 32, 16), (6, 2, 64, 16),
-                                                                  (8, 1, 32, 8)])
+@pytest.mark.parametrize(
+    "q_heads,kv_heads,head_dim,block_size", [(4, 4, 32, 16), (6, 2, 64, 16), (8, 1, 32, 8)]
+)
 def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim, block_size):
     generator = torch.Generator().manual_seed(0)
     lengths = [1, 7, 16, 33, 50]
@@ -60,20 +66,28 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
     width = max(len(t) for t in tables)
     block_tables = torch.zeros(len(lengths), width, dtype=torch.int32)
     for row, table in enumerate(tables):
-        block_tables[row, :len(table)] = table
+        block_tables[row, : len(table)] = table
     q = torch.randn(len(lengths), q_heads, head_dim, generator=generator).to(DEVICE)
-    out = paged_attention(q, k_cache, v_cache, block_tables.to(DEVICE),
-                          torch.tensor(lengths, device=DEVICE), backend=backend)
+    out = paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        block_tables.to(DEVICE),
+        torch.tensor(lengths, device=DEVICE),
+        backend=backend,
+    )
     for row, (k, v) in enumerate(contiguous):
-        torch.testing.assert_close(out[row], contiguous_attention(q[row], k, v),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            out[row], contiguous_attention(q[row], k, v), rtol=1e-5, atol=1e-5
+        )
 
 
 @on_device
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("q_heads,kv_heads,block_size", [(4, 4, 16), (6, 2, 4), (8, 1, 8)])
-def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_heads, kv_heads,
-                                                                   block_size):
+def test_suffix_prefill_on_cached_blocks_matches_causal_attention(
+    backend, q_heads, kv_heads, block_size
+):
     """Rows with cached prefixes of 0, 5, 16 and 21 tokens get suffixes of 3, 9, 1 and 6 tokens
     (right-padded to 9); each real suffix query must equal causal attention over prefix + suffix."""
     generator = torch.Generator().manual_seed(1)
@@ -94,8 +108,14 @@ def test_suffix_prefill_on_cached_blocks_matches_causal_attention(backend, q_hea
     context = torch.ones(len(seqs), width, dtype=torch.long)
     for row, (prefix, suffix) in enumerate(zip(prefixes, suffixes)):
         context[row, :suffix] = torch.arange(prefix + 1, prefix + suffix + 1)
-    out = paged_prefill_attention(q, k_cache, v_cache, manager.block_tables(seqs).to(DEVICE),
-                                  context.to(DEVICE), backend=backend)
+    out = paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        manager.block_tables(seqs).to(DEVICE),
+        context.to(DEVICE),
+        backend=backend,
+    )
     for row, ((k, v), prefix, suffix) in enumerate(zip(full, prefixes, suffixes)):
         for t in range(suffix):
             end = prefix + t + 1
@@ -107,9 +127,18 @@ def test_copy_on_write_keeps_the_parent_intact():
     """The engine's storage: a fork appends into the shared partial block, the block is copied
     in every layer first, the child's new token lands in the copy and the parent's block is
     untouched."""
-    config = ModelConfig.from_hf_dict(dict(
-        model_type="qwen3", vocab_size=8, hidden_size=8, intermediate_size=8,
-        num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1, head_dim=2))
+    config = ModelConfig.from_hf_dict(
+        dict(
+            model_type="qwen3",
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            head_dim=2,
+        )
+    )
     manager = BlockManager(8, 4)
     storage = PagedKVStorage(config, 8, 4, dtype=torch.float32, device=torch.device("cpu"))
     parent = manager.allocate(0)
@@ -130,11 +159,13 @@ def test_copy_on_write_keeps_the_parent_intact():
         keys = storage.data[layer, 0]
         assert torch.equal(keys[child_block, :2], prefix[0, :, 4:6].transpose(0, 1))
         assert torch.equal(keys[child_block, 2], new[0, :, 0])
-        assert torch.equal(storage.data[layer, 1, child_block, :2],
-                           -prefix[0, :, 4:6].transpose(0, 1))
+        assert torch.equal(
+            storage.data[layer, 1, child_block, :2], -prefix[0, :, 4:6].transpose(0, 1)
+        )
         assert not (keys[parent_block] == 99).any()
-    assert torch.equal(storage.data[:, :, storage.scratch_block],
-                       torch.zeros_like(storage.data[:, :, 0])), "the scratch block starts zeroed"
+    assert torch.equal(
+        storage.data[:, :, storage.scratch_block], torch.zeros_like(storage.data[:, :, 0])
+    ), "the scratch block starts zeroed"
 
 
 def test_cpp_kernel_refuses_a_block_outside_the_cache():
@@ -142,19 +173,31 @@ def test_cpp_kernel_refuses_a_block_outside_the_cache():
 
     k_cache = torch.zeros(4, 16, 1, 8)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        paged_attention_cpu(torch.randn(1, 2, 1, 8), k_cache, k_cache,
-                            torch.tensor([[4]], dtype=torch.int32), torch.tensor([[3]]))
+        paged_attention_cpu(
+            torch.randn(1, 2, 1, 8),
+            k_cache,
+            k_cache,
+            torch.tensor([[4]], dtype=torch.int32),
+            torch.tensor([[3]]),
+        )
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(seq_lens=torch.tensor([0])), "seq_lens must lie in"),
-    (dict(seq_lens=torch.tensor([40])), "seq_lens must lie in"),
-    (dict(block_tables=torch.zeros(1, 2, dtype=torch.int64)), "int32"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(seq_lens=torch.tensor([0])), "seq_lens must lie in"),
+        (dict(seq_lens=torch.tensor([40])), "seq_lens must lie in"),
+        (dict(block_tables=torch.zeros(1, 2, dtype=torch.int64)), "int32"),
+    ],
+)
 def test_bad_inputs_are_refused(change, message):
-    args = dict(q=torch.randn(1, 2, 8), k_cache=torch.randn(4, 16, 1, 8),
-                v_cache=torch.randn(4, 16, 1, 8), block_tables=torch.zeros(1, 2, dtype=torch.int32),
-                seq_lens=torch.tensor([3]))
+    args = dict(
+        q=torch.randn(1, 2, 8),
+        k_cache=torch.randn(4, 16, 1, 8),
+        v_cache=torch.randn(4, 16, 1, 8),
+        block_tables=torch.zeros(1, 2, dtype=torch.int32),
+        seq_lens=torch.tensor([3]),
+    )
     args.update(change)
     with pytest.raises(ValueError, match=message):
         paged_attention(**args)

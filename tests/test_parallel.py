@@ -36,10 +36,17 @@ def prompt(tiny):
 
 # Planner -----------------------------------------------------------------------------------
 
+
 def test_paths_are_a_forked_group_with_the_same_streams(tiny, prompt):
     engine = tiny.engine()
-    out = sample_parallel(engine, prompt, responses=2, paths=3, params=PARAMS,
-                          generator=torch.Generator().manual_seed(5))
+    out = sample_parallel(
+        engine,
+        prompt,
+        responses=2,
+        paths=3,
+        params=PARAMS,
+        generator=torch.Generator().manual_seed(5),
+    )
     group = sample_group(engine, prompt, 6, PARAMS, generator=torch.Generator().manual_seed(5))
     assert out.paths == group.tokens and out.responses == 2
     assert out.response_paths(1) == out.paths[3:]
@@ -50,37 +57,47 @@ def test_paths_are_a_forked_group_with_the_same_streams(tiny, prompt):
 
 def test_summaries_read_the_serialised_paths_and_reuse_the_prompt(tiny, prompt):
     engine, tokenizer = tiny.engine(), tiny.tokenizer
-    out = sample_parallel(engine, prompt, responses=2, paths=2, params=PARAMS,
-                          aggregator="summary", encode=tokenizer.encode,
-                          generator=torch.Generator().manual_seed(9))
+    out = sample_parallel(
+        engine,
+        prompt,
+        responses=2,
+        paths=2,
+        params=PARAMS,
+        aggregator="summary",
+        encode=tokenizer.encode,
+        generator=torch.Generator().manual_seed(9),
+    )
     base = base_seed(torch.Generator().manual_seed(9))
     assert out.summary_seeds == [derive_seed(base, 4), derive_seed(base, 5)]
     for r in range(2):
-        context = summary_context(out.response_paths(r), tokenizer.encode,
-                                  tokenizer.eos_token_ids)
+        context = summary_context(out.response_paths(r), tokenizer.encode, tokenizer.eos_token_ids)
         assert out.summary_prompts[r] == prompt + context
         text = tokenizer.decode(context)
         assert text.startswith("\nPath 1:") and "\nPath 2:" in text and text.endswith("\nSummary:")
         assert not set(context) & set(tokenizer.eos_token_ids)
     assert out.executed.prefill_run == len(prompt) + sum(
-        len(p) - len(prompt) for p in out.summary_prompts)
+        len(p) - len(prompt) for p in out.summary_prompts
+    )
     assert out.executed.decode_rows == sum(len(x) - 1 for x in out.paths + out.summaries)
     assert engine.blocks_in_use == 0
     # The same seed and context write the same summary (what the diagnostic relies on).
     source = engine.add(prompt)
-    again = summarise(engine, source, [out.summary_prompts[1][len(prompt):]],
-                      [out.summary_seeds[1]], PARAMS)
+    again = summarise(
+        engine, source, [out.summary_prompts[1][len(prompt) :]], [out.summary_seeds[1]], PARAMS
+    )
     engine.free(source)
     assert again[0].completion == out.summaries[1]
 
 
 def test_planner_errors(tiny, prompt):
     with pytest.raises(ValueError, match="aggregator must be one of"):
-        sample_parallel(tiny.engine(), prompt, responses=1, paths=2, params=PARAMS,
-                        aggregator="mean")
+        sample_parallel(
+            tiny.engine(), prompt, responses=1, paths=2, params=PARAMS, aggregator="mean"
+        )
     with pytest.raises(ValueError, match="needs encode"):
-        sample_parallel(tiny.engine(), prompt, responses=1, paths=2, params=PARAMS,
-                        aggregator="summary")
+        sample_parallel(
+            tiny.engine(), prompt, responses=1, paths=2, params=PARAMS, aggregator="summary"
+        )
 
 
 # Generative judge --------------------------------------------------------------------------
@@ -100,7 +117,8 @@ def test_judge_batched_equals_one_at_a_time(tiny):
     assert ((0 < batched) & (batched < 1)).all()
     # One shared prefix, then only each coalition's own tokens.
     assert work.prefill_run == len(game.prefix_ids) + sum(
-        len(game.coalition_ids(int(m))) for m in masks)
+        len(game.coalition_ids(int(m))) for m in masks
+    )
     assert engine.blocks_in_use == 0
     result = shapley_exact(game, 3)
     assert result.utility_calls == 8
@@ -126,31 +144,37 @@ def test_judge_errors(tiny):
 
 # Path credit -------------------------------------------------------------------------------
 
+
 def test_normalisations():
     phi = np.array([0.5, 0.5, 0.0, -0.25])
     centred = phi - phi.mean()
     torch.testing.assert_close(normalise(phi, "none"), torch.tensor(phi, dtype=torch.float32))
     torch.testing.assert_close(normalise(phi, "center"), torch.tensor(centred, dtype=torch.float32))
     expected = centred / (np.std(phi, ddof=1) + 1e-4)
-    torch.testing.assert_close(normalise(phi, "zscore"), torch.tensor(expected, dtype=torch.float32))
+    torch.testing.assert_close(
+        normalise(phi, "zscore"), torch.tensor(expected, dtype=torch.float32)
+    )
     with pytest.raises(ValueError, match="path_reward_norm must be one of"):
         normalise(phi, "softmax")
 
 
 def test_returns_mix_path_credit_and_outcome():
-    votes = [MajorityVote(["4", "4", "5"], [True, True, False]),
-             MajorityVote(["5", "5", "4"], [False, False, True])]
+    votes = [
+        MajorityVote(["4", "4", "5"], [True, True, False]),
+        MajorityVote(["5", "5", "4"], [False, False, True]),
+    ]
     r_out = [votes[0].value(7), votes[1].value(7)]
     assert r_out == [1.0, 0.0]
-    credit = parallel_credit(votes, r_out, 3, norm="center", lambda_outcome=0.5,
-                             lambda_path=0.25, summaries=True)
+    credit = parallel_credit(
+        votes, r_out, 3, norm="center", lambda_outcome=0.5, lambda_path=0.25, summaries=True
+    )
     phi = shapley_exact(votes[0], 3).phi
-    np.testing.assert_allclose(credit.path_returns[:3], 0.25 * (phi - phi.mean()) + 0.5,
-                               atol=1e-6)
+    np.testing.assert_allclose(credit.path_returns[:3], 0.25 * (phi - phi.mean()) + 0.5, atol=1e-6)
     torch.testing.assert_close(credit.summary_returns, torch.tensor([0.5, 0.0]))
     returns = credit.path_returns
-    torch.testing.assert_close(credit.path_advantages,
-                               (returns - returns.mean()) / (returns.std() + 1e-4))
+    torch.testing.assert_close(
+        credit.path_advantages, (returns - returns.mean()) / (returns.std() + 1e-4)
+    )
     assert credit.utility_calls == 16 and credit.tables[0] == votes[0].values(np.arange(8)).tolist()
     paths, summaries = credit.token_weights([2, 1, 3, 1, 1, 1], [4, 2])
     assert [len(w) for w in paths] == [2, 1, 3, 1, 1, 1] and [len(w) for w in summaries] == [4, 2]
@@ -164,15 +188,22 @@ def test_identical_returns_are_homogeneous_and_other_credits_keep_no_table():
     three = [PassAtK([True, True, False])]  # LOO scores 5 of the 8 coalitions
     loo = parallel_credit(three, [1.0], 3, method="loo")
     assert loo.tables == [None] and loo.phi == [0.0, 0.0, 0.0]
-    mc = parallel_credit(three, [1.0], 3, permutations=4,
-                         generator=torch.Generator().manual_seed(0))
+    mc = parallel_credit(
+        three, [1.0], 3, permutations=4, generator=torch.Generator().manual_seed(0)
+    )
     assert mc.attributions[0].permutations == 4 and mc.phi == [0.5, 0.5, 0.0]
 
 
 # The arms on the embedded model, and the ledger's parallel laws ----------------------------
 
-FAST = dict(max_new_tokens=32, eval_max_new_tokens=32, lr=1e-4, group_size=2, num_paths=3,
-            gate_min_chars=None)
+FAST = dict(
+    max_new_tokens=32,
+    eval_max_new_tokens=32,
+    lr=1e-4,
+    group_size=2,
+    num_paths=3,
+    gate_min_chars=None,
+)
 EASY = Problem(id="easy", question="What is 12 * 3?", answer="36", source="test")
 
 
@@ -214,15 +245,25 @@ def shift_rewards(line: dict, by: float) -> None:
         pair[5] += by
 
 
-@pytest.mark.parametrize("mutate,law", [
-    (lambda s: s["parallel"]["phi"].__setitem__(0, s["parallel"]["phi"][0] + 0.5), "efficiency"),
-    (lambda s: shift_rewards(s, 0.1), "path reward"),
-    (lambda s: s["parallel"]["summary_lengths"].pop(), "one summary per response"),
-    (lambda s: s["parallel"].__setitem__("utility_calls", 7), "exact Shapley scores all"),
-    (lambda s: s["parallel"].__setitem__(
-        "summary_rewards", [r + 9.0 for r in s["parallel"]["summary_rewards"]]), "summary reward"),
-    (lambda s: s.__setitem__("pref", s["pref"] + 1), "pref = R K L_p"),
-])
+@pytest.mark.parametrize(
+    "mutate,law",
+    [
+        (
+            lambda s: s["parallel"]["phi"].__setitem__(0, s["parallel"]["phi"][0] + 0.5),
+            "efficiency",
+        ),
+        (lambda s: shift_rewards(s, 0.1), "path reward"),
+        (lambda s: s["parallel"]["summary_lengths"].pop(), "one summary per response"),
+        (lambda s: s["parallel"].__setitem__("utility_calls", 7), "exact Shapley scores all"),
+        (
+            lambda s: s["parallel"].__setitem__(
+                "summary_rewards", [r + 9.0 for r in s["parallel"]["summary_rewards"]]
+            ),
+            "summary reward",
+        ),
+        (lambda s: s.__setitem__("pref", s["pref"] + 1), "pref = R K L_p"),
+    ],
+)
 def test_the_parallel_laws_catch_a_broken_line(summary_run, mutate, law):
     line = read_lines(summary_run / "ledger.jsonl")[0]
     mutate(line)
@@ -231,8 +272,9 @@ def test_the_parallel_laws_catch_a_broken_line(summary_run, mutate, law):
 
 
 def test_judge_utility_with_monte_carlo_credit(tiny, tmp_path):
-    config = TrainConfig.from_arm("shapley_vote", steps=1, path_utility="judge",
-                                  shapley_permutations=4, **FAST)
+    config = TrainConfig.from_arm(
+        "shapley_vote", steps=1, path_utility="judge", shapley_permutations=4, **FAST
+    )
     trainer = RLVRTrainer(tiny, config, [EASY], out_dir=tmp_path, progress=False)
     trainer.train()
     line = read_lines(tmp_path / "ledger.jsonl")[0]
@@ -244,16 +286,19 @@ def test_judge_utility_with_monte_carlo_credit(tiny, tmp_path):
         assert 0 < stats["utility_full"][r] < 1
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(aggregator="poll"), "aggregator must be one of"),
-    (dict(path_utility="grm"), "path_utility must be one of"),
-    (dict(path_credit="banzhaf"), "path_credit must be one of"),
-    (dict(num_paths=20), "exact Shapley takes at most 16"),
-    (dict(shapley_permutations=5), "even shapley_permutations"),
-    (dict(shapley_permutations=1, shapley_antithetic=False), "shapley_permutations >= 2"),
-    (dict(lambda_path=-1.0), "lambda_outcome and lambda_path"),
-    (dict(loss_order="sum_then_scale"), "need loss_order token_weighted"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(aggregator="poll"), "aggregator must be one of"),
+        (dict(path_utility="grm"), "path_utility must be one of"),
+        (dict(path_credit="banzhaf"), "path_credit must be one of"),
+        (dict(num_paths=20), "exact Shapley takes at most 16"),
+        (dict(shapley_permutations=5), "even shapley_permutations"),
+        (dict(shapley_permutations=1, shapley_antithetic=False), "shapley_permutations >= 2"),
+        (dict(lambda_path=-1.0), "lambda_outcome and lambda_path"),
+        (dict(loss_order="sum_then_scale"), "need loss_order token_weighted"),
+    ],
+)
 def test_bad_parallel_settings_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig.from_arm("shapley_vote", **settings)

@@ -28,8 +28,14 @@ def test_tiny_is_small_and_shipped_in_hf_format(tiny):
     assert sum(p.numel() for p in tiny.model.parameters()) == tiny.num_parameters()
     size = sum(f.stat().st_size for f in TINY_MODEL_DIR.iterdir())
     assert size <= 25 * 2**20
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json", "model_card.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "model_card.json",
+    ):
         assert (TINY_MODEL_DIR / name).is_file()
 
 
@@ -48,8 +54,9 @@ def test_tiny_matches_transformers(tiny):
     with torch.no_grad():
         assert (hf(ids).logits - tiny.model(ids)).abs().max() <= 1e-5
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
-    assert hf_tokenizer.encode(render_prompt("What is 5 + 7?")) == \
-        tiny.tokenizer.encode(render_prompt("What is 5 + 7?"))
+    assert hf_tokenizer.encode(render_prompt("What is 5 + 7?")) == tiny.tokenizer.encode(
+        render_prompt("What is 5 + 7?")
+    )
 
 
 def test_base_accuracy_is_low_with_both_modes(tiny):

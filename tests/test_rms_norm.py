@@ -8,8 +8,10 @@ import torch
 from rlvr_fast.ops.rms_norm import rms_norm, rms_norm_reference
 
 
-@pytest.mark.parametrize("shape,weight_shape", [((8, 1, 128), (128,)), ((3, 7, 6, 32), (6, 32)),
-                                                ((5, 77), (77,)), ((1, 1, 1), (1,))])
+@pytest.mark.parametrize(
+    "shape,weight_shape",
+    [((8, 1, 128), (128,)), ((3, 7, 6, 32), (6, 32)), ((5, 77), (77,)), ((1, 1, 1), (1,))],
+)
 def test_cpp_path_matches_the_reference(shape, weight_shape):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator) * 3

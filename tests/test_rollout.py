@@ -21,9 +21,18 @@ def coin_model() -> Qwen3ForCausalLM:
     """A two-token policy, {EOS, newline}, each with probability 1/2 at every step (zero LM
     head): it emits an immediate EOS with p = 1/2 and otherwise crosses the branching boundary
     at t = 1, the finite policy of the seed's PASS 2."""
-    config = ModelConfig.from_hf_dict(dict(
-        model_type="qwen3", vocab_size=2, hidden_size=16, intermediate_size=32,
-        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    config = ModelConfig.from_hf_dict(
+        dict(
+            model_type="qwen3",
+            vocab_size=2,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
@@ -39,8 +48,18 @@ def eos_frequency_per_branch(mode: str, trees: int) -> list[float]:
     engine, generator = coin_engine(), torch.Generator().manual_seed(7)
     hits = [0, 0]
     for _ in range(trees):
-        out = sample_tree_ids(engine, [NEWLINE], newline_token_ids=[NEWLINE], k=4, b=2, t_min=1,
-                              t_max=1, max_new_tokens=4, early_eos_mode=mode, generator=generator)
+        out = sample_tree_ids(
+            engine,
+            [NEWLINE],
+            newline_token_ids=[NEWLINE],
+            k=4,
+            b=2,
+            t_min=1,
+            t_max=1,
+            max_new_tokens=4,
+            early_eos_mode=mode,
+            generator=generator,
+        )
         for pair in out.pairs:
             for branch, leaf in enumerate(pair.leaves):
                 hits[branch] += leaf == [EOS]
@@ -66,9 +85,16 @@ def test_prefix_lengths_of_the_coin_policy_match_the_seed():
     engine, generator = coin_engine(), torch.Generator().manual_seed(3)
     for mode, early in (("terminal_dup", 1), ("root_resample", 0)):
         for _ in range(20):
-            out = sample_tree_ids(engine, [NEWLINE], newline_token_ids=[NEWLINE], t_min=1,
-                                  t_max=1, max_new_tokens=4, early_eos_mode=mode,
-                                  generator=generator)
+            out = sample_tree_ids(
+                engine,
+                [NEWLINE],
+                newline_token_ids=[NEWLINE],
+                t_min=1,
+                t_max=1,
+                max_new_tokens=4,
+                early_eos_mode=mode,
+                generator=generator,
+            )
             for pair in out.pairs:
                 eos_first = pair.root_tokens == [EOS]
                 assert pair.prefix_len == (early if eos_first else 1)
@@ -80,19 +106,32 @@ def test_plan_branches_follows_each_rule():
     newline = frozenset({NEWLINE})
     split = plan_branches([5, 6, NEWLINE], FINISH_STOP, 2, "terminal_dup", newline, 32)
     assert (split.category, split.prefix_len, split.prefixes) == (
-        "causal_non_eos", 3, [[5, 6, NEWLINE], [5, 6, NEWLINE]])
+        "causal_non_eos",
+        3,
+        [[5, 6, NEWLINE], [5, 6, NEWLINE]],
+    )
     terminal = plan_branches([5, EOS], FINISH_EOS, 2, "terminal_dup", newline, 32)
     assert (terminal.category, terminal.prefix_len, terminal.prefixes, terminal.leaves) == (
-        "terminal_dup", 2, [None, None], [[5, EOS], [5, EOS]])
+        "terminal_dup",
+        2,
+        [None, None],
+        [[5, EOS], [5, EOS]],
+    )
     restart = plan_branches([5, EOS], FINISH_EOS, 2, "root_resample", newline, 32)
     assert (restart.category, restart.prefix_len, restart.prefixes, restart.leaves[0]) == (
-        "tau_zero", 0, [None, []], [5, EOS])
+        "tau_zero",
+        0,
+        [None, []],
+        [5, EOS],
+    )
     long_root = [5] * 10 + [NEWLINE] + [5] * 10 + [NEWLINE] + [5] * 12 + [EOS]  # 35 tokens
     midpoint = plan_branches(long_root, FINISH_EOS, 2, "midpoint", newline, 32)
     assert (midpoint.category, midpoint.prefix_len) == ("midpoint_fallback", 22)
     assert midpoint.prefixes == [None, long_root[:22]] and midpoint.leaves[0] == long_root
     longer = [5] * 60 + [NEWLINE] + [5] * 50 + [EOS]
-    assert plan_branches(longer, FINISH_EOS, 2, "midpoint", newline, 32).category == "early_eos_gt104"
+    assert (
+        plan_branches(longer, FINISH_EOS, 2, "midpoint", newline, 32).category == "early_eos_gt104"
+    )
     short = plan_branches([5, NEWLINE, 5, EOS], FINISH_EOS, 2, "midpoint", newline, 32)
     assert (short.category, short.prefix_len) == ("tau_zero", 0), "too short to split"
     no_newline = plan_branches([5] * 40 + [EOS], FINISH_EOS, 2, "midpoint", newline, 32)
@@ -121,10 +160,20 @@ def test_fork_path_samples_what_re_prefill_samples(tiny, mode):
     engine = RolloutEngine.for_policy(tiny, kv_blocks=256)
     for seed, problem in enumerate(problems):
         prompt = tiny.tokenizer.encode(render_prompt(problem.question))
-        runs = [sample_tree(tiny, prompt, engine=engine, t_min=6, t_max=12, max_new_tokens=40,
-                            early_eos_mode=mode, generator=torch.Generator().manual_seed(seed),
-                            reprefill=reprefill)
-                for reprefill in (False, True)]
+        runs = [
+            sample_tree(
+                tiny,
+                prompt,
+                engine=engine,
+                t_min=6,
+                t_max=12,
+                max_new_tokens=40,
+                early_eos_mode=mode,
+                generator=torch.Generator().manual_seed(seed),
+                reprefill=reprefill,
+            )
+            for reprefill in (False, True)
+        ]
         forked, reprefilled = runs
         assert forked.leaves == reprefilled.leaves
         assert [p.category for p in forked.pairs] == [p.category for p in reprefilled.pairs]
@@ -134,14 +183,17 @@ def test_fork_path_samples_what_re_prefill_samples(tiny, mode):
         continued = sum(sum(p.continued) for p in forked.pairs)
         assert reprefilled.stage2.prefill_run == sum(
             len(prompt) + (p.prefix_len if p.category != "tau_zero" else 0)
-            for p in forked.pairs for c in p.continued if c)
+            for p in forked.pairs
+            for c in p.continued
+            if c
+        )
         assert forked.executed.block_copies <= 4 + continued
         assert forked.executed.peak_kv_blocks <= reprefilled.executed.peak_kv_blocks
         assert forked.stage1_generated == sum(len(p.root_tokens) for p in forked.pairs)
         assert engine.blocks_in_use == 0
         for pair in forked.pairs:
             for leaf in pair.leaves:
-                assert leaf[:pair.prefix_len] == pair.root_tokens[:pair.prefix_len]
+                assert leaf[: pair.prefix_len] == pair.root_tokens[: pair.prefix_len]
                 assert len(leaf) <= 40
 
 
@@ -160,21 +212,39 @@ def test_midpoint_split_of_a_long_early_eos_root_on_the_tiny_model(tiny, tmp_pat
     re-prefill, and a trainer step on such trees writes ledger lines that pass every law."""
     problem = synthetic_problems("train", 3, seed=1)[2]
     prompt = tiny.tokenizer.encode(render_prompt(problem.question))
-    runs = [sample_tree(tiny, prompt, t_min=120, t_max=150, max_new_tokens=200,
-                        early_eos_mode="midpoint", generator=torch.Generator().manual_seed(0),
-                        reprefill=reprefill) for reprefill in (False, True)]
+    runs = [
+        sample_tree(
+            tiny,
+            prompt,
+            t_min=120,
+            t_max=150,
+            max_new_tokens=200,
+            early_eos_mode="midpoint",
+            generator=torch.Generator().manual_seed(0),
+            reprefill=reprefill,
+        )
+        for reprefill in (False, True)
+    ]
     assert runs[0].leaves == runs[1].leaves
     split = [p for p in runs[0].pairs if p.category == "midpoint_fallback"]
     assert split, "the tiny model's derivations end before tau_causal"
     for pair in split:
         assert pair.leaves[0] == pair.root_tokens
-        assert pair.leaves[1][:pair.prefix_len] == pair.root_tokens[:pair.prefix_len]
+        assert pair.leaves[1][: pair.prefix_len] == pair.root_tokens[: pair.prefix_len]
         assert pair.root_tokens[pair.prefix_len - 1] in tiny.tokenizer.newline_token_ids
         assert 1 <= pair.prefix_len < len(pair.root_tokens)
 
     from rlvr_fast.trainer import RLVRTrainer, TrainConfig
-    config = TrainConfig.from_arm("midpoint_mst", steps=1, t_min=120, t_max=150,
-                                  max_new_tokens=200, gate_min_chars=None, seed=0)
+
+    config = TrainConfig.from_arm(
+        "midpoint_mst",
+        steps=1,
+        t_min=120,
+        t_max=150,
+        max_new_tokens=200,
+        gate_min_chars=None,
+        seed=0,
+    )
     trainer = RLVRTrainer(tiny, config, [problem], out_dir=tmp_path, progress=False)
     trainer.train()
     line = json.loads((tmp_path / "ledger.jsonl").read_text())

@@ -23,26 +23,36 @@ PROBLEMS = synthetic_problems("train", 3, seed=3)
 EVALS = {"t": synthetic_problems("test", 2, seed=3)}
 
 
-def trainer(out, *, arm="zg_flat", steps=3, resume=False, problems=PROBLEMS, evals=EVALS,
-            **overrides):
+def trainer(
+    out, *, arm="zg_flat", steps=3, resume=False, problems=PROBLEMS, evals=EVALS, **overrides
+):
     config = TrainConfig.from_arm(arm, steps=steps, **{**SETTINGS, **overrides})
-    return RLVRTrainer(load_policy("tiny"), config, problems, evals, out_dir=out, resume=resume,
-                       progress=False)
+    return RLVRTrainer(
+        load_policy("tiny"), config, problems, evals, out_dir=out, resume=resume, progress=False
+    )
 
 
 def tree_digest(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def outputs(run) -> dict:
     """What a run leaves that must not depend on where it was stopped: the final weights,
     the ledger without timings, the rollouts, the evaluations."""
-    ledger = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-              for line in (run / "ledger.jsonl").read_text().splitlines()]
-    return {"weights": (run / "final" / "model.safetensors").read_bytes(), "ledger": ledger,
-            "rollouts": (run / "rollouts.jsonl").read_text(),
-            "evals": {p.name: p.read_text() for p in sorted((run / "evals").rglob("*.jsonl"))}}
+    ledger = [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"}
+        for line in (run / "ledger.jsonl").read_text().splitlines()
+    ]
+    return {
+        "weights": (run / "final" / "model.safetensors").read_bytes(),
+        "ledger": ledger,
+        "rollouts": (run / "rollouts.jsonl").read_text(),
+        "evals": {p.name: p.read_text() for p in sorted((run / "evals").rglob("*.jsonl"))},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +112,18 @@ def test_an_existing_run_needs_resume(finished, tmp_path):
 OTHER_PROBLEMS = synthetic_problems("train", 3, seed=4)
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(arm="ra_flat"), "the run has arm 'zg_flat', this command asks for 'ra_flat'"),
-    (dict(seed=7), "the run has seed 42, this command asks for 7"),
-    (dict(lr=1e-3), r"other settings \(lr: 0.0001 then, 0.001 now\)"),
-    (dict(steps=2), "a resume may extend it, not shorten it to 2"),
-    (dict(problems=OTHER_PROBLEMS), "the training problems differ"),
-    (dict(evals={"u": EVALS["t"]}), "the evaluation sets differ"),
-    (dict(other_weights=True), "the model .weights or tokenizer. differs"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(arm="ra_flat"), "the run has arm 'zg_flat', this command asks for 'ra_flat'"),
+        (dict(seed=7), "the run has seed 42, this command asks for 7"),
+        (dict(lr=1e-3), r"other settings \(lr: 0.0001 then, 0.001 now\)"),
+        (dict(steps=2), "a resume may extend it, not shorten it to 2"),
+        (dict(problems=OTHER_PROBLEMS), "the training problems differ"),
+        (dict(evals={"u": EVALS["t"]}), "the evaluation sets differ"),
+        (dict(other_weights=True), "the model .weights or tokenizer. differs"),
+    ],
+)
 def test_resume_refuses_another_run_and_writes_nothing(finished, tmp_path, change, message):
     """Regression: --resume with another arm, seed or step count rewrote the config and mixed two
     runs in one ledger."""
@@ -122,8 +135,7 @@ def test_resume_refuses_another_run_and_writes_nothing(finished, tmp_path, chang
             policy.model.model.norm.weight[0] += 1.0
         config = TrainConfig.from_arm("zg_flat", steps=3, **SETTINGS)
         with pytest.raises(RunDirectoryError, match=message):
-            RLVRTrainer(policy, config, PROBLEMS, EVALS, out_dir=run, resume=True,
-                        progress=False)
+            RLVRTrainer(policy, config, PROBLEMS, EVALS, out_dir=run, resume=True, progress=False)
     else:
         with pytest.raises(RunDirectoryError, match=message):
             trainer(run, resume=True, **change)
@@ -194,8 +206,9 @@ KILL_POINTS = {
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_a_run_stopped_at_any_point_resumes_to_the_same_bytes(reference, tmp_path, monkeypatch,
-                                                               point):
+def test_a_run_stopped_at_any_point_resumes_to_the_same_bytes(
+    reference, tmp_path, monkeypatch, point
+):
     """Regression: 7 of 25 kill trials (before the first checkpoint, during its write, during the
     before-training eval) could never be resumed. These stop the run in-process at each file
     commit point; tests/test_kill_resume.py SIGKILLs real processes at random times."""
@@ -240,10 +253,16 @@ def test_a_damaged_checkpoint_is_refused_before_anything_is_restored(finished, t
     else:
         model = torch.nn.Linear(2, 2)
         optimizer = torch.optim.AdamW(model.parameters())
-        save_state(path, {"next_step": 99 if damage == "step out of range" else 2,
-                          "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "generator": torch.Generator().get_state(),
-                          "torch_rng": torch.get_rng_state()})
+        save_state(
+            path,
+            {
+                "next_step": 99 if damage == "step out of range" else 2,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "generator": torch.Generator().get_state(),
+                "torch_rng": torch.get_rng_state(),
+            },
+        )
     with pytest.raises(StateFileError, match=f"{CHECKPOINT_FILE}: "):
         trainer(run, resume=True)
 
@@ -259,16 +278,18 @@ def test_nonfinite_training_stops_at_its_step_with_the_last_checkpoint_intact(tm
         trainer(run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None).train()
     stopped = len((run / "ledger.jsonl").read_text().splitlines()) - 1
     checkpoint = run / "checkpoint" / CHECKPOINT_FILE
-    resumed = trainer(run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None,
-                      resume=True)
+    resumed = trainer(
+        run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None, resume=True
+    )
     assert resumed.start_step == stopped, "the checkpoint is the one before the bad step"
     assert all(p.isfinite().all() for p in resumed.params)
     assert checkpoint.exists() and not (run / "summary.json").exists()
 
 
 def test_allow_nonfinite_trains_on(tmp_path):
-    summary = trainer(tmp_path / "run", arm="baseline", steps=2, lr=1e30, evals=None,
-                      allow_nonfinite=True).train()
+    summary = trainer(
+        tmp_path / "run", arm="baseline", steps=2, lr=1e30, evals=None, allow_nonfinite=True
+    ).train()
     assert summary["steps"] == 2
 
 

@@ -12,8 +12,14 @@ from rlvr_fast.cli import main
 from rlvr_fast.data import Problem, load_problems, synthetic_problems
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.policy import load_policy
-from rlvr_fast.select_data import (PassRange, SelectionSettings, rates_path, select_data,
-                                   stratified, stratum)
+from rlvr_fast.select_data import (
+    PassRange,
+    SelectionSettings,
+    rates_path,
+    select_data,
+    stratified,
+    stratum,
+)
 
 SETTINGS = SelectionSettings(model="tiny", k=4, max_new_tokens=40, seed=5)
 PROBLEMS = synthetic_problems("train", 10, seed=4)
@@ -27,8 +33,16 @@ def tiny():
 
 def run(tiny, out, pass_range=None, **kwargs):
     policy, engine = tiny
-    return select_data(policy, engine, PROBLEMS, SETTINGS, pass_range or PassRange(), out, progress=False,
-                       **dict(dict(batch_questions=4), **kwargs))
+    return select_data(
+        policy,
+        engine,
+        PROBLEMS,
+        SETTINGS,
+        pass_range or PassRange(),
+        out,
+        progress=False,
+        **dict(dict(batch_questions=4), **kwargs),
+    )
 
 
 def test_pass_range_bounds():
@@ -45,10 +59,19 @@ def test_pass_range_bounds():
 
 def test_stratified_order_is_round_robin_over_sorted_cells():
     def problem(i, subject, level):
-        return Problem(id=str(i), question="q", answer="1", source="t", level=level,
-                       subject=subject)
-    items = [problem(0, "b", 1), problem(1, "a", 2), problem(2, "b", 1), problem(3, "a", 1),
-             problem(4, None, 3), problem(5, "a", 2), problem(6, "b", 1)]
+        return Problem(
+            id=str(i), question="q", answer="1", source="t", level=level, subject=subject
+        )
+
+    items = [
+        problem(0, "b", 1),
+        problem(1, "a", 2),
+        problem(2, "b", 1),
+        problem(3, "a", 1),
+        problem(4, None, 3),
+        problem(5, "a", 2),
+        problem(6, "b", 1),
+    ]
     order = [p.id for p in stratified(items, stratum)]
     # Cells (a,1) [3], (a,2) [1,5], (b,1) [0,2,6], (None,3) [4].
     assert order == ["3", "1", "0", "4", "5", "2", "6"]
@@ -107,14 +130,33 @@ def test_a_rates_file_of_other_settings_is_refused(tiny, tmp_path):
 
 def test_select_data_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "sel.json"
-    assert main(["select-data", "--data", "synthetic:train:6", "--k", "2", "--out", str(out),
-                 "--max-new-tokens", "32", "--min-pass", "0", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "select-data",
+                "--data",
+                "synthetic:train:6",
+                "--k",
+                "2",
+                "--out",
+                str(out),
+                "--max-new-tokens",
+                "32",
+                "--min-pass",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "of 6 questions with 0 <= pass < 1" in printed
     assert len(json.loads(out.read_text())) <= 6
-    for args, message in ((["--k", "0"], "--k must be in [1, 4096]"),
-                          (["--min-pass", "0.9", "--max-pass", "0.1"], "is above --max-pass"),
-                          (["--out", str(tmp_path / "x.csv")], "--out must end in .json")):
+    for args, message in (
+        (["--k", "0"], "--k must be in [1, 4096]"),
+        (["--min-pass", "0.9", "--max-pass", "0.1"], "is above --max-pass"),
+        (["--out", str(tmp_path / "x.csv")], "--out must end in .json"),
+    ):
         argv = ["select-data", "--data", "synthetic:train:2", "--out", str(out), *args]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()

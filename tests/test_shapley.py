@@ -11,9 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from rlvr_fast.shapley import (Game, MajorityVote, MeanReward, PassAtK, TableUtility,
-                               from_indices, independent, leave_one_out, shapley_exact,
-                               shapley_monte_carlo, shapley_naive)
+from rlvr_fast.shapley import (
+    Game,
+    MajorityVote,
+    MeanReward,
+    PassAtK,
+    TableUtility,
+    from_indices,
+    independent,
+    leave_one_out,
+    shapley_exact,
+    shapley_monte_carlo,
+    shapley_naive,
+)
 
 
 def by_definition(utility, n: int) -> np.ndarray:
@@ -46,11 +56,16 @@ def with_symmetric_players(table: np.ndarray, i: int, j: int) -> np.ndarray:
     return (table + table[swapped]) / 2
 
 
-def monte_carlo(table: np.ndarray, n: int, seed: int, permutations: int = 400,
-                antithetic: bool = True):
-    return shapley_monte_carlo(TableUtility(table), n, permutations=permutations,
-                               generator=torch.Generator().manual_seed(seed),
-                               antithetic=antithetic)
+def monte_carlo(
+    table: np.ndarray, n: int, seed: int, permutations: int = 400, antithetic: bool = True
+):
+    return shapley_monte_carlo(
+        TableUtility(table),
+        n,
+        permutations=permutations,
+        generator=torch.Generator().manual_seed(seed),
+        antithetic=antithetic,
+    )
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
@@ -71,8 +86,9 @@ def test_axioms_exact(seed):
     assert result.phi[4] == pytest.approx(0.0, abs=1e-12)  # null player
     other = random_table(n, seed + 100)
     combined = shapley_exact(TableUtility(table + other), n).phi
-    np.testing.assert_allclose(combined, result.phi + shapley_exact(TableUtility(other), n).phi,
-                               atol=1e-12)  # additivity
+    np.testing.assert_allclose(
+        combined, result.phi + shapley_exact(TableUtility(other), n).phi, atol=1e-12
+    )  # additivity
     assert (result.se == 0).all() and result.utility_calls == 1 << n
     assert (result.full, result.empty) == (table[-1], table[0])
 
@@ -94,9 +110,9 @@ def test_axioms_monte_carlo_within_four_standard_errors(seed, antithetic):
     # Additivity: the same orderings (same seed) make the estimate linear in U.
     other = random_table(n, seed + 100)
     combined = monte_carlo(table + other, n, seed, antithetic=antithetic).phi
-    np.testing.assert_allclose(combined, result.phi + monte_carlo(other, n, seed,
-                                                                  antithetic=antithetic).phi,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        combined, result.phi + monte_carlo(other, n, seed, antithetic=antithetic).phi, atol=1e-12
+    )
     assert result.permutations == 400
 
 
@@ -107,10 +123,14 @@ def test_monte_carlo_error_shrinks_like_one_over_sqrt_m():
     generator = torch.Generator().manual_seed(0)
     errors, mean_se = {}, {}
     for m in (16, 256):
-        draws = [shapley_monte_carlo(TableUtility(table), n, permutations=m, generator=generator,
-                                     antithetic=False) for _ in range(repeats)]
+        draws = [
+            shapley_monte_carlo(
+                TableUtility(table), n, permutations=m, generator=generator, antithetic=False
+            )
+            for _ in range(repeats)
+        ]
         errors[m] = np.sqrt(np.mean([(d.phi - exact) ** 2 for d in draws]))
-        mean_se[m] = np.sqrt(np.mean([d.se ** 2 for d in draws]))
+        mean_se[m] = np.sqrt(np.mean([d.se**2 for d in draws]))
     assert 3.4 < errors[16] / errors[256] < 4.7  # sqrt(256 / 16) = 4
     for m in errors:  # the reported standard error estimates the actual error
         assert mean_se[m] == pytest.approx(errors[m], rel=0.15)
@@ -125,16 +145,22 @@ def test_antithetic_pairs_reduce_the_error_on_a_nearly_additive_game():
     generator = torch.Generator().manual_seed(1)
     error = {}
     for antithetic in (False, True):
-        draws = [shapley_monte_carlo(TableUtility(table), n, permutations=16, generator=generator,
-                                     antithetic=antithetic).phi for _ in range(repeats)]
+        draws = [
+            shapley_monte_carlo(
+                TableUtility(table), n, permutations=16, generator=generator, antithetic=antithetic
+            ).phi
+            for _ in range(repeats)
+        ]
         error[antithetic] = np.sqrt(np.mean((np.array(draws) - exact) ** 2))
     assert error[True] < error[False]
 
 
 # Hand-computed 3-player games -------------------------------------------------------------
 
+
 def test_glove_game():
     """Player 0 holds a left glove, 1 and 2 right ones; a pair is worth 1."""
+
     def pairs(players: tuple[int, ...]) -> float:
         return float(0 in players and (1 in players or 2 in players))
 
@@ -156,21 +182,30 @@ def test_pass_at_k_and_mean_reward_by_hand():
     np.testing.assert_allclose(shapley_exact(PassAtK([True, False, False]), 3).phi, [1, 0, 0])
     # Mean reward of [1, 0, 0]: {0,1}, {0,2}: 1/2; N: 1/3.
     # phi_0 = 1/3 + 1/6 * 1/2 * 2 + 1/3 * 1/3 = 11/18; phi_1 = phi_2 = (1/3 - 11/18) / 2.
-    np.testing.assert_allclose(shapley_exact(MeanReward([1, 0, 0]), 3).phi,
-                               [11 / 18, -5 / 36, -5 / 36], atol=1e-15)
+    np.testing.assert_allclose(
+        shapley_exact(MeanReward([1, 0, 0]), 3).phi, [11 / 18, -5 / 36, -5 / 36], atol=1e-15
+    )
 
 
 # The vote's tie rule ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("answers,correct,expected", [
-    (["4", "5"], [True, False], 1 / 2),                  # two-way tie including the right answer
-    (["4", "5", "7"], [True, False, False], 1 / 3),      # three-way tie
-    (["5", "5", "4"], [False, False, True], 0.0),        # a wrong majority
-    (["5", " 5 ", "4", "4.0"], [False, False, True, True], 1 / 2),  # classes: normalised / graded
-    (["4", None, None], [True, False, False], 1.0),      # no answer abstains
-    ([None, None], [False, False], 0.0),                 # everyone abstains
-    (["5", "6", "4", "4"], [False, False, True, True], 1.0),
-])
+
+@pytest.mark.parametrize(
+    "answers,correct,expected",
+    [
+        (["4", "5"], [True, False], 1 / 2),  # two-way tie including the right answer
+        (["4", "5", "7"], [True, False, False], 1 / 3),  # three-way tie
+        (["5", "5", "4"], [False, False, True], 0.0),  # a wrong majority
+        (
+            ["5", " 5 ", "4", "4.0"],
+            [False, False, True, True],
+            1 / 2,
+        ),  # classes: normalised / graded
+        (["4", None, None], [True, False, False], 1.0),  # no answer abstains
+        ([None, None], [False, False], 0.0),  # everyone abstains
+        (["5", "6", "4", "4"], [False, False, True, True], 1.0),
+    ],
+)
 def test_vote_tie_rule(answers, correct, expected):
     vote = MajorityVote(answers, correct)
     everyone = (1 << len(answers)) - 1
@@ -178,11 +213,17 @@ def test_vote_tie_rule(answers, correct, expected):
     assert vote.value(0) == 0.0
 
 
-@pytest.mark.parametrize("make", [
-    lambda: MajorityVote(["1", "2", "1", "3", None, "2", "2", "1", "9"],
-                         [True, False, True, False, False, False, False, True, False]),
-    lambda: PassAtK([False, True, False, False, True, False, False, False, False]),
-    lambda: MeanReward([0.5, 1, 0, 0, 1, 0, 0.25, 1, 0])])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MajorityVote(
+            ["1", "2", "1", "3", None, "2", "2", "1", "9"],
+            [True, False, True, False, False, False, False, True, False],
+        ),
+        lambda: PassAtK([False, True, False, False, True, False, False, False, False]),
+        lambda: MeanReward([0.5, 1, 0, 0, 1, 0, 0.25, 1, 0]),
+    ],
+)
 def test_batched_values_equal_one_at_a_time(make):
     utility = make()
     masks = np.arange(1 << 9)
@@ -197,6 +238,7 @@ def test_vote_refuses_a_correct_path_without_an_answer():
 
 
 # The memo and the errors ------------------------------------------------------------------
+
 
 def test_each_coalition_is_scored_once():
     calls = []
@@ -220,8 +262,9 @@ def test_monte_carlo_memo_beyond_sixteen_players():
         calls.append(mask)
         return float(mask.bit_count())
 
-    result = shapley_monte_carlo(utility, 40, permutations=6,
-                                 generator=torch.Generator().manual_seed(0))
+    result = shapley_monte_carlo(
+        utility, 40, permutations=6, generator=torch.Generator().manual_seed(0)
+    )
     np.testing.assert_allclose(result.phi, np.ones(40))  # additive game: exact for any ordering
     assert len(calls) == len(set(calls)) == result.utility_calls
     assert result.utility_calls <= 6 * 40 + 1
@@ -239,16 +282,25 @@ def test_batched_utility_is_called_once_per_batch():
     assert batches == [16]
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: shapley_exact(TableUtility(np.zeros(2)), 17), "n <= 16"),
-    (lambda: shapley_monte_carlo(TableUtility(np.zeros(8)), 3, permutations=5), "even number"),
-    (lambda: shapley_monte_carlo(TableUtility(np.zeros(8)), 3, permutations=1,
-                                 antithetic=False), "permutations >= 2"),
-    (lambda: shapley_exact(type("Bad", (), {"values": lambda self, m: [0.0]})(), 2),
-     "one value per coalition"),
-    (lambda: Game(3.0, 2), "callable"),
-    (lambda: TableUtility(np.zeros(6)), "2\\^n entries"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: shapley_exact(TableUtility(np.zeros(2)), 17), "n <= 16"),
+        (lambda: shapley_monte_carlo(TableUtility(np.zeros(8)), 3, permutations=5), "even number"),
+        (
+            lambda: shapley_monte_carlo(
+                TableUtility(np.zeros(8)), 3, permutations=1, antithetic=False
+            ),
+            "permutations >= 2",
+        ),
+        (
+            lambda: shapley_exact(type("Bad", (), {"values": lambda self, m: [0.0]})(), 2),
+            "one value per coalition",
+        ),
+        (lambda: Game(3.0, 2), "callable"),
+        (lambda: TableUtility(np.zeros(6)), "2\\^n entries"),
+    ],
+)
 def test_errors_are_one_clear_line(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -13,8 +13,14 @@ from rlvr_fast.cli import main
 from rlvr_fast.data import Problem
 from rlvr_fast.policy import load_policy
 from rlvr_fast.shapley import MajorityVote, PassAtK
-from rlvr_fast.shapley_report import (bootstrap_spearman, build_report, rankdata,
-                                      shapley_report, spearman, vote_deltas)
+from rlvr_fast.shapley_report import (
+    bootstrap_spearman,
+    build_report,
+    rankdata,
+    shapley_report,
+    spearman,
+    vote_deltas,
+)
 from rlvr_fast.trainer import RLVRTrainer, TrainConfig
 
 # Response 0: paths [right, right, wrong] credited by vote Shapley, phi = (7/12, 7/12, -1/6);
@@ -32,16 +38,34 @@ DELTA_RANKS = [5.5, 5.5, 3, 4, 1.5, 1.5]
 def constructed_run(directory, steps: int = 1):
     answers = ["4", "4", "5", "4", "5", "6"]
     correct = [True, True, False, True, False, False]
-    tables = [MajorityVote(answers[:3], correct[:3]).values(np.arange(8)).tolist(),
-              PassAtK(correct[3:]).values(np.arange(8)).tolist()]
-    config = {"arm": "constructed", "aggregator": "vote", "path_utility": "vote",
-              "path_credit": "shapley", "num_paths": 3, "shapley_permutations": 0,
-              "shapley_antithetic": True}
+    tables = [
+        MajorityVote(answers[:3], correct[:3]).values(np.arange(8)).tolist(),
+        PassAtK(correct[3:]).values(np.arange(8)).tolist(),
+    ]
+    config = {
+        "arm": "constructed",
+        "aggregator": "vote",
+        "path_utility": "vote",
+        "path_credit": "shapley",
+        "num_paths": 3,
+        "shapley_permutations": 0,
+        "shapley_antithetic": True,
+    }
     (directory / "config.json").write_text(json.dumps({"config": config}))
-    line = {"texts": [""] * 6, "parallel": {
-        "paths_per_response": 3, "path_answers": answers, "path_correct": correct,
-        "phi": PHI, "phi_se": [0.0] * 6, "r_out": [1.0, 1 / 3], "utility_full": [1.0, 1.0],
-        "utility_empty": [0.0, 0.0], "utility_tables": tables}}
+    line = {
+        "texts": [""] * 6,
+        "parallel": {
+            "paths_per_response": 3,
+            "path_answers": answers,
+            "path_correct": correct,
+            "phi": PHI,
+            "phi_se": [0.0] * 6,
+            "r_out": [1.0, 1 / 3],
+            "utility_full": [1.0, 1.0],
+            "utility_empty": [0.0, 0.0],
+            "utility_tables": tables,
+        },
+    }
     with open(directory / "rollouts.jsonl", "w") as file:
         for step in range(steps):
             file.write(json.dumps(dict(line, step=step)) + "\n")
@@ -50,8 +74,9 @@ def constructed_run(directory, steps: int = 1):
 
 def test_vote_deltas_by_hand():
     assert vote_deltas(["4", "4", "5"], [True, True, False]) == [0.5, 0.5, 0.0]
-    np.testing.assert_allclose(vote_deltas(["4", "5", "6"], [True, False, False]),
-                               [1 / 3, -1 / 6, -1 / 6])
+    np.testing.assert_allclose(
+        vote_deltas(["4", "5", "6"], [True, False, False]), [1 / 3, -1 / 6, -1 / 6]
+    )
 
 
 def test_ranks_and_spearman():
@@ -65,8 +90,7 @@ def test_ranks_and_spearman():
 def test_constructed_game_report(tmp_path):
     report, responses = build_report(constructed_run(tmp_path), resamples=200, mc_repeats=50)
     assert [r.delta for r in responses] == [DELTA[:3], pytest.approx(DELTA[3:])]
-    assert report["spearman_phi_delta"] == pytest.approx(
-        np.corrcoef(PHI_RANKS, DELTA_RANKS)[0, 1])
+    assert report["spearman_phi_delta"] == pytest.approx(np.corrcoef(PHI_RANKS, DELTA_RANKS)[0, 1])
     assert report["mean_abs_sum_phi_minus_r_out"] == pytest.approx((0 + 2 / 3) / 2)
     assert report["mean_abs_sum_phi_minus_utility"] == pytest.approx(0.0, abs=1e-12)
     assert report["mean_abs_utility_minus_r_out"] == pytest.approx((0 + 2 / 3) / 2)
@@ -81,12 +105,14 @@ def test_bootstrap_interval_narrows_with_more_responses(tmp_path):
     (tmp_path / "few").mkdir()
     (tmp_path / "many").mkdir()
     few, _ = build_report(constructed_run(tmp_path / "few", steps=2), resamples=400, mc_repeats=2)
-    many, responses = build_report(constructed_run(tmp_path / "many", steps=40), resamples=400,
-                                   mc_repeats=2)
+    many, responses = build_report(
+        constructed_run(tmp_path / "many", steps=40), resamples=400, mc_repeats=2
+    )
     assert many["spearman_phi_delta"] == pytest.approx(few["spearman_phi_delta"])
     assert np.diff(many["spearman_ci95"]) < np.diff(few["spearman_ci95"])
     assert bootstrap_spearman(responses[:1], 10, seed=0) == bootstrap_spearman(
-        responses[:1], 10, seed=1)
+        responses[:1], 10, seed=1
+    )
 
 
 def test_cli_writes_table_json_and_png(tmp_path, capsys):
@@ -100,11 +126,16 @@ def test_cli_writes_table_json_and_png(tmp_path, capsys):
     assert (out / "scatter.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("prepare,message", [
-    (lambda d: None, "config.json: no such file"),
-    (lambda d: constructed_run(d).joinpath("rollouts.jsonl").write_text('{"step": 0}\n'),
-     "no parallel-path steps"),
-])
+@pytest.mark.parametrize(
+    "prepare,message",
+    [
+        (lambda d: None, "config.json: no such file"),
+        (
+            lambda d: constructed_run(d).joinpath("rollouts.jsonl").write_text('{"step": 0}\n'),
+            "no parallel-path steps",
+        ),
+    ],
+)
 def test_cli_errors_exit_2_with_one_line(tmp_path, capsys, prepare, message):
     prepare(tmp_path)
     assert main(["shapley-report", str(tmp_path)]) == 2
@@ -116,8 +147,15 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys, prepare, message):
 
 def test_summary_runs_regenerate_the_summaries(tmp_path):
     problem = Problem(id="easy", question="What is 12 * 3?", answer="36", source="test")
-    config = TrainConfig.from_arm("shapley_summary", steps=2, max_new_tokens=32, group_size=2,
-                                  num_paths=2, gate_min_chars=None, lr=1e-4)
+    config = TrainConfig.from_arm(
+        "shapley_summary",
+        steps=2,
+        max_new_tokens=32,
+        group_size=2,
+        num_paths=2,
+        gate_min_chars=None,
+        lr=1e-4,
+    )
     RLVRTrainer(load_policy("tiny"), config, [problem], out_dir=tmp_path, progress=False).train()
     report = shapley_report(tmp_path, max_steps=1, resamples=20)
     assert (report["steps"], report["responses"], report["paths"]) == (1, 2, 4)

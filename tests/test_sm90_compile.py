@@ -28,13 +28,20 @@ def assert_builds_without_spills(compiled) -> None:
 def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
     """A row of Qwen3's 151,936 logits in 4,096-wide tiles: read in 16-byte loads; the logit
     gradient written back in place with 16-byte stores, rounded to nearest in bf16."""
-    pointers = dict(p_logits=f"*{dtype}", p_targets="*i64", p_weights="*fp32",
-                    p_losses="*fp32", p_logprobs="*fp32")
+    pointers = dict(
+        p_logits=f"*{dtype}",
+        p_targets="*i64",
+        p_weights="*fp32",
+        p_losses="*fp32",
+        p_logprobs="*fp32",
+    )
     compiled = compile_for_sm90(
-        "rlvr_fast.kernels.weighted_nll", "_weighted_nll_rows_kernel",
+        "rlvr_fast.kernels.weighted_nll",
+        "_weighted_nll_rows_kernel",
         {**pointers, "stride_row": "i32", "V": "i32"},
         dict(BLOCK_V=BLOCK_V, NUM_TILES=-(-VOCAB // BLOCK_V), WRITE_GRAD=write_grad),
-        divisible=(*pointers, "stride_row", "V"))
+        divisible=(*pointers, "stride_row", "V"),
+    )
     assert_builds_without_spills(compiled)
     assert compiled.count(r"ld\.global\.v4") > 0
     assert compiled.count(NOT_NEAREST_BF16) == 0
@@ -47,14 +54,22 @@ def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
 def test_paged_attention_kernel_compiles_for_sm90(dtype):
     """One program per (sequence, KV head) serving its 2 query heads: each block's [16, 128] key
     and value tiles read in 16-byte loads, the output rounded to nearest in bf16."""
-    pointers = dict(p_q=f"*{dtype}", p_k=f"*{dtype}", p_v=f"*{dtype}", p_tables="*i32",
-                    p_lens="*i64", p_out=f"*{dtype}")
+    pointers = dict(
+        p_q=f"*{dtype}",
+        p_k=f"*{dtype}",
+        p_v=f"*{dtype}",
+        p_tables="*i32",
+        p_lens="*i64",
+        p_out=f"*{dtype}",
+    )
     strides = ("stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_tb")
     compiled = compile_for_sm90(
-        "rlvr_fast.kernels.paged_attention", "_paged_attention_kernel",
+        "rlvr_fast.kernels.paged_attention",
+        "_paged_attention_kernel",
         {**pointers, "scale": "fp32", **{name: "i32" for name in strides}},
         dict(GROUP=GROUP, GROUP_PAD=GROUP, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM),
-        divisible=(*pointers, *strides))
+        divisible=(*pointers, *strides),
+    )
     assert_builds_without_spills(compiled)
     assert compiled.count(r"ld\.global\.v4") > 0
     assert compiled.count(NOT_NEAREST_BF16) == 0
@@ -63,28 +78,49 @@ def test_paged_attention_kernel_compiles_for_sm90(dtype):
 
 @pytest.mark.parametrize("alignment", ["aligned", "unaligned"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_zero_grad_adamw_kernel_compiles_for_sm90_with_only_the_intended_roundings(dtype,
-                                                                                    alignment):
+def test_zero_grad_adamw_kernel_compiles_for_sm90_with_only_the_intended_roundings(
+    dtype, alignment
+):
     """Per element-step, three fma.rn (lerp's two branches, addcdiv), two mul.rn (weight
     decay, beta2), two div.rn, one sqrt.rn, one add.rn (eps), and nothing approximate or fused
     beyond that (triton 3.5 emitted .ftz here; 3.6 does not). Aligned tensors are read with
     16-byte loads. Qwen3-0.6B's 227 tensors in one launch, three folded steps."""
     is_bf16 = dtype == "bf16"
     compiled = compile_for_sm90(
-        "rlvr_fast.kernels.zero_grad_adamw", "_zero_grad_adamw_kernel",
-        {"p_addresses": "*i64", "p_first_blocks": "*i64", "p_scalars": "*fp32",
-         "n_tensors": "i32", "stride_scalars": "i32"},
-        dict(SEARCH_STEPS=(QWEN3_TENSORS - 1).bit_length(), STEPS=3, BLOCK=2048,
-             IS_BF16=is_bf16, ELEMENT="tl.uint16" if is_bf16 else "tl.float32",
-             ALIGNED=alignment == "aligned"),
-        options={"num_warps": 8, "enable_fp_fusion": False})
+        "rlvr_fast.kernels.zero_grad_adamw",
+        "_zero_grad_adamw_kernel",
+        {
+            "p_addresses": "*i64",
+            "p_first_blocks": "*i64",
+            "p_scalars": "*fp32",
+            "n_tensors": "i32",
+            "stride_scalars": "i32",
+        },
+        dict(
+            SEARCH_STEPS=(QWEN3_TENSORS - 1).bit_length(),
+            STEPS=3,
+            BLOCK=2048,
+            IS_BF16=is_bf16,
+            ELEMENT="tl.uint16" if is_bf16 else "tl.float32",
+            ALIGNED=alignment == "aligned",
+        ),
+        options={"num_warps": 8, "enable_fp_fusion": False},
+    )
     assert_builds_without_spills(compiled)
     assert (compiled.count(r"ld\.global\.v4") > 0) == (alignment == "aligned")
-    counts = {op: compiled.count(rf"\b{op}\.[a-z0-9.]*f32\b")
-              for op in ("fma", "mad", "mul", "add", "div", "sqrt")}
+    counts = {
+        op: compiled.count(rf"\b{op}\.[a-z0-9.]*f32\b")
+        for op in ("fma", "mad", "mul", "add", "div", "sqrt")
+    }
     roundings = {op: compiled.count(rf"\b{op}\.rn\.f32\b") for op in counts}
     per_step = roundings["sqrt"]
     assert per_step > 0
     assert counts == roundings, "every float32 operation rounds to nearest, none flushes"
-    assert roundings == {"fma": 3 * per_step, "mad": 0, "mul": 2 * per_step,
-                         "div": 2 * per_step, "sqrt": per_step, "add": per_step}
+    assert roundings == {
+        "fma": 3 * per_step,
+        "mad": 0,
+        "mul": 2 * per_step,
+        "div": 2 * per_step,
+        "sqrt": per_step,
+        "add": per_step,
+    }

@@ -19,9 +19,15 @@ def test_an_optimizer_and_model_state_round_trips_exactly(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(2, 5, dtype=torch.bfloat16)).float().sum().backward()
     optimizer.step()
-    state = {"next_step": 7, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "generator": torch.Generator().manual_seed(3).get_state(), "extra": None,
-             "counts": (1, 2.5, float("nan"), -math.inf), "polyak": {"count": 0, "sums": {}}}
+    state = {
+        "next_step": 7,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "generator": torch.Generator().manual_seed(3).get_state(),
+        "extra": None,
+        "counts": (1, 2.5, float("nan"), -math.inf),
+        "polyak": {"count": 0, "sums": {}},
+    }
     save_state(tmp_path / "state.safetensors", state)
     loaded = load_state(tmp_path / "state.safetensors")
     assert loaded["next_step"] == 7 and loaded["extra"] is None
@@ -29,7 +35,10 @@ def test_an_optimizer_and_model_state_round_trips_exactly(tmp_path):
     assert loaded["counts"][:2] == (1, 2.5) and math.isnan(loaded["counts"][2])
     assert loaded["counts"][3] == -math.inf
     for name, tensor in state["model"].items():
-        assert torch.equal(loaded["model"][name], tensor) and loaded["model"][name].dtype == tensor.dtype
+        assert (
+            torch.equal(loaded["model"][name], tensor)
+            and loaded["model"][name].dtype == tensor.dtype
+        )
     assert set(loaded["optimizer"]["state"]) == {0, 1}, "integer parameter indices come back"
     assert loaded["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
     for index, moments in state["optimizer"]["state"].items():
@@ -65,8 +74,18 @@ def test_a_crafted_pickle_in_the_checkpoint_directory_is_never_loaded(tmp_path, 
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.mark.parametrize("damage", ["truncated", "no header", "bad json", "unknown tag",
-                                    "missing tensor", "deep nesting", "empty"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated",
+        "no header",
+        "bad json",
+        "unknown tag",
+        "missing tensor",
+        "deep nesting",
+        "empty",
+    ],
+)
 def test_a_damaged_state_file_is_one_clear_error(tmp_path, damage):
     path = tmp_path / "state.safetensors"
     save_state(path, {"next_step": 1, "w": torch.ones(1000)})
@@ -75,13 +94,18 @@ def test_a_damaged_state_file_is_one_clear_error(tmp_path, damage):
     elif damage == "empty":
         path.write_bytes(b"")
     else:
-        header = {"no header": None, "bad json": "{",
-                  "unknown tag": json.dumps({"format": "rlvr_fast state 1", "state": {"x": 1}}),
-                  "missing tensor": json.dumps({"format": "rlvr_fast state 1",
-                                                "state": {"tensor": "9"}}),
-                  "deep nesting": "[" * 100_000 + "]" * 100_000}[damage]
-        save_file({"0": torch.ones(2)}, str(path),
-                  metadata=None if header is None else {HEADER_KEY: header})
+        header = {
+            "no header": None,
+            "bad json": "{",
+            "unknown tag": json.dumps({"format": "rlvr_fast state 1", "state": {"x": 1}}),
+            "missing tensor": json.dumps({"format": "rlvr_fast state 1", "state": {"tensor": "9"}}),
+            "deep nesting": "[" * 100_000 + "]" * 100_000,
+        }[damage]
+        save_file(
+            {"0": torch.ones(2)},
+            str(path),
+            metadata=None if header is None else {HEADER_KEY: header},
+        )
     with pytest.raises(StateFileError, match="state.safetensors: "):
         load_state(path)
 
@@ -96,12 +120,28 @@ def test_no_code_unpickles_anything():
     """No torch.load, pickle or numpy pickle load in the package, its scripts or benchmarks:
     every file rlvr_fast reads back is safetensors or JSON."""
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
-    sources = [p for folder in ("rlvr_fast", "scripts", "benchmarks", "kernels")
-               for p in (root / folder).rglob("*.py") if "wheels" not in p.parts]
+    sources = [
+        p
+        for folder in ("rlvr_fast", "scripts", "benchmarks", "kernels")
+        for p in (root / folder).rglob("*.py")
+        if "wheels" not in p.parts
+    ]
     assert len(sources) > 50
-    readers = ("torch.load(", "import pickle", "pickle.load", "allow_pickle=True", "import dill",
-               "import joblib", "weights_only=False")
-    found = [f"{p.relative_to(root)}: {r}" for p in sources for r in readers
-             if r in p.read_text(encoding="utf-8")]
+    readers = (
+        "torch.load(",
+        "import pickle",
+        "pickle.load",
+        "allow_pickle=True",
+        "import dill",
+        "import joblib",
+        "weights_only=False",
+    )
+    found = [
+        f"{p.relative_to(root)}: {r}"
+        for p in sources
+        for r in readers
+        if r in p.read_text(encoding="utf-8")
+    ]
     assert not found, found

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from rlvr_fast.stats import (bootstrap_mean_ci, mean_sd, paired_differences,
-                             two_level_bootstrap_ci)
+from rlvr_fast.stats import bootstrap_mean_ci, mean_sd, paired_differences, two_level_bootstrap_ci
 
 
 def test_mean_sd_by_hand():
     # The study's baseline on MATH-500: 44.4 / 45.0 / 48.8 -> 46.07 ± 2.39.
     mean, sd = mean_sd([44.4, 45.0, 48.8])
     assert mean == pytest.approx(138.2 / 3)
-    assert sd == pytest.approx(math.sqrt(((44.4 - mean) ** 2 + (45.0 - mean) ** 2
-                                          + (48.8 - mean) ** 2) / 2))
+    assert sd == pytest.approx(
+        math.sqrt(((44.4 - mean) ** 2 + (45.0 - mean) ** 2 + (48.8 - mean) ** 2) / 2)
+    )
     assert (round(mean, 2), round(sd, 2)) == (46.07, 2.39)
     assert mean_sd([1, 2, 3, 4]) == pytest.approx((2.5, math.sqrt(5 / 3)))
     assert mean_sd([0.7]) == (0.7, 0.0)
@@ -52,9 +52,14 @@ def test_one_level_bootstrap_agrees_with_scipy_percentile(data_seed):
     has SD ~ 0.04 standard errors of the mean, a difference of two ~ 0.06; we allow 0.25."""
     values = np.random.default_rng(data_seed).choice([-1, 0, 0, 0, 1, 1], size=400)
     ours = bootstrap_mean_ci(values, seed=data_seed)
-    theirs = scipy.stats.bootstrap((values,), np.mean, n_resamples=4000, method="percentile",
-                                   confidence_level=0.95,
-                                   rng=np.random.default_rng(100 + data_seed)).confidence_interval
+    theirs = scipy.stats.bootstrap(
+        (values,),
+        np.mean,
+        n_resamples=4000,
+        method="percentile",
+        confidence_level=0.95,
+        rng=np.random.default_rng(100 + data_seed),
+    ).confidence_interval
     standard_error = values.std(ddof=1) / math.sqrt(values.size)
     assert abs(ours[0] - theirs.low) < 0.25 * standard_error
     assert abs(ours[1] - theirs.high) < 0.25 * standard_error

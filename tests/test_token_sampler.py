@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
-from rlvr_fast.engine.token_sampler import (SamplingParams, derive_seed, sample_tokens,
-                                            top_p_probs, uniform_noise)
+from rlvr_fast.engine.token_sampler import (
+    SamplingParams,
+    derive_seed,
+    sample_tokens,
+    top_p_probs,
+    uniform_noise,
+)
 
 
 def seed_reference_filter(probs: list[float], top_p: float) -> dict[int, float]:
@@ -30,8 +35,9 @@ def kept_distribution(logits: torch.Tensor, temperature: float, top_p: float) ->
     return {int(t): float(p) / total for t, p in zip(ids[0], kept[0]) if p > 0}
 
 
-@pytest.mark.parametrize("top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}),
-                                        (1e-6, {0}), (1.0, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}), (1e-6, {0}), (1.0, {0, 1, 2, 3})]
+)
 def test_top_p_keeps_tokens_while_mass_before_is_below_top_p(top_p, kept):
     probs = [0.5, 0.3, 0.15, 0.05]
     got = kept_distribution(torch.tensor([probs]).log(), 1.0, top_p)
@@ -56,8 +62,9 @@ def test_draws_follow_the_filtered_distribution():
     probs = [0.4, 0.25, 0.2, 0.1, 0.05]
     draws = 20000
     logits = torch.tensor([probs]).log().expand(draws, -1)
-    tokens = sample_tokens(logits, torch.arange(draws), torch.zeros(draws, dtype=torch.long),
-                           1.0, 0.8, greedy=False)
+    tokens = sample_tokens(
+        logits, torch.arange(draws), torch.zeros(draws, dtype=torch.long), 1.0, 0.8, greedy=False
+    )
     counts = torch.bincount(tokens, minlength=5).tolist()
     expected = seed_reference_filter(probs, 0.8)
     assert counts[3] == counts[4] == 0
@@ -67,8 +74,14 @@ def test_draws_follow_the_filtered_distribution():
 
 def test_greedy_is_argmax():
     logits = torch.randn(6, 50)
-    tokens = sample_tokens(logits, torch.zeros(6, dtype=torch.long),
-                           torch.zeros(6, dtype=torch.long), 0.0, 1.0, greedy=True)
+    tokens = sample_tokens(
+        logits,
+        torch.zeros(6, dtype=torch.long),
+        torch.zeros(6, dtype=torch.long),
+        0.0,
+        1.0,
+        greedy=True,
+    )
     assert torch.equal(tokens, logits.argmax(-1))
 
 
@@ -81,20 +94,28 @@ def test_a_draw_depends_only_on_its_own_seed_position_and_logits():
     order = torch.randperm(9, generator=generator)
     shuffled = sample_tokens(logits[order], seeds[order], positions[order], 0.8, 0.9, greedy=False)
     assert torch.equal(shuffled, tokens[order])
-    alone = [int(sample_tokens(logits[i:i + 1], seeds[i:i + 1], positions[i:i + 1], 0.8, 0.9,
-                               greedy=False)) for i in range(9)]
+    alone = [
+        int(
+            sample_tokens(
+                logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1], 0.8, 0.9, greedy=False
+            )
+        )
+        for i in range(9)
+    ]
     assert alone == tokens.tolist()
     # Another position is another draw: over 200 positions, a 40-way draw cannot stay put.
-    moved = sample_tokens(logits[:1].expand(200, -1), seeds[:1].expand(200),
-                          torch.arange(200), 1.0, 1.0, greedy=False)
+    moved = sample_tokens(
+        logits[:1].expand(200, -1), seeds[:1].expand(200), torch.arange(200), 1.0, 1.0, greedy=False
+    )
     assert len(set(moved.tolist())) > 5
 
 
 def splitmix_reference(seed: int, position: int, rank: int) -> float:
     """The noise hash in plain Python integers modulo 2^64."""
     mask = 2**64 - 1
-    x = (seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03
-         + rank * 0x8CB92BA72F3D8DD7) & mask
+    x = (
+        seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + rank * 0x8CB92BA72F3D8DD7
+    ) & mask
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
     x ^= x >> 31
@@ -121,10 +142,16 @@ def test_derived_seeds_are_distinct_and_non_negative():
     assert all(0 <= s < 2**63 for s in seeds)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1.0}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"), ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_sampling_params_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -141,19 +168,28 @@ def test_cpp_draws_equal_the_reference(vocab):
     positions = torch.randint(0, 4096, (rows,), generator=generator)
     for temperature, top_p in ((0.8, 0.9), (1.0, 1.0), (0.5, 0.3)):
         reference = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False)
-        fast = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False,
-                             backend="cpp")
+        fast = sample_tokens(
+            logits, seeds, positions, temperature, top_p, greedy=False, backend="cpp"
+        )
         assert (fast != reference).sum() <= rows // 500
 
 
-@pytest.mark.parametrize("top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}),
-                                        (1.0, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}), (1.0, {0, 1, 2, 3})]
+)
 def test_cpp_draws_only_the_kept_tokens_in_proportion(top_p, kept):
     probs = [0.5, 0.3, 0.15, 0.05]
     draws = 20000
     logits = torch.tensor([probs]).log().expand(draws, -1).contiguous()
-    tokens = sample_tokens(logits, torch.arange(draws), torch.zeros(draws, dtype=torch.long), 1.0,
-                           top_p, greedy=False, backend="cpp")
+    tokens = sample_tokens(
+        logits,
+        torch.arange(draws),
+        torch.zeros(draws, dtype=torch.long),
+        1.0,
+        top_p,
+        greedy=False,
+        backend="cpp",
+    )
     counts = torch.bincount(tokens, minlength=4).tolist()
     expected = seed_reference_filter(probs, top_p)
     assert {t for t, c in enumerate(counts) if c} == kept
@@ -165,11 +201,26 @@ def test_cpp_sampler_refuses_bad_input():
     from rlvr_fast._C import sample_top_p_cpu
 
     with pytest.raises(RuntimeError, match="float32 CPU tensor"):
-        sample_top_p_cpu(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long),
-                         torch.zeros(2, dtype=torch.long), 1.0, 0.9)
+        sample_top_p_cpu(
+            torch.zeros(2, 3, dtype=torch.float64),
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(2, dtype=torch.long),
+            1.0,
+            0.9,
+        )
     with pytest.raises(RuntimeError, match="int64 \\[B\\]"):
-        sample_top_p_cpu(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long),
-                         torch.zeros(2, dtype=torch.long), 1.0, 0.9)
+        sample_top_p_cpu(
+            torch.zeros(2, 3),
+            torch.zeros(3, dtype=torch.long),
+            torch.zeros(2, dtype=torch.long),
+            1.0,
+            0.9,
+        )
     with pytest.raises(RuntimeError, match="temperature > 0"):
-        sample_top_p_cpu(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long),
-                         torch.zeros(2, dtype=torch.long), 0.0, 0.9)
+        sample_top_p_cpu(
+            torch.zeros(2, 3),
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(2, dtype=torch.long),
+            0.0,
+            0.9,
+        )

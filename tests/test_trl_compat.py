@@ -17,13 +17,25 @@ from rlvr_fast.trl_compat.config import DEFAULT_ONLY_FIELDS, NO_EFFECT_FIELDS
 from rlvr_fast.trl_compat.trainer import LRSchedule, train_config
 
 MODEL = str(TINY_MODEL_DIR)
-ROWS = [{"prompt": render_prompt(p.question), "answer": p.answer, "level": p.level}
-        for p in synthetic_problems("train", 4, seed=5)]
+ROWS = [
+    {"prompt": render_prompt(p.question), "answer": p.answer, "level": p.level}
+    for p in synthetic_problems("train", 4, seed=5)
+]
 # Small enough for CI, long enough that some completions end and some are cut.
-SETTINGS = dict(max_steps=2, num_generations=4, per_device_train_batch_size=4,
-                max_completion_length=24, temperature=0.8, learning_rate=1e-3, logging_steps=1,
-                report_to="none", save_strategy="no", bf16=False, use_cpu=True,
-                disable_tqdm=True)
+SETTINGS = dict(
+    max_steps=2,
+    num_generations=4,
+    per_device_train_batch_size=4,
+    max_completion_length=24,
+    temperature=0.8,
+    learning_rate=1e-3,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    bf16=False,
+    use_cpu=True,
+    disable_tqdm=True,
+)
 
 
 def varied_reward(completion_ids, **kwargs):
@@ -52,18 +64,26 @@ class Recorder:
         self.calls = []
 
     def __call__(self, prompts, completions, completion_ids, **kwargs):
-        self.calls.append(dict(prompts=prompts, completions=completions,
-                               completion_ids=completion_ids, kwargs=kwargs))
-        return [float(rlvr_fast.grade_response(c, a)) for c, a in zip(completions,
-                                                                         kwargs["answer"])]
+        self.calls.append(
+            dict(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=completion_ids,
+                kwargs=kwargs,
+            )
+        )
+        return [
+            float(rlvr_fast.grade_response(c, a)) for c, a in zip(completions, kwargs["answer"])
+        ]
 
 
 def run_script(config_cls, trainer_cls, out_dir):
     """A TRL user's script body; only the classes differ between the two runs."""
     recorder = Recorder()
     args = config_cls(output_dir=str(out_dir), **SETTINGS)
-    trainer = trainer_cls(model=MODEL, reward_funcs=[recorder, varied_reward], args=args,
-                          train_dataset=dataset())
+    trainer = trainer_cls(
+        model=MODEL, reward_funcs=[recorder, varied_reward], args=args, train_dataset=dataset()
+    )
     trainer.train()
     return trainer, recorder
 
@@ -85,8 +105,11 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path):
     # Same prompts in the same order (TRL's seeded shuffle), the same reward-function call.
     assert [c["prompts"] for c in our_calls] == [c["prompts"] for c in their_calls]
     for mine, their in zip(our_calls, their_calls):
-        assert set(mine["kwargs"]) == set(their["kwargs"]) == {
-            "answer", "level", "trainer_state", "log_extra", "log_metric"}
+        assert (
+            set(mine["kwargs"])
+            == set(their["kwargs"])
+            == {"answer", "level", "trainer_state", "log_extra", "log_metric"}
+        )
         assert mine["kwargs"]["answer"] == their["kwargs"]["answer"]
         assert mine["kwargs"]["level"] == their["kwargs"]["level"]
         assert all(isinstance(c, str) for c in mine["completions"])
@@ -96,10 +119,12 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path):
 
 def trl_gradient(trl, loss_type, completions, prompt, tmp_path, **settings):
     """TRL's gradient of one step whose generation returns ``completions``."""
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type=loss_type,
-                          **{**SETTINGS, **settings})
-    trainer = trl.GRPOTrainer(model=MODEL, reward_funcs=varied_reward, args=args,
-                              train_dataset=dataset())
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"), loss_type=loss_type, **{**SETTINGS, **settings}
+    )
+    trainer = trl.GRPOTrainer(
+        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
+    )
     trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
@@ -111,10 +136,14 @@ def trl_gradient(trl, loss_type, completions, prompt, tmp_path, **settings):
 
 def our_gradient(loss_type, tmp_path, **settings):
     """Our gradient of the first step that ran a backward, its completions, prompt and loss."""
-    args = GRPOConfig(output_dir=str(tmp_path / "ours"), loss_type=loss_type,
-                      **{**SETTINGS, "max_steps": 3, **settings})
-    trainer = GRPOTrainer(model=MODEL, reward_funcs=varied_reward, args=args,
-                          train_dataset=dataset())
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "ours"),
+        loss_type=loss_type,
+        **{**SETTINGS, "max_steps": 3, **settings},
+    )
+    trainer = GRPOTrainer(
+        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
+    )
     captured = []
     clip = trainer.trainer.clip_gradients
 
@@ -127,8 +156,12 @@ def our_gradient(loss_type, tmp_path, **settings):
     trainer.train()
     assert captured, "no step ran a backward (rewards never varied)"
     grads, scored, step = captured[0]
-    return (packed_to_hf(grads, trainer.policy.config), scored.completion_ids,
-            ROWS[scored.row]["prompt"], trainer.state.log_history[step]["loss"])
+    return (
+        packed_to_hf(grads, trainer.policy.config),
+        scored.completion_ids,
+        ROWS[scored.row]["prompt"],
+        trainer.state.log_history[step]["loss"],
+    )
 
 
 def first_row(rows: int) -> int:
@@ -136,10 +169,17 @@ def first_row(rows: int) -> int:
     return int(torch.randperm(rows, generator=torch.Generator().manual_seed(42))[0])
 
 
-@pytest.mark.parametrize("loss_type,settings", [
-    ("dapo", {}), ("grpo", {}), ("dr_grpo", {}), ("bnpo", {}),
-    ("dapo", {"mask_truncated_completions": True}), ("grpo", {"scale_rewards": "none"}),
-])
+@pytest.mark.parametrize(
+    "loss_type,settings",
+    [
+        ("dapo", {}),
+        ("grpo", {}),
+        ("dr_grpo", {}),
+        ("bnpo", {}),
+        ("dapo", {"mask_truncated_completions": True}),
+        ("grpo", {"scale_rewards": "none"}),
+    ],
+)
 def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, loss_type, settings):
     trl = trl_modules()
     ours, completions, prompt, our_loss = our_gradient(loss_type, tmp_path, **settings)
@@ -148,8 +188,9 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, loss_typ
     scale = max(float(g.abs().max()) for g in theirs.values())
     assert scale > 0
     for name, grad in theirs.items():
-        torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5 * scale,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            ours[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
+        )
     assert our_loss == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
 
 
@@ -188,19 +229,24 @@ def test_every_unsupported_trl_field_is_refused_by_name(name):
         GRPOConfig(**{name: other_value(default)})
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(per_device_train_batch_size=16), "per_device_train_batch_size x gradient_accum"),
-    (dict(num_generations=3, per_device_train_batch_size=3), "num_generations must be even"),
-    (dict(num_generations=1, per_device_train_batch_size=1), "num_generations >= 2"),
-    (dict(loss_type="cispo"), "loss_type must be one of"),
-    (dict(loss_type="bnpo", per_device_train_batch_size=4, gradient_accumulation_steps=2),
-     "loss_type='bnpo'"),
-    (dict(steps_per_generation=2), "steps_per_generation"),
-    (dict(generation_batch_size=8, steps_per_generation=1), "cannot both be set"),
-    (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type"),
-    (dict(report_to="wandb"), "report_to"),
-    (dict(arm="no_such_arm"), "arm must be one of"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(per_device_train_batch_size=16), "per_device_train_batch_size x gradient_accum"),
+        (dict(num_generations=3, per_device_train_batch_size=3), "num_generations must be even"),
+        (dict(num_generations=1, per_device_train_batch_size=1), "num_generations >= 2"),
+        (dict(loss_type="cispo"), "loss_type must be one of"),
+        (
+            dict(loss_type="bnpo", per_device_train_batch_size=4, gradient_accumulation_steps=2),
+            "loss_type='bnpo'",
+        ),
+        (dict(steps_per_generation=2), "steps_per_generation"),
+        (dict(generation_batch_size=8, steps_per_generation=1), "cannot both be set"),
+        (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type"),
+        (dict(report_to="wandb"), "report_to"),
+        (dict(arm="no_such_arm"), "arm must be one of"),
+    ],
+)
 def test_config_checks_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**settings)
@@ -213,8 +259,11 @@ def test_unknown_field_is_a_type_error():
 
 def test_config_mapping_defaults_fast_paths_and_arms():
     config = train_config(GRPOConfig(), 10)
-    assert (config.loss_type, config.loss_order, config.tempered_logprobs) == \
-        ("dapo", "token_weighted", True)
+    assert (config.loss_type, config.loss_order, config.tempered_logprobs) == (
+        "dapo",
+        "token_weighted",
+        True,
+    )
     assert config.skip_zero_var and config.zero_var_step == "zero_grad"
     assert config.group_size == 8 and config.lr == 1e-6 and config.temperature == 1.0
     arm = train_config(GRPOConfig(arm="ra_flat"), 10)
@@ -233,11 +282,13 @@ def test_config_mapping_defaults_fast_paths_and_arms():
 def test_linear_schedule_matches_transformers():
     transformers = pytest.importorskip("transformers")
     for kind in ("linear", "cosine", "constant_with_warmup"):
-        ours = LRSchedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5),
-                          kind, 3, 10)
+        ours = LRSchedule(
+            torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5), kind, 3, 10
+        )
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-        theirs = transformers.get_scheduler(kind, optimizer, num_warmup_steps=3,
-                                            num_training_steps=10)
+        theirs = transformers.get_scheduler(
+            kind, optimizer, num_warmup_steps=3, num_training_steps=10
+        )
         for _ in range(10):
             assert ours.get_last_lr()[0] == pytest.approx(theirs.get_last_lr()[0], abs=1e-12)
             optimizer.step()
@@ -249,8 +300,10 @@ def test_transformers_model_is_trained_in_place_with_chat_prompts(tmp_path):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(MODEL)
     tokenizer = transformers.AutoTokenizer.from_pretrained(MODEL)
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}Answer:{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}Answer:{% endif %}"
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     calls = []
 
@@ -258,19 +311,23 @@ def test_transformers_model_is_trained_in_place_with_chat_prompts(tmp_path):
         calls.append((prompts, completions))
         return varied_reward(**kwargs)
 
-    rows = [{"prompt": [{"role": "user", "content": p.question}]}
-            for p in synthetic_problems("train", 2, seed=3)]
+    rows = [
+        {"prompt": [{"role": "user", "content": p.question}]}
+        for p in synthetic_problems("train", 2, seed=3)
+    ]
     args = GRPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "max_steps": 2})
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=rows,
-                          processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=rows, processing_class=tokenizer
+    )
     trainer.train()
     prompts, completions = calls[0]
     assert prompts[0] == rows[first_row(len(rows))]["prompt"]
     assert completions[0][0]["role"] == "assistant"
     assert isinstance(completions[0][0]["content"], str)
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
-    ours = packed_to_hf({n: p.detach() for n, p in trainer.policy.model.named_parameters()},
-                        trainer.policy.config)
+    ours = packed_to_hf(
+        {n: p.detach() for n, p in trainer.policy.model.named_parameters()}, trainer.policy.config
+    )
     for name, param in model.named_parameters():
         assert torch.equal(param.detach(), ours[name]), name
     trainer.save_model(str(tmp_path / "saved"))
@@ -280,8 +337,12 @@ def test_transformers_model_is_trained_in_place_with_chat_prompts(tmp_path):
 
 def test_zero_variance_groups_take_the_zero_gradient_step(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), weight_decay=0.1, **SETTINGS)
-    trainer = GRPOTrainer(model=MODEL, reward_funcs=lambda completions, **k: [1.0] * len(
-        completions), args=args, train_dataset=ROWS)
+    trainer = GRPOTrainer(
+        model=MODEL,
+        reward_funcs=lambda completions, **k: [1.0] * len(completions),
+        args=args,
+        train_dataset=ROWS,
+    )
     before = [p.detach().clone() for p in trainer.policy.model.parameters()]
     trainer.train()
     steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
@@ -307,18 +368,25 @@ def test_callbacks_see_steps_and_logs_and_can_stop(tmp_path):
             events.append(("log", "reward" in logs))
 
     args = GRPOConfig(output_dir=str(tmp_path), **SETTINGS)
-    trainer = GRPOTrainer(model=MODEL, reward_funcs=varied_reward, args=args,
-                          train_dataset=ROWS, callbacks=[Watcher()])
+    trainer = GRPOTrainer(
+        model=MODEL,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=ROWS,
+        callbacks=[Watcher()],
+    )
     output = trainer.train()
     assert output.global_step == 1
     assert events == [("begin", 0), ("end", 1), ("log", True), ("log", False)]
 
 
 def test_save_steps_write_loadable_checkpoints_and_the_ledger(tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), ledger=True,
-                      **{**SETTINGS, "save_strategy": "steps", "save_steps": 1})
-    trainer = GRPOTrainer(model=MODEL, reward_funcs=varied_reward, args=args,
-                          train_dataset=ROWS)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        ledger=True,
+        **{**SETTINGS, "save_strategy": "steps", "save_steps": 1},
+    )
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=ROWS)
     trainer.train()
     assert (tmp_path / "checkpoint-2" / "trainer_state.json").is_file()
     reloaded = load_policy(tmp_path / "checkpoint-2")

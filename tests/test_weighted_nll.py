@@ -10,14 +10,16 @@ from rlvr_fast.kernels.weighted_nll import weighted_token_nll_reference
 from rlvr_fast.ops import weighted_token_nll
 
 BACKENDS = ["torch", "triton"] if DEVICE == "cpu" else ["triton"]
-SHAPES = [(n, h, v) for n in (1, 63, 500) for h in (64, 96) for v in (77, 1000)] + \
-         [(3, 64, 151_936), (2, 96, 151_936)]
+SHAPES = [(n, h, v) for n in (1, 63, 500) for h in (64, 96) for v in (77, 1000)] + [
+    (3, 64, 151_936),
+    (2, 96, 151_936),
+]
 
 
 def make_inputs(n, h, v, seed=0):
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=generator)
-    weight = torch.randn(v, h, generator=generator) / h ** 0.5
+    weight = torch.randn(v, h, generator=generator) / h**0.5
     targets = torch.randint(0, v, (n,), generator=generator)
     weights = torch.randn(n, generator=generator)
     weights[::4] = 0.0  # zero advantages, and randn gives negatives
@@ -42,8 +44,9 @@ def rel_err(got, expected):
 def test_fp32_matches_reference(backend, n, h, v):
     inputs = make_inputs(n, h, v)
     expected = loss_and_grads(weighted_token_nll_reference, *inputs, torch.float32)
-    fused = loss_and_grads(lambda *a: weighted_token_nll(*a, chunk_size=37, backend=backend),
-                           *inputs, torch.float32)
+    fused = loss_and_grads(
+        lambda *a: weighted_token_nll(*a, chunk_size=37, backend=backend), *inputs, torch.float32
+    )
     for got, want in zip(fused, expected):
         assert rel_err(got, want) <= 1e-5
 
@@ -55,8 +58,9 @@ def test_bf16_error_at_most_twice_eager_bf16(backend, n, h, v):
     inputs = make_inputs(n, h, v, seed=1)
     exact = loss_and_grads(weighted_token_nll_reference, *inputs, torch.float32)
     eager = loss_and_grads(weighted_token_nll_reference, *inputs, torch.bfloat16)
-    fused = loss_and_grads(lambda *a: weighted_token_nll(*a, chunk_size=29, backend=backend),
-                           *inputs, torch.bfloat16)
+    fused = loss_and_grads(
+        lambda *a: weighted_token_nll(*a, chunk_size=29, backend=backend), *inputs, torch.bfloat16
+    )
     for name, got, base, want in zip(("loss", "dhidden", "dweight"), fused, eager, exact):
         assert rel_err(got, want) <= 2 * rel_err(base, want) + 1e-6, name
 
@@ -66,8 +70,12 @@ def test_bf16_error_at_most_twice_eager_bf16(backend, n, h, v):
 def test_logprobs_and_chunking(backend):
     hidden, weight, targets, weights = make_inputs(50, 64, 300, seed=2)
     reference = torch.log_softmax(hidden @ weight.T, -1).gather(1, targets[:, None]).squeeze(1)
-    results = [weighted_token_nll(hidden, weight, targets, weights, chunk_size=c,
-                                  return_logprobs=True, backend=backend) for c in (1, 7, None)]
+    results = [
+        weighted_token_nll(
+            hidden, weight, targets, weights, chunk_size=c, return_logprobs=True, backend=backend
+        )
+        for c in (1, 7, None)
+    ]
     for loss, logprobs in results:
         assert not logprobs.requires_grad
         torch.testing.assert_close(logprobs, reference, rtol=1e-5, atol=1e-5)
@@ -88,14 +96,17 @@ def test_gradient_for_hidden_only_and_no_grad_mode():
 
 
 @on_device
-@pytest.mark.parametrize("change,message", [
-    (lambda a: (a[0][None], *a[1:]), "hidden must be"),
-    (lambda a: (a[0][:, :10], *a[1:]), "hidden size mismatch"),
-    (lambda a: (a[0].double(), *a[1:]), "one floating dtype"),
-    (lambda a: (a[0], a[1], a[2].int(), a[3]), "targets must be int64"),
-    (lambda a: (a[0], a[1], a[2] + 1000, a[3]), "targets must lie in"),
-    (lambda a: (*a[:3], a[3][:-1]), "weights must be float"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: (a[0][None], *a[1:]), "hidden must be"),
+        (lambda a: (a[0][:, :10], *a[1:]), "hidden size mismatch"),
+        (lambda a: (a[0].double(), *a[1:]), "one floating dtype"),
+        (lambda a: (a[0], a[1], a[2].int(), a[3]), "targets must be int64"),
+        (lambda a: (a[0], a[1], a[2] + 1000, a[3]), "targets must lie in"),
+        (lambda a: (*a[:3], a[3][:-1]), "weights must be float"),
+    ],
+)
 def test_bad_inputs_are_clear_errors(change, message):
     inputs = make_inputs(5, 64, 100)
     with pytest.raises(ValueError, match=message):

@@ -23,8 +23,9 @@ SIZES = (1, 7, 1000, 100_003)
 
 def make_optimizer(dtypes, size, real_steps, weight_decay, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(size, generator=generator).to(dtype))
-              for dtype in dtypes]
+    params = [
+        torch.nn.Parameter(torch.randn(size, generator=generator).to(dtype)) for dtype in dtypes
+    ]
     groups = [{"params": params[:1]}]
     if len(params) > 1:
         groups.append({"params": params[1:], "lr": 3e-3, "weight_decay": 0.1, "eps": 1e-6})
@@ -105,9 +106,15 @@ def test_subnormal_moments():
     assert_bitwise_equal(fused, eager)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"amsgrad": True}, "amsgrad"), ({"maximize": True}, "maximize"),
-    ({"foreach": True}, "foreach=True"), ({"differentiable": True}, "differentiable")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"amsgrad": True}, "amsgrad"),
+        ({"maximize": True}, "maximize"),
+        ({"foreach": True}, "foreach=True"),
+        ({"differentiable": True}, "differentiable"),
+    ],
+)
 def test_unsupported_adamw_options_are_refused(kwargs, message):
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))], **kwargs)
     with pytest.raises(ValueError, match=message):
@@ -128,14 +135,18 @@ def test_zg_flat_training_matches_the_eager_zero_grad_path(tmp_path):
     problems = synthetic_problems("train", 10, seed=5)
     results = []
     for fused in (True, False):
-        config = TrainConfig.from_arm("zg_flat", steps=10, lr=1e-4, max_new_tokens=64,
-                                      fused_zero_grad_step=fused)
-        trainer = RLVRTrainer(load_policy("tiny"), config, problems, progress=False,
-                              out_dir=tmp_path / str(fused))
+        config = TrainConfig.from_arm(
+            "zg_flat", steps=10, lr=1e-4, max_new_tokens=64, fused_zero_grad_step=fused
+        )
+        trainer = RLVRTrainer(
+            load_policy("tiny"), config, problems, progress=False, out_dir=tmp_path / str(fused)
+        )
         trainer.train()
         results.append(trainer)
     fused, eager = results
-    ledger = [json.loads(line) for line in (tmp_path / "True" / "ledger.jsonl").read_text().splitlines()]
+    ledger = [
+        json.loads(line) for line in (tmp_path / "True" / "ledger.jsonl").read_text().splitlines()
+    ]
     flags = [line["homogeneous"] for line in ledger]
     assert any(flags) and not all(flags), "the run must mix zero-gradient and active steps"
     assert_bitwise_equal(fused.optimizer, eager.optimizer)
@@ -145,6 +156,7 @@ def test_zg_flat_training_matches_the_eager_zero_grad_path(tmp_path):
 # Without a GPU the kernel runs under TRITON_INTERPRET=1 on CPU tensors and is compared with the
 # pure-torch emulation of torch's CUDA foreach rounding; with a GPU both are also compared with
 # torch's own CUDA AdamW.
+
 
 @pytest.fixture
 def exact_interpreter_fma(monkeypatch):
@@ -156,8 +168,9 @@ def exact_interpreter_fma(monkeypatch):
     from triton.runtime import interpreter
 
     def create_fma(self, x, y, z):
-        a, b, c = (torch.from_numpy(np.ascontiguousarray(t.data, dtype=np.float32))
-                   for t in (x, y, z))
+        a, b, c = (
+            torch.from_numpy(np.ascontiguousarray(t.data, dtype=np.float32)) for t in (x, y, z)
+        )
         return interpreter.TensorHandle(kernel.fma_float32(a, b, c).numpy(), z.dtype.scalar)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fma", create_fma)
@@ -167,8 +180,11 @@ def make_device_optimizer(dtypes, sizes, real_steps, weight_decay, betas=(0.9, 0
     """AdamW over one tensor per (dtype, size) on DEVICE, in two groups, after ``real_steps``
     steps with random gradients."""
     generator = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(size, generator=generator).to(DEVICE, dtype))
-              for dtype in dtypes for size in sizes]
+    params = [
+        torch.nn.Parameter(torch.randn(size, generator=generator).to(DEVICE, dtype))
+        for dtype in dtypes
+        for size in sizes
+    ]
     half = max(1, len(params) // 2)
     groups = [{"params": params[:half]}]
     if params[half:]:
@@ -212,8 +228,11 @@ def test_fma_float32_is_correctly_rounded():
     assert (a.double() * b.double() + c.double()).float().item() == 1 + 2.0**-22
     assert kernel.fma_float32(a, b, c).item() == 1 + 2.0**-23
     generator = torch.Generator().manual_seed(0)
-    a, b, c = (torch.randn(3000, generator=generator) * 2.0 ** torch.randint(
-        -30, 30, (3000,), generator=generator) for _ in range(3))
+    a, b, c = (
+        torch.randn(3000, generator=generator)
+        * 2.0 ** torch.randint(-30, 30, (3000,), generator=generator)
+        for _ in range(3)
+    )
     fused = kernel.fma_float32(a, b, c)
     for x, y, z, r in zip(a.tolist(), b.tolist(), c.tolist(), fused.tolist()):
         exact = Fraction(x) * Fraction(y) + Fraction(z)
@@ -226,8 +245,13 @@ def test_fma_float32_is_correctly_rounded():
 
 def test_sqrt_float32_is_correctly_rounded():
     generator = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.rand(200_000, generator=generator) * 2.0 ** torch.randint(
-        -140, 100, (200_000,), generator=generator), torch.tensor([0.0, 1e-45, 4.0])])
+    x = torch.cat(
+        [
+            torch.rand(200_000, generator=generator)
+            * 2.0 ** torch.randint(-140, 100, (200_000,), generator=generator),
+            torch.tensor([0.0, 1e-45, 4.0]),
+        ]
+    )
     assert torch.equal(kernel.sqrt_float32(x), torch.from_numpy(np.sqrt(x.numpy())))
 
 
@@ -241,8 +265,9 @@ INTERPRETER_SIZES = (1, 7, 1000, 5003)
 @pytest.mark.parametrize("real_steps", [0, 1, 3])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
-def test_triton_kernel_matches_emulation(exact_interpreter_fma, dtype, real_steps, steps,
-                                         weight_decay):
+def test_triton_kernel_matches_emulation(
+    exact_interpreter_fma, dtype, real_steps, steps, weight_decay
+):
     fused = make_device_optimizer([dtype], INTERPRETER_SIZES, real_steps, weight_decay)
     emulated = eager_copy(fused)
     triton_fold(fused, steps)
@@ -297,8 +322,9 @@ def test_triton_kernel_matches_emulation_on_subnormal_moments(exact_interpreter_
 @on_device
 def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpreter_fma):
     """beta1 = 0.3 takes lerp's other branch (weight 0.7 >= 0.5)."""
-    fused = make_device_optimizer([torch.float32, torch.bfloat16], [1000], 2, 0.01,
-                                  betas=(0.3, 0.999))
+    fused = make_device_optimizer(
+        [torch.float32, torch.bfloat16], [1000], 2, 0.01, betas=(0.3, 0.999)
+    )
     emulated = eager_copy(fused)
     triton_fold(fused, 3)
     emulated_fold(emulated, 3)
@@ -306,8 +332,9 @@ def test_triton_kernel_matches_emulation_with_a_large_lerp_weight(exact_interpre
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtypes", [[torch.float32], [torch.bfloat16],
-                                    [torch.float32, torch.bfloat16]])
+@pytest.mark.parametrize(
+    "dtypes", [[torch.float32], [torch.bfloat16], [torch.float32, torch.bfloat16]]
+)
 @pytest.mark.parametrize("real_steps", [0, 1, 3])
 @pytest.mark.parametrize("steps", [1, 4, 5])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

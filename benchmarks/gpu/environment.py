@@ -15,8 +15,16 @@ from importlib.metadata import PackageNotFoundError, requires, version
 
 from packaging.requirements import Requirement
 
-REPORTED = ("torch", "triton", "transformers", "tokenizers", "safetensors", "pytest",
-            "pytest-benchmark", "pytest-xdist")
+REPORTED = (
+    "torch",
+    "triton",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "pytest",
+    "pytest-benchmark",
+    "pytest-xdist",
+)
 
 
 def installed_version(name: str) -> str | None:
@@ -51,8 +59,10 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     if cuda:
         properties = torch.cuda.get_device_properties(0)
-        print(f"CUDA {torch.version.cuda}: {properties.name}, {properties.total_memory / 2**30:.0f} "
-              f"GiB, {properties.multi_processor_count} SMs, sm_{properties.major}{properties.minor}")
+        print(
+            f"CUDA {torch.version.cuda}: {properties.name}, {properties.total_memory / 2**30:.0f} "
+            f"GiB, {properties.multi_processor_count} SMs, sm_{properties.major}{properties.minor}"
+        )
     else:
         print("CUDA: not available")
     try:

@@ -46,8 +46,10 @@ def report(run_dir: Path, exit_code: int, wall: float, limit: float | None) -> t
     config, records = read_run(run_dir)
     arm, steps, cap = config["arm"], config["steps"], config["max_new_tokens"]
     ended = how_it_ended(exit_code, len(records), steps, limit)
-    out = [f"**{arm}**: {len(records)} of {steps} steps, {ended}; {wall:.1f} s wall time "
-           "including start-up and the final checkpoint"]
+    out = [
+        f"**{arm}**: {len(records)} of {steps} steps, {ended}; {wall:.1f} s wall time "
+        "including start-up and the final checkpoint"
+    ]
     if not records:
         return "\n".join(out) + "\n", f"{arm}: no step finished, {ended}"
     phases: dict[str, float] = {}
@@ -57,32 +59,51 @@ def report(run_dir: Path, exit_code: int, wall: float, limit: float | None) -> t
     per_step = [sum(record["seconds"].values()) for record in records]
     step_time = sum(per_step)
     out += ["", "| phase | seconds | per step |", "|---|---|---|"]
-    out += [f"| {name} | {seconds:.2f} | {seconds / len(records):.3f} |"
-            for name, seconds in phases.items()]
+    out += [
+        f"| {name} | {seconds:.2f} | {seconds / len(records):.3f} |"
+        for name, seconds in phases.items()
+    ]
     out += [f"| step time (all phases) | {step_time:.2f} | {step_time / len(records):.3f} |", ""]
     if len(per_step) > 1:
         rest = per_step[1:]
-        later = (f"step 1: {rest[0]:.3f} s" if len(rest) == 1 else
-                 f"steps 1-{len(rest)}: mean {sum(rest) / len(rest):.3f} s, "
-                 f"min {min(rest):.3f}, max {max(rest):.3f}")
-        out.append(f"step 0: {per_step[0]:.2f} s (its first kernel compiles and CUDA graph "
-                   f"captures included); {later}")
+        later = (
+            f"step 1: {rest[0]:.3f} s"
+            if len(rest) == 1
+            else f"steps 1-{len(rest)}: mean {sum(rest) / len(rest):.3f} s, "
+            f"min {min(rest):.3f}, max {max(rest):.3f}"
+        )
+        out.append(
+            f"step 0: {per_step[0]:.2f} s (its first kernel compiles and CUDA graph "
+            f"captures included); {later}"
+        )
     lengths = [length for record in records for pair in record["pairs"] for length in pair[2:4]]
     categories = Counter(pair[6] for record in records for pair in record["pairs"])
-    out.append(f"rollouts: {sum(n == cap for n in lengths)} of {len(lengths)} at the {cap}-token "
-               f"cap; pairs {dict(categories)}; backward on {sum(r['active'] for r in records)} "
-               f"steps")
-    out.append("tokens: " + ", ".join(f"{key} {sum(r[key] for r in records):,}" for key in
-                                      ("gen", "prefill_run", "decode_rows", "bwd_out")))
+    out.append(
+        f"rollouts: {sum(n == cap for n in lengths)} of {len(lengths)} at the {cap}-token "
+        f"cap; pairs {dict(categories)}; backward on {sum(r['active'] for r in records)} "
+        f"steps"
+    )
+    out.append(
+        "tokens: "
+        + ", ".join(
+            f"{key} {sum(r[key] for r in records):,}"
+            for key in ("gen", "prefill_run", "decode_rows", "bwd_out")
+        )
+    )
     if len(records) == steps:
-        out.append(f"**{steps}-step time: {step_time:.1f} s of step time** (the study: "
-                   f"{STUDY_SECONDS} per 50-step run)")
+        out.append(
+            f"**{steps}-step time: {step_time:.1f} s of step time** (the study: "
+            f"{STUDY_SECONDS} per 50-step run)"
+        )
         headline = f"{arm}: {steps} steps, {step_time:.1f} s step time"
     else:
-        out.append(f"**no {steps}-step figure**: {len(records)} steps ran, {step_time:.1f} s of "
-                   f"step time, {step_time / len(records):.2f} s per step (not extrapolated)")
-        headline = (f"{arm}: {len(records)} of {steps} steps, "
-                    f"{step_time / len(records):.2f} s per step")
+        out.append(
+            f"**no {steps}-step figure**: {len(records)} steps ran, {step_time:.1f} s of "
+            f"step time, {step_time / len(records):.2f} s per step (not extrapolated)"
+        )
+        headline = (
+            f"{arm}: {len(records)} of {steps} steps, {step_time / len(records):.2f} s per step"
+        )
     return "\n".join(out) + "\n", headline
 
 
@@ -94,8 +115,7 @@ def main() -> int:
     parser.add_argument("--limit-seconds", type=float, help="the time limit it ran under")
     parser.add_argument("--headline", type=Path, help="append the one-line headline here")
     args = parser.parse_args()
-    section, headline = report(args.run_dir, args.exit_code, args.wall_seconds,
-                               args.limit_seconds)
+    section, headline = report(args.run_dir, args.exit_code, args.wall_seconds, args.limit_seconds)
     print(section)
     if args.headline:
         with open(args.headline, "a", encoding="utf-8") as file:

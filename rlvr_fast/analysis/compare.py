@@ -19,8 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
-from rlvr_fast.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap_mean_ci, mean_sd,
-                             paired_differences, two_level_bootstrap_ci)
+from rlvr_fast.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    bootstrap_mean_ci,
+    mean_sd,
+    paired_differences,
+    two_level_bootstrap_ci,
+)
 
 BASE_LABEL = "base model (0 updates)"
 TOKEN_FIELDS = ("gen", "untrim_gen", "pref", "pad_pref", "bwd_out", "bwd_full")
@@ -104,8 +110,13 @@ class Comparison:
         return ([self.base] if self.base else []) + self.arms
 
 
-def compare_paths(paths: list[Path], *, reference: str | None = None,
-                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Comparison:
+def compare_paths(
+    paths: list[Path],
+    *,
+    reference: str | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Comparison:
     try:
         runs = load_runs(paths)
         return compare_runs(runs, reference=reference, resamples=resamples, seed=seed)
@@ -113,31 +124,50 @@ def compare_paths(paths: list[Path], *, reference: str | None = None,
         raise CompareError(str(err)) from None
 
 
-def compare_runs(runs: list[Run], *, reference: str | None = None,
-                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> Comparison:
+def compare_runs(
+    runs: list[Run],
+    *,
+    reference: str | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Comparison:
     """The tables over ``runs``; ``reference`` defaults to the first run's arm."""
     by_arm = group_by_arm(runs)
     reference = reference or next(iter(by_arm))
     if reference not in by_arm:
-        raise CompareError(f"--reference {reference!r} is not among the arms compared "
-                           f"({', '.join(by_arm)})")
+        raise CompareError(
+            f"--reference {reference!r} is not among the arms compared ({', '.join(by_arm)})"
+        )
     item_ids = eval_item_ids(runs)
     eval_cap = common_eval_cap(runs)
     arms = [summarise_arm(arm, seeds, item_ids, before=False) for arm, seeds in by_arm.items()]
     base = summarise_base(runs, item_ids)
     reference_arm = next(a for a in arms if a.arm == reference)
-    contrasts = [paired_contrast(arm, reference_arm, name, metric, resamples, seed)
-                 for arm in arms if arm is not reference_arm
-                 for name in item_ids for metric in METRICS
-                 if metric == "accuracy" or any_cap_hit(arm, reference_arm, name)]
-    return Comparison({name: len(ids) for name, ids in item_ids.items()}, eval_cap, arms, base,
-                      reference if len(arms) > 1 else None, contrasts)
+    contrasts = [
+        paired_contrast(arm, reference_arm, name, metric, resamples, seed)
+        for arm in arms
+        if arm is not reference_arm
+        for name in item_ids
+        for metric in METRICS
+        if metric == "accuracy" or any_cap_hit(arm, reference_arm, name)
+    ]
+    return Comparison(
+        {name: len(ids) for name, ids in item_ids.items()},
+        eval_cap,
+        arms,
+        base,
+        reference if len(arms) > 1 else None,
+        contrasts,
+    )
 
 
 def any_cap_hit(arm: ArmSummary, reference: ArmSummary, eval_set: str) -> bool:
     """Cap-hit contrasts are listed only where a response of either arm hit the cap."""
-    return any(grades.cap_hits for summary in (arm, reference)
-               for grades in summary.grades[eval_set].values())
+    return any(
+        grades.cap_hits
+        for summary in (arm, reference)
+        for grades in summary.grades[eval_set].values()
+    )
 
 
 def group_by_arm(runs: list[Run]) -> dict[str, dict[int, Run]]:
@@ -149,17 +179,24 @@ def group_by_arm(runs: list[Run]) -> dict[str, dict[int, Run]]:
             raise CompareError(f"{run.path}: unfinished run (no summary.json)")
         seeds = by_arm.setdefault(run.arm, {})
         if run.seed in seeds:
-            raise CompareError(f"two runs of arm {run.arm} with seed {run.seed}: "
-                               f"{seeds[run.seed].path} and {run.path}")
+            raise CompareError(
+                f"two runs of arm {run.arm} with seed {run.seed}: "
+                f"{seeds[run.seed].path} and {run.path}"
+            )
         if seeds:
             first = next(iter(seeds.values()))
-            differing = sorted(key for key in set(first.config) | set(run.config)
-                               if key != "seed" and first.config.get(key) != run.config.get(key))
+            differing = sorted(
+                key
+                for key in set(first.config) | set(run.config)
+                if key != "seed" and first.config.get(key) != run.config.get(key)
+            )
             if differing:
                 key = differing[0]
-                raise CompareError(f"runs of arm {run.arm} differ in {key} "
-                                   f"({first.config.get(key)!r} in {first.path}, "
-                                   f"{run.config.get(key)!r} in {run.path})")
+                raise CompareError(
+                    f"runs of arm {run.arm} differ in {key} "
+                    f"({first.config.get(key)!r} in {first.path}, "
+                    f"{run.config.get(key)!r} in {run.path})"
+                )
         seeds[run.seed] = run
     return by_arm
 
@@ -174,8 +211,10 @@ def eval_item_ids(runs: list[Run]) -> dict[str, list[str]]:
     item_ids = {name: _ids(first, name, before=False) for name in names}
     for run in runs:
         if sorted(run.eval_files()) != names:
-            raise CompareError(f"mixed eval sets: {first.path} has {', '.join(names)}; "
-                               f"{run.path} has {', '.join(sorted(run.eval_files())) or 'none'}")
+            raise CompareError(
+                f"mixed eval sets: {first.path} has {', '.join(names)}; "
+                f"{run.path} has {', '.join(sorted(run.eval_files())) or 'none'}"
+            )
         for before in (False, True):
             for name in run.eval_files(before):
                 ids = _ids(run, name, before)
@@ -184,7 +223,8 @@ def eval_item_ids(runs: list[Run]) -> dict[str, list[str]]:
                     raise CompareError(
                         f"unequal item lists: {run.path / where} grades {len(ids)} items, "
                         f"{first.path / 'evals' / (name + '.jsonl')} "
-                        f"{len(item_ids.get(name, []))}, not the same ids")
+                        f"{len(item_ids.get(name, []))}, not the same ids"
+                    )
     return item_ids
 
 
@@ -202,15 +242,20 @@ def _ids(run: Run, name: str, before: bool) -> list[str]:
 def common_eval_cap(runs: list[Run]) -> int:
     caps = {run.config.get("eval_max_new_tokens") for run in runs}
     if len(caps) != 1:
-        raise CompareError(f"runs were evaluated at different token caps ({sorted(map(str, caps))}): "
-                           f"their AllCap counts do not compare")
+        raise CompareError(
+            f"runs were evaluated at different token caps ({sorted(map(str, caps))}): "
+            f"their AllCap counts do not compare"
+        )
     return caps.pop()
 
 
-def summarise_arm(arm: str, runs: dict[int, Run], item_ids: dict[str, list[str]],
-                  before: bool) -> ArmSummary:
-    grades = {name: {seed: eval_grades(run, name, ids, before) for seed, run in runs.items()}
-              for name, ids in item_ids.items()}
+def summarise_arm(
+    arm: str, runs: dict[int, Run], item_ids: dict[str, list[str]], before: bool
+) -> ArmSummary:
+    grades = {
+        name: {seed: eval_grades(run, name, ids, before) for seed, run in runs.items()}
+        for name, ids in item_ids.items()
+    }
     summary = ArmSummary(arm, list(runs), grades)
     if not before:
         summary.totals = {seed: ledger_totals(run) for seed, run in runs.items()}
@@ -244,7 +289,9 @@ def ledger_totals(run: Run) -> dict[str, float]:
     if not lines:
         raise CompareError(f"{run.path}: empty ledger")
     try:
-        totals = {key: float(sum(line[key] for line in lines)) for key in TOKEN_FIELDS + FLOP_FIELDS}
+        totals = {
+            key: float(sum(line[key] for line in lines)) for key in TOKEN_FIELDS + FLOP_FIELDS
+        }
         totals["seconds"] = float(sum(sum(line["seconds"].values()) for line in lines))
         totals["params"] = float(lines[0]["params"])
         totals["steps"] = float(len(lines))
@@ -254,23 +301,42 @@ def ledger_totals(run: Run) -> dict[str, float]:
     return totals
 
 
-def paired_contrast(arm: ArmSummary, reference: ArmSummary, eval_set: str, metric: str,
-                    resamples: int, seed: int) -> Contrast:
+def paired_contrast(
+    arm: ArmSummary, reference: ArmSummary, eval_set: str, metric: str, resamples: int, seed: int
+) -> Contrast:
     """Arm minus reference on the seeds both have; per-seed rates, item-level paired
     differences for the bootstrap."""
     rates = {s: float(arm.grades[eval_set][s].metric(metric).mean()) for s in arm.seeds}
-    reference_rates = {s: float(reference.grades[eval_set][s].metric(metric).mean())
-                       for s in reference.seeds}
+    reference_rates = {
+        s: float(reference.grades[eval_set][s].metric(metric).mean()) for s in reference.seeds
+    }
     try:
         per_seed = paired_differences(rates, reference_rates)
     except ValueError as err:
         raise CompareError(f"arm {arm.arm} against reference {reference.arm}: {err}") from None
     seeds = list(per_seed)
-    differences = np.stack([arm.grades[eval_set][s].metric(metric)
-                            - reference.grades[eval_set][s].metric(metric) for s in seeds])
-    two_level = (two_level_bootstrap_ci(differences, resamples=resamples, seed=seed)
-                 if len(seeds) > 1 else None)
+    differences = np.stack(
+        [
+            arm.grades[eval_set][s].metric(metric) - reference.grades[eval_set][s].metric(metric)
+            for s in seeds
+        ]
+    )
+    two_level = (
+        two_level_bootstrap_ci(differences, resamples=resamples, seed=seed)
+        if len(seeds) > 1
+        else None
+    )
     pooled = bootstrap_mean_ci(differences.ravel(), resamples=resamples, seed=seed)
-    return Contrast(arm.arm, reference.arm, eval_set, metric, seeds, list(per_seed.values()),
-                    mean_sd(list(per_seed.values()))[0], two_level, pooled,
-                    int((differences > 0).sum()), int((differences < 0).sum()))
+    return Contrast(
+        arm.arm,
+        reference.arm,
+        eval_set,
+        metric,
+        seeds,
+        list(per_seed.values()),
+        mean_sd(list(per_seed.values()))[0],
+        two_level,
+        pooled,
+        int((differences > 0).sum()),
+        int((differences < 0).sum()),
+    )

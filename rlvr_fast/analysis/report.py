@@ -38,12 +38,22 @@ DPI = 120
 GATE_CHARS = 30
 LINE_STYLES = ("-", "--", ":", "-.")
 PAIR_CATEGORY_ORDER = [category.value for category in PairCategory]
-PHASE_COLOURS = {"prefill": "#4c72b0", "generation": "#55a868", "backward": "#c44e52",
-                 "padding": "#cccccc"}
+PHASE_COLOURS = {
+    "prefill": "#4c72b0",
+    "generation": "#55a868",
+    "backward": "#c44e52",
+    "padding": "#cccccc",
+}
 
 
-def write_report(paths: list[Path], out: Path, *, reference: str | None = None,
-                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[Path]:
+def write_report(
+    paths: list[Path],
+    out: Path,
+    *,
+    reference: str | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[Path]:
     """Read and compare the runs, draw every figure, then publish them and report.md into
     ``out``; returns the files written."""
     runs = load_runs(paths)
@@ -51,8 +61,14 @@ def write_report(paths: list[Path], out: Path, *, reference: str | None = None,
     return publish_report(runs, comparison, out, resamples=resamples, seed=seed)
 
 
-def publish_report(runs: list[Run], comparison: Comparison, out: Path, *,
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[Path]:
+def publish_report(
+    runs: list[Run],
+    comparison: Comparison,
+    out: Path,
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[Path]:
     """The figures and report.md of runs already compared, into ``out``."""
     verifications = [verify_run(run.path) for run in runs]
     out.mkdir(parents=True, exist_ok=True)
@@ -61,8 +77,9 @@ def publish_report(runs: list[Run], comparison: Comparison, out: Path, *,
     return [out / name for name, _ in figures] + [out / "report.md"]
 
 
-def draw_figures(runs: list[Run], comparison: Comparison, directory: Path, resamples: int,
-                 seed: int) -> list[tuple[str, str]]:
+def draw_figures(
+    runs: list[Run], comparison: Comparison, directory: Path, resamples: int, seed: int
+) -> list[tuple[str, str]]:
     """(file name, caption) of every figure drawn into ``directory``."""
     by_arm: dict[str, list[Run]] = {}
     for run in runs:
@@ -71,21 +88,56 @@ def draw_figures(runs: list[Run], comparison: Comparison, directory: Path, resam
     first_before = next((run for run in runs if run.eval_files(before=True)), None)
     if first_before is not None:
         for name, items in first_before.evals(before=True).items():
-            figures.append(save(base_lengths_figure(name, items, first_before.config),
-                                directory, f"base_lengths_{name}.png",
-                                f"Base model on {name} before training: response lengths by mode"))
-    figures.append(save(accuracy_figure(comparison, resamples, seed), directory, "accuracy.png",
-                        "Accuracy per arm after training (mean over seeds, two-level 95% CI)"))
-    figures.append(save(reward_figure(by_arm), directory, "reward_over_steps.png",
-                        "Group reward mean and sigma_R per training step"))
-    figures.append(save(length_figure(by_arm), directory, "length_over_steps.png",
-                        "Rollout length and short-answer fraction per training step"))
-    figures.append(save(compute_figure(comparison), directory, "compute.png",
-                        "Training tokens and FLOPs per arm, by phase"))
+            figures.append(
+                save(
+                    base_lengths_figure(name, items, first_before.config),
+                    directory,
+                    f"base_lengths_{name}.png",
+                    f"Base model on {name} before training: response lengths by mode",
+                )
+            )
+    figures.append(
+        save(
+            accuracy_figure(comparison, resamples, seed),
+            directory,
+            "accuracy.png",
+            "Accuracy per arm after training (mean over seeds, two-level 95% CI)",
+        )
+    )
+    figures.append(
+        save(
+            reward_figure(by_arm),
+            directory,
+            "reward_over_steps.png",
+            "Group reward mean and sigma_R per training step",
+        )
+    )
+    figures.append(
+        save(
+            length_figure(by_arm),
+            directory,
+            "length_over_steps.png",
+            "Rollout length and short-answer fraction per training step",
+        )
+    )
+    figures.append(
+        save(
+            compute_figure(comparison),
+            directory,
+            "compute.png",
+            "Training tokens and FLOPs per arm, by phase",
+        )
+    )
     categories = pair_categories(by_arm)
     if any(name != PairCategory.FLAT for counts in categories.values() for name in counts):
-        figures.append(save(tree_pairs_figure(categories), directory, "tree_pairs.png",
-                            "Tree pair categories per arm (mean pairs per run)"))
+        figures.append(
+            save(
+                tree_pairs_figure(categories),
+                directory,
+                "tree_pairs.png",
+                "Tree pair categories per arm (mean pairs per run)",
+            )
+        )
     return figures
 
 
@@ -108,15 +160,28 @@ def base_lengths_figure(name: str, items: list[dict], config: dict) -> Figure:
     derivation = np.array([bool(item["derivation"]) for item in items])
     correct = np.array([bool(item["correct"]) for item in items])
     bins = np.histogram_bin_edges(lengths, bins=min(40, max(5, len(set(lengths.tolist())))))
-    for mask, label, colour in ((~derivation, f"short answers (< {GATE_CHARS} chars before "
-                                 r"\boxed, or no box)", "#dd8452"),
-                                (derivation, "derivations", "#4c72b0")):
+    for mask, label, colour in (
+        (
+            ~derivation,
+            f"short answers (< {GATE_CHARS} chars before "
+            r"\boxed, or no box)",
+            "#dd8452",
+        ),
+        (derivation, "derivations", "#4c72b0"),
+    ):
         share = mask.mean()
         accuracy = correct[mask].mean() if mask.any() else float("nan")
-        axes.hist(lengths[mask], bins=bins, alpha=0.75, color=colour,
-                  label=f"{label}: {share:.1%} of responses, {accuracy:.1%} correct")
-    axes.set_title(f"Base model on {name} before training: {correct.mean():.1%} correct\n"
-                   f"({len(items)} items, greedy, {config.get('eval_max_new_tokens')}-token cap)")
+        axes.hist(
+            lengths[mask],
+            bins=bins,
+            alpha=0.75,
+            color=colour,
+            label=f"{label}: {share:.1%} of responses, {accuracy:.1%} correct",
+        )
+    axes.set_title(
+        f"Base model on {name} before training: {correct.mean():.1%} correct\n"
+        f"({len(items)} items, greedy, {config.get('eval_max_new_tokens')}-token cap)"
+    )
     axes.set_xlabel("response length (tokens)")
     axes.set_ylabel("responses")
     axes.legend(fontsize=8)
@@ -125,29 +190,46 @@ def base_lengths_figure(name: str, items: list[dict], config: dict) -> Figure:
 
 def accuracy_figure(comparison: Comparison, resamples: int, seed: int) -> Figure:
     names = list(comparison.eval_sets)
-    figure = Figure(figsize=(max(6, 1.2 * len(comparison.arms) + 3) * len(names), 4.5),
-                    layout="tight")
+    figure = Figure(
+        figsize=(max(6, 1.2 * len(comparison.arms) + 3) * len(names), 4.5), layout="tight"
+    )
     axes_row = figure.subplots(1, len(names), squeeze=False)
     for axes, name in zip(axes_row[0], names):
         shown = [arm for arm in comparison.rows if name in arm.grades]
         for x, arm in enumerate(shown):
             matrix = np.stack([arm.grades[name][s].correct for s in arm.seeds])
             mean = 100 * matrix.mean(axis=1).mean()
-            low, high = (100 * v for v in two_level_bootstrap_ci(matrix, resamples=resamples,
-                                                                 seed=seed))
+            low, high = (
+                100 * v for v in two_level_bootstrap_ci(matrix, resamples=resamples, seed=seed)
+            )
             colour = "#999999" if arm.arm == BASE_LABEL else f"C{x % 10}"
             axes.bar(x, mean, color=colour, alpha=0.8)
-            axes.errorbar(x, mean, yerr=[[max(0.0, mean - low)], [max(0.0, high - mean)]],
-                          color="black", capsize=5)
-            axes.scatter([x] * len(arm.seeds), 100 * matrix.mean(axis=1), color="black", s=12,
-                         zorder=3)
-            axes.annotate(f"{mean:.1f}%", (x, high), textcoords="offset points", xytext=(0, 4),
-                          ha="center", fontsize=8)
+            axes.errorbar(
+                x,
+                mean,
+                yerr=[[max(0.0, mean - low)], [max(0.0, high - mean)]],
+                color="black",
+                capsize=5,
+            )
+            axes.scatter(
+                [x] * len(arm.seeds), 100 * matrix.mean(axis=1), color="black", s=12, zorder=3
+            )
+            axes.annotate(
+                f"{mean:.1f}%",
+                (x, high),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                fontsize=8,
+            )
         axes.set_xticks(range(len(shown)), [arm.arm for arm in shown], fontsize=8, rotation=15)
         axes.set_ylabel("accuracy (%)")
         axes.set_ylim(0, 100)
-        axes.set_title(f"{name} ({comparison.eval_sets[name]} items): mean over seeds,\n"
-                       f"95% CI (seeds x items bootstrap), dots = seeds", fontsize=10)
+        axes.set_title(
+            f"{name} ({comparison.eval_sets[name]} items): mean over seeds,\n"
+            f"95% CI (seeds x items bootstrap), dots = seeds",
+            fontsize=10,
+        )
     return figure
 
 
@@ -156,16 +238,27 @@ def reward_figure(by_arm: dict[str, list[Run]]) -> Figure:
     mean_axes, sigma_axes = figure.subplots(1, 2)
     for index, (arm, runs) in enumerate(by_arm.items()):
         # A multi-question step shows the mean over its questions' groups.
-        rewards = per_step(runs, lambda line: float(np.mean(
-            [r for q in question_lines(line) for r in q["rewards"]])))
-        sigmas = per_step(runs, lambda line: float(np.mean(
-            [q["sigma_r"] for q in question_lines(line)])))
+        rewards = per_step(
+            runs,
+            lambda line: float(np.mean([r for q in question_lines(line) for r in q["rewards"]])),
+        )
+        sigmas = per_step(
+            runs, lambda line: float(np.mean([q["sigma_r"] for q in question_lines(line)]))
+        )
         plot_over_steps(mean_axes, rewards, arm, index)
         plot_over_steps(sigma_axes, sigmas, arm, index)
-    mean_axes.set(title="Group reward mean per step", xlabel="training step",
-                  ylabel="mean reward (fraction correct)", ylim=(-0.02, 1.02))
-    sigma_axes.set(title="Group reward std σ_R per step", xlabel="training step",
-                   ylabel="σ_R (0 = homogeneous group)", ylim=(-0.02, 0.6))
+    mean_axes.set(
+        title="Group reward mean per step",
+        xlabel="training step",
+        ylabel="mean reward (fraction correct)",
+        ylim=(-0.02, 1.02),
+    )
+    sigma_axes.set(
+        title="Group reward std σ_R per step",
+        xlabel="training step",
+        ylabel="σ_R (0 = homogeneous group)",
+        ylim=(-0.02, 0.6),
+    )
     mean_axes.legend(fontsize=8)
     return figure
 
@@ -174,17 +267,35 @@ def length_figure(by_arm: dict[str, list[Run]]) -> Figure:
     figure = Figure(figsize=(11, 4), layout="tight")
     length_axes, short_axes = figure.subplots(1, 2)
     for index, (arm, runs) in enumerate(by_arm.items()):
-        lengths = per_step(runs, lambda line: float(np.mean(
-            [n for q in question_lines(line) for n in q["lengths"]])), rollouts=True)
-        short = per_step(runs, lambda line: float(np.mean(
-            [not passes_gate(text, GATE_CHARS) for q in question_lines(line)
-             for text in q["texts"]])), rollouts=True)
+        lengths = per_step(
+            runs,
+            lambda line: float(np.mean([n for q in question_lines(line) for n in q["lengths"]])),
+            rollouts=True,
+        )
+        short = per_step(
+            runs,
+            lambda line: float(
+                np.mean(
+                    [
+                        not passes_gate(text, GATE_CHARS)
+                        for q in question_lines(line)
+                        for text in q["texts"]
+                    ]
+                )
+            ),
+            rollouts=True,
+        )
         plot_over_steps(length_axes, lengths, arm, index)
         plot_over_steps(short_axes, 100 * short, arm, index)
-    length_axes.set(title="Mean rollout length per step", xlabel="training step",
-                    ylabel="tokens per rollout")
-    short_axes.set(title=f"Short answers (< {GATE_CHARS} chars before \\boxed, or no box)",
-                   xlabel="training step", ylabel="rollouts (%)", ylim=(-2, 102))
+    length_axes.set(
+        title="Mean rollout length per step", xlabel="training step", ylabel="tokens per rollout"
+    )
+    short_axes.set(
+        title=f"Short answers (< {GATE_CHARS} chars before \\boxed, or no box)",
+        xlabel="training step",
+        ylabel="rollouts (%)",
+        ylim=(-2, 102),
+    )
     length_axes.legend(fontsize=8)
     return figure
 
@@ -209,8 +320,14 @@ def plot_over_steps(axes, values: np.ndarray, label: str, index: int) -> None:
     axes.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
     window = min(SMOOTHING_STEPS, len(values))
     smoothed = np.convolve(values, np.ones(window) / window, mode="valid")
-    axes.plot(steps[window - 1:], smoothed, color=colour, linestyle=dash, linewidth=2,
-              label=f"{label} ({window}-step mean)")
+    axes.plot(
+        steps[window - 1 :],
+        smoothed,
+        color=colour,
+        linestyle=dash,
+        linewidth=2,
+        label=f"{label} ({window}-step mean)",
+    )
 
 
 def compute_figure(comparison: Comparison) -> Figure:
@@ -221,13 +338,23 @@ def compute_figure(comparison: Comparison) -> Figure:
     figure = Figure(figsize=(max(10, 2.2 * len(arms) + 4), 4.5), layout="tight")
     token_axes, flop_axes = figure.subplots(1, 2)
     x = np.arange(len(arms))
-    tokens = {phase: np.array([arm.mean_total(key) for arm in arms]) for phase, key in
-              (("prefill", "pref"), ("generation", "gen"), ("backward", "bwd_full"))}
-    tokens["padding"] = np.array([arm.mean_total("pad_pref") + arm.mean_total("untrim_gen")
-                                  - arm.mean_total("pref") - arm.mean_total("gen") for arm in arms])
+    tokens = {
+        phase: np.array([arm.mean_total(key) for arm in arms])
+        for phase, key in (("prefill", "pref"), ("generation", "gen"), ("backward", "bwd_full"))
+    }
+    tokens["padding"] = np.array(
+        [
+            arm.mean_total("pad_pref")
+            + arm.mean_total("untrim_gen")
+            - arm.mean_total("pref")
+            - arm.mean_total("gen")
+            for arm in arms
+        ]
+    )
     params = np.array([arm.mean_total("params") for arm in arms])
-    flops = {phase: (6 if phase == "backward" else 2) * count * params
-             for phase, count in tokens.items()}
+    flops = {
+        phase: (6 if phase == "backward" else 2) * count * params for phase, count in tokens.items()
+    }
     stack(token_axes, x, {phase: count / 1e3 for phase, count in tokens.items()}, "k")
     stack(flop_axes, x, {phase: count / 1e12 for phase, count in flops.items()}, "TFLOPs")
     token_axes.set(title="Training tokens per run (mean over seeds)", ylabel="tokens (thousands)")
@@ -235,20 +362,35 @@ def compute_figure(comparison: Comparison) -> Figure:
     for axes in (token_axes, flop_axes):
         axes.set_xticks(x, [arm.arm for arm in arms], fontsize=8, rotation=15)
         axes.set_ylim(0, 1.35 * axes.get_ylim()[1])
-    token_axes.legend(["prefill (pref)", "generation (gen)", "backward (bwd_full)",
-                       "padding + untrimmed decode"], fontsize=8, ncol=2, loc="upper left")
+    token_axes.legend(
+        ["prefill (pref)", "generation (gen)", "backward (bwd_full)", "padding + untrimmed decode"],
+        fontsize=8,
+        ncol=2,
+        loc="upper left",
+    )
     return figure
 
 
 def stack(axes, x: np.ndarray, parts: dict[str, np.ndarray], unit: str) -> None:
     bottom = np.zeros(len(x))
     for phase, values in parts.items():
-        axes.bar(x, values, bottom=bottom, color=PHASE_COLOURS[phase],
-                 hatch="//" if phase == "padding" else None)
+        axes.bar(
+            x,
+            values,
+            bottom=bottom,
+            color=PHASE_COLOURS[phase],
+            hatch="//" if phase == "padding" else None,
+        )
         bottom += values
     for xi, total in zip(x, bottom):
-        axes.annotate(f"{total:.3g} {unit}", (xi, total), textcoords="offset points",
-                      xytext=(0, 3), ha="center", fontsize=8)
+        axes.annotate(
+            f"{total:.3g} {unit}",
+            (xi, total),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=8,
+        )
 
 
 def pair_categories(by_arm: dict[str, list[Run]]) -> dict[str, dict[str, float]]:
@@ -267,7 +409,8 @@ def pair_categories(by_arm: dict[str, list[Run]]) -> dict[str, dict[str, float]]
 def tree_pairs_figure(categories: dict[str, dict[str, float]]) -> Figure:
     seen = {name for counts in categories.values() for name in counts}
     names = [name for name in PAIR_CATEGORY_ORDER if name in seen] + sorted(
-        seen - set(PAIR_CATEGORY_ORDER))
+        seen - set(PAIR_CATEGORY_ORDER)
+    )
     arms = list(categories)
     figure = Figure(figsize=(max(7, 1.6 * len(arms) + 3), 4.5), layout="tight")
     axes = figure.subplots()
@@ -285,27 +428,46 @@ def tree_pairs_figure(categories: dict[str, dict[str, float]]) -> Figure:
 # ------------------------------------------------------------------ report.md
 
 
-def report_markdown(runs: list[Run], comparison: Comparison, figures: list[tuple[str, str]],
-                    verifications) -> str:
-    arms = ", ".join(f"{arm.arm} ({len(arm.seeds)} seed{'s' if len(arm.seeds) > 1 else ''})"
-                     for arm in comparison.arms)
+def report_markdown(
+    runs: list[Run], comparison: Comparison, figures: list[tuple[str, str]], verifications
+) -> str:
+    arms = ", ".join(
+        f"{arm.arm} ({len(arm.seeds)} seed{'s' if len(arm.seeds) > 1 else ''})"
+        for arm in comparison.arms
+    )
     passed = sum(v.ok for v in verifications)
     lines = [
-        "# rlvr_fast report", "",
+        "# rlvr_fast report",
+        "",
         f"{len(runs)} runs: {arms}. Eval sets: "
         + ", ".join(f"{n} ({k} items)" for n, k in comparison.eval_sets.items())
         + f", greedy at a {comparison.eval_cap}-token cap."
-        + (f" Differences are arm minus {comparison.reference}, paired by seed and item."
-           if comparison.reference else ""), "",
+        + (
+            f" Differences are arm minus {comparison.reference}, paired by seed and item."
+            if comparison.reference
+            else ""
+        ),
+        "",
         f"`rlvr-fast verify`: {passed} of {len(verifications)} runs PASS"
-        + ("" if passed == len(verifications) else " (FAIL: " + ", ".join(
-            str(v.path) for v in verifications if not v.ok) + ")") + ".", "",
-        "## Tables", "", markdown(comparison).rstrip(), "",
+        + (
+            ""
+            if passed == len(verifications)
+            else " (FAIL: " + ", ".join(str(v.path) for v in verifications if not v.ok) + ")"
+        )
+        + ".",
+        "",
+        "## Tables",
+        "",
+        markdown(comparison).rstrip(),
+        "",
         "Accuracy: mean ± SD over seeds (per-seed values in %). AllCap: responses that hit the "
         "eval cap; IncTrunc: those graded incorrect. Tokens and TFLOPs: ledger totals per run, "
         "mean over seeds; seconds summed over the steps' phases. CIs: 4,000-resample percentile "
-        "bootstrap, two-level over seeds then items, and pooled over (seed, item) pairs.", "",
-        "## Figures", ""]
+        "bootstrap, two-level over seeds then items, and pooled over (seed, item) pairs.",
+        "",
+        "## Figures",
+        "",
+    ]
     for name, caption in figures:
         lines += [f"### {caption}", "", f"![{caption}]({name})", ""]
     lines += ["## Runs", ""] + [f"- `{run.path}`: {run.arm}, seed {run.seed}" for run in runs]

@@ -144,8 +144,13 @@ class Run:
     def evals(self, before: bool = False, *, polyak: bool = False) -> dict[str, list[dict]]:
         """NAME -> per-item grades, in the order they were written."""
         key = "evals_before" if before else "evals_polyak" if polyak else "evals"
-        return self._load(key, lambda: {name: read_jsonl(path) for name, path in
-                                        self.eval_files(before, polyak=polyak).items()})
+        return self._load(
+            key,
+            lambda: {
+                name: read_jsonl(path)
+                for name, path in self.eval_files(before, polyak=polyak).items()
+            },
+        )
 
 
 def question_lines(line: dict) -> list[dict]:

@@ -53,8 +53,11 @@ def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings)
     for kind, values in (("arm", arms), ("seed", seeds)):
         if len(set(values)) != len(values):
             raise SweepError(f"an {kind} is listed twice: {', '.join(map(str, values))}")
-    plan = [SweepRun(TrainConfig.from_arm(arm, seed=seed, **settings),
-                     out / "runs" / f"{arm}_s{seed}") for arm in arms for seed in seeds]
+    plan = [
+        SweepRun(TrainConfig.from_arm(arm, seed=seed, **settings), out / "runs" / f"{arm}_s{seed}")
+        for arm in arms
+        for seed in seeds
+    ]
     for run in plan:
         check_recorded_settings(run)
     return plan
@@ -68,17 +71,27 @@ def check_recorded_settings(run: SweepRun) -> None:
     except RunDirError as err:
         raise SweepError(str(err)) from None
     wanted = json.loads(json.dumps(run.config.to_json()))
-    differing = [key for key in sorted(set(recorded) | set(wanted))
-                 if recorded.get(key) != wanted.get(key)]
+    differing = [
+        key for key in sorted(set(recorded) | set(wanted)) if recorded.get(key) != wanted.get(key)
+    ]
     if differing:
         key = differing[0]
-        raise SweepError(f"{run.path} was trained with {key}={recorded.get(key)!r}, this sweep "
-                         f"asks for {key}={wanted.get(key)!r} (use another --out)")
+        raise SweepError(
+            f"{run.path} was trained with {key}={recorded.get(key)!r}, this sweep "
+            f"asks for {key}={wanted.get(key)!r} (use another --out)"
+        )
 
 
-def run_sweep(plan: list[SweepRun], out: Path, train_data: Sequence[Problem],
-              eval_sets: dict[str, Sequence[Problem]], load_policy: Callable[[], object], *,
-              reference: str | None = None, progress: bool = True) -> str:
+def run_sweep(
+    plan: list[SweepRun],
+    out: Path,
+    train_data: Sequence[Problem],
+    eval_sets: dict[str, Sequence[Problem]],
+    load_policy: Callable[[], object],
+    *,
+    reference: str | None = None,
+    progress: bool = True,
+) -> str:
     """Train every unfinished run of ``plan`` (a fresh policy from ``load_policy`` each), then
     write OUT/compare.{md,csv,json} and OUT/report/; returns the Markdown tables."""
     if not eval_sets:
@@ -90,8 +103,15 @@ def run_sweep(plan: list[SweepRun], out: Path, train_data: Sequence[Problem],
                 continue
             bar.set_postfix_str(f"{run.config.arm} seed {run.config.seed}")
             started = time.perf_counter()
-            trainer = RLVRTrainer(load_policy(), run.config, train_data, eval_sets,
-                                  out_dir=run.path, resume=is_run_dir(run.path), progress=False)
+            trainer = RLVRTrainer(
+                load_policy(),
+                run.config,
+                train_data,
+                eval_sets,
+                out_dir=run.path,
+                resume=is_run_dir(run.path),
+                progress=False,
+            )
             trainer.train()
             bar.write(f"{run.path}: trained in {time.perf_counter() - started:.0f} s")
             bar.update()

@@ -26,8 +26,18 @@ def render(comparison: Comparison, fmt: str) -> str:
         return markdown(comparison)
     records = arm_records(comparison) + contrast_records(comparison)
     if fmt == "json":
-        return json.dumps({"eval_sets": comparison.eval_sets, "eval_cap": comparison.eval_cap,
-                           "reference": comparison.reference, "records": records}, indent=2) + "\n"
+        return (
+            json.dumps(
+                {
+                    "eval_sets": comparison.eval_sets,
+                    "eval_cap": comparison.eval_cap,
+                    "reference": comparison.reference,
+                    "records": records,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     if fmt == "csv":
         return to_csv(records)
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -50,14 +60,21 @@ def arms_table(comparison: Comparison) -> str:
     cap = comparison.eval_cap
     header = [f"Arm (seeds = {', '.join(map(str, shared))})" if shared else "Arm (seeds)"]
     for name, items in comparison.eval_sets.items():
-        header += [f"{name} ({items}) Mean ± SD ({seeds_label})",
-                   f"{name} AllCap{cap} ({seeds_label}) / IncTrunc"]
-    header += ["Tokens k (gen [untrim] / pref [pad] / bwd_out / bwd_full)",
-               "Compute (Out / Full / PadFull TFLOPs, step s)"]
+        header += [
+            f"{name} ({items}) Mean ± SD ({seeds_label})",
+            f"{name} AllCap{cap} ({seeds_label}) / IncTrunc",
+        ]
+    header += [
+        "Tokens k (gen [untrim] / pref [pad] / bwd_out / bwd_full)",
+        "Compute (Out / Full / PadFull TFLOPs, step s)",
+    ]
     rows = []
     for arm in comparison.rows:
-        label = arm.arm if shared or arm.arm == BASE_LABEL else (
-            f"{arm.arm} ({' / '.join(map(str, arm.seeds))})")
+        label = (
+            arm.arm
+            if shared or arm.arm == BASE_LABEL
+            else (f"{arm.arm} ({' / '.join(map(str, arm.seeds))})")
+        )
         row = [label]
         for name, items in comparison.eval_sets.items():
             row += [accuracy_cell(arm, name, items), cap_cell(arm, name)]
@@ -79,8 +96,7 @@ def accuracy_cell(arm: ArmSummary, eval_set: str, items: int) -> str:
 def mean_sd_cell(values: list[float], unit: str = "") -> str:
     """'46.07% ± 2.39% (44.4 / 45.0 / 48.8)': the study's mean ± SD (per seed) form."""
     mean, sd = mean_sd(values)
-    return (f"{mean:.2f}{unit} ± {sd:.2f}{unit} (" + " / ".join(f"{v:.1f}" for v in values)
-            + ")")
+    return f"{mean:.2f}{unit} ± {sd:.2f}{unit} (" + " / ".join(f"{v:.1f}" for v in values) + ")"
 
 
 def cap_cell(arm: ArmSummary, eval_set: str) -> str:
@@ -88,17 +104,23 @@ def cap_cell(arm: ArmSummary, eval_set: str) -> str:
         return "—"
     caps = arm.per_seed(eval_set, lambda g: g.cap_hits)
     truncated = arm.per_seed(eval_set, lambda g: g.incorrect_truncated)
-    return (f"{sum(caps) / len(caps):.1f} ({'/'.join(map(str, caps))}) / "
-            f"{sum(truncated) / len(truncated):.1f}")
+    return (
+        f"{sum(caps) / len(caps):.1f} ({'/'.join(map(str, caps))}) / "
+        f"{sum(truncated) / len(truncated):.1f}"
+    )
 
 
 def tokens_cell(arm: ArmSummary) -> str:
     if not arm.totals:
         return "—"
-    k = {key: arm.mean_total(key) / 1e3 for key in
-         ("gen", "untrim_gen", "pref", "pad_pref", "bwd_out", "bwd_full")}
-    return (f"{k['gen']:.1f} [{k['untrim_gen']:.1f}] / {k['pref']:.1f} [{k['pad_pref']:.1f}] / "
-            f"{k['bwd_out']:.1f} / {k['bwd_full']:.1f}k")
+    k = {
+        key: arm.mean_total(key) / 1e3
+        for key in ("gen", "untrim_gen", "pref", "pad_pref", "bwd_out", "bwd_full")
+    }
+    return (
+        f"{k['gen']:.1f} [{k['untrim_gen']:.1f}] / {k['pref']:.1f} [{k['pad_pref']:.1f}] / "
+        f"{k['bwd_out']:.1f} / {k['bwd_full']:.1f}k"
+    )
 
 
 def compute_cell(arm: ArmSummary) -> str:
@@ -115,8 +137,14 @@ def tflops_text(value: float) -> str:
 
 
 def contrasts_table(comparison: Comparison) -> str:
-    header = ["Contrast (arm vs. reference)", "Benchmark (N)", "Per-Seed Diffs (pp)",
-              "Mean Diff", "Two-Level Seed × Item 95% CI", "Pooled Item 95% CI"]
+    header = [
+        "Contrast (arm vs. reference)",
+        "Benchmark (N)",
+        "Per-Seed Diffs (pp)",
+        "Mean Diff",
+        "Two-Level Seed × Item 95% CI",
+        "Pooled Item 95% CI",
+    ]
     rows = []
     for contrast in comparison.contrasts:
         metric = METRIC_LABELS[contrast.metric]
@@ -124,12 +152,21 @@ def contrasts_table(comparison: Comparison) -> str:
             metric += str(comparison.eval_cap)
         seeds = " / ".join(map(str, contrast.seeds))
         per_seed = " / ".join(f"{100 * d:+.2f}" for d in contrast.per_seed)
-        two_level = (ci_text(contrast.two_level_ci) if contrast.two_level_ci else
-                     f"— ({contrast.gains} gains / {contrast.losses} losses)")
-        rows.append([f"{contrast.arm} vs. {contrast.reference}: {metric}",
-                     f"{contrast.eval_set} ({comparison.eval_sets[contrast.eval_set]})",
-                     f"{per_seed} ({seeds})", f"{100 * contrast.mean:+.2f} pp", two_level,
-                     ci_text(contrast.pooled_ci)])
+        two_level = (
+            ci_text(contrast.two_level_ci)
+            if contrast.two_level_ci
+            else f"— ({contrast.gains} gains / {contrast.losses} losses)"
+        )
+        rows.append(
+            [
+                f"{contrast.arm} vs. {contrast.reference}: {metric}",
+                f"{contrast.eval_set} ({comparison.eval_sets[contrast.eval_set]})",
+                f"{per_seed} ({seeds})",
+                f"{100 * contrast.mean:+.2f} pp",
+                two_level,
+                ci_text(contrast.pooled_ci),
+            ]
+        )
     return table(header, rows)
 
 
@@ -149,18 +186,31 @@ def arm_records(comparison: Comparison) -> list[dict]:
     """One record per arm and eval set: rates as fractions, counts, ledger means over seeds."""
     records = []
     for arm in comparison.rows:
-        totals = ({key: arm.mean_total(key) for key in next(iter(arm.totals.values()))}
-                  if arm.totals else {})
+        totals = (
+            {key: arm.mean_total(key) for key in next(iter(arm.totals.values()))}
+            if arm.totals
+            else {}
+        )
         for name in arm.grades:
             accuracies = arm.per_seed(name, lambda g: g.accuracy)
             mean, sd = mean_sd(accuracies)
-            records.append({
-                "table": "arms", "arm": arm.arm, "eval_set": name,
-                "items": comparison.eval_sets[name], "seeds": arm.seeds,
-                "accuracy_mean": mean, "accuracy_sd": sd, "accuracy_per_seed": accuracies,
-                "cap_hits_per_seed": arm.per_seed(name, lambda g: g.cap_hits),
-                "incorrect_truncated_per_seed": arm.per_seed(name, lambda g: g.incorrect_truncated),
-                **{f"mean_{key}": value for key, value in totals.items()}})
+            records.append(
+                {
+                    "table": "arms",
+                    "arm": arm.arm,
+                    "eval_set": name,
+                    "items": comparison.eval_sets[name],
+                    "seeds": arm.seeds,
+                    "accuracy_mean": mean,
+                    "accuracy_sd": sd,
+                    "accuracy_per_seed": accuracies,
+                    "cap_hits_per_seed": arm.per_seed(name, lambda g: g.cap_hits),
+                    "incorrect_truncated_per_seed": arm.per_seed(
+                        name, lambda g: g.incorrect_truncated
+                    ),
+                    **{f"mean_{key}": value for key, value in totals.items()},
+                }
+            )
     return records
 
 
@@ -170,12 +220,23 @@ def contrast_records(comparison: Comparison) -> list[dict]:
 
 def contrast_record(contrast: Contrast, items: int) -> dict:
     two_level = contrast.two_level_ci or (None, None)
-    return {"table": "contrasts", "arm": contrast.arm, "reference": contrast.reference,
-            "eval_set": contrast.eval_set, "items": items, "metric": contrast.metric,
-            "seeds": contrast.seeds, "diff_per_seed": contrast.per_seed, "diff_mean": contrast.mean,
-            "two_level_ci_low": two_level[0], "two_level_ci_high": two_level[1],
-            "pooled_ci_low": contrast.pooled_ci[0], "pooled_ci_high": contrast.pooled_ci[1],
-            "item_gains": contrast.gains, "item_losses": contrast.losses}
+    return {
+        "table": "contrasts",
+        "arm": contrast.arm,
+        "reference": contrast.reference,
+        "eval_set": contrast.eval_set,
+        "items": items,
+        "metric": contrast.metric,
+        "seeds": contrast.seeds,
+        "diff_per_seed": contrast.per_seed,
+        "diff_mean": contrast.mean,
+        "two_level_ci_low": two_level[0],
+        "two_level_ci_high": two_level[1],
+        "pooled_ci_low": contrast.pooled_ci[0],
+        "pooled_ci_high": contrast.pooled_ci[1],
+        "item_gains": contrast.gains,
+        "item_losses": contrast.losses,
+    }
 
 
 def to_csv(records: list[dict]) -> str:
@@ -185,6 +246,7 @@ def to_csv(records: list[dict]) -> str:
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for record in records:
-        writer.writerow({k: ";".join(map(str, v)) if isinstance(v, list) else v
-                         for k, v in record.items()})
+        writer.writerow(
+            {k: ";".join(map(str, v)) if isinstance(v, list) else v for k, v in record.items()}
+        )
     return out.getvalue()

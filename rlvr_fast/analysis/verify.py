@@ -38,9 +38,18 @@ from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
 from rlvr_fast.credit import group_stats
 from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (LedgerError, MultiQuestionRecord, ParallelStats, StepRecord,
-                              check_conservation, flat_step_record, multi_question_step_record,
-                              parallel_step_record, read_record, tree_step_record)
+from rlvr_fast.ledger import (
+    LedgerError,
+    MultiQuestionRecord,
+    ParallelStats,
+    StepRecord,
+    check_conservation,
+    flat_step_record,
+    multi_question_step_record,
+    parallel_step_record,
+    read_record,
+    tree_step_record,
+)
 from rlvr_fast.pairs import PairCategory, TreePair
 from rlvr_fast.path_credit import outcome_utility, parallel_credit
 from rlvr_fast.shapley import MajorityVote
@@ -49,15 +58,53 @@ from rlvr_fast.trainer import TrainConfig
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
 # gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the
 # conservation laws.
-DERIVED_FIELDS = ("step", "question_id", "rewards", "sigma_r", "homogeneous", "active",
-                  "optimizer_step", "pairs", "prompt_len", "lengths", "gen", "pref", "pad_pref",
-                  "untrim_gen", "leaf", "bwd_out", "bwd_full", "max_new_tokens", "params",
-                  "stage1_lengths", "stage2_gen", "parallel", "flops_out", "flops_full",
-                  "flops_pad_full")
-MULTI_QUESTION_FIELDS = ("step", "questions", "zero_var_questions", "homogeneous", "active",
-                         "optimizer_step", "gen", "pref", "pad_pref", "untrim_gen", "leaf",
-                         "bwd_out", "bwd_full", "max_new_tokens", "params", "flops_out",
-                         "flops_full", "flops_pad_full")
+DERIVED_FIELDS = (
+    "step",
+    "question_id",
+    "rewards",
+    "sigma_r",
+    "homogeneous",
+    "active",
+    "optimizer_step",
+    "pairs",
+    "prompt_len",
+    "lengths",
+    "gen",
+    "pref",
+    "pad_pref",
+    "untrim_gen",
+    "leaf",
+    "bwd_out",
+    "bwd_full",
+    "max_new_tokens",
+    "params",
+    "stage1_lengths",
+    "stage2_gen",
+    "parallel",
+    "flops_out",
+    "flops_full",
+    "flops_pad_full",
+)
+MULTI_QUESTION_FIELDS = (
+    "step",
+    "questions",
+    "zero_var_questions",
+    "homogeneous",
+    "active",
+    "optimizer_step",
+    "gen",
+    "pref",
+    "pad_pref",
+    "untrim_gen",
+    "leaf",
+    "bwd_out",
+    "bwd_full",
+    "max_new_tokens",
+    "params",
+    "flops_out",
+    "flops_full",
+    "flops_pad_full",
+)
 REQUIRED_VERSIONS = ("rlvr_fast", "torch")
 SHOWN_FAILURES = 10
 
@@ -103,9 +150,11 @@ def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
     results = [verify_run(path) for path in find_run_dirs(paths)]
     lines = [line for result in results for line in result.lines()]
     failed = [str(result.path) for result in results if not result.ok]
-    lines.append(f"verify: {len(results) - len(failed)} of {len(results)} runs PASS in "
-                 f"{sum(r.seconds for r in results):.2f} s"
-                 + (f"; FAIL: {', '.join(failed)}" if failed else ""))
+    lines.append(
+        f"verify: {len(results) - len(failed)} of {len(results)} runs PASS in "
+        f"{sum(r.seconds for r in results):.2f} s"
+        + (f"; FAIL: {', '.join(failed)}" if failed else "")
+    )
     return lines, not failed
 
 
@@ -117,10 +166,12 @@ def verify_run(path: Path) -> RunVerification:
     checks = [config_check]
     if config is not None:
         params = run.meta["trainable_parameters"]
-        checks += [_guarded("steps", check_steps, run, config),
-                   _guarded("re-derived", check_rederived, run, config, params),
-                   _guarded("laws", check_laws, run),
-                   _guarded("evals", check_evals, run, config)]
+        checks += [
+            _guarded("steps", check_steps, run, config),
+            _guarded("re-derived", check_rederived, run, config, params),
+            _guarded("laws", check_laws, run),
+            _guarded("evals", check_evals, run, config),
+        ]
     return RunVerification(path, checks, time.perf_counter() - started)
 
 
@@ -144,16 +195,21 @@ def check_config(run: Run) -> tuple[Check, TrainConfig | None]:
         check.failures.append(f"config.json: trainable_parameters is {params!r}, not a count")
     versions = run.meta.get("versions")
     versions = versions if isinstance(versions, dict) else {}
-    check.failures += [f"config.json: version of {name} not recorded"
-                       for name in REQUIRED_VERSIONS if name not in versions]
+    check.failures += [
+        f"config.json: version of {name} not recorded"
+        for name in REQUIRED_VERSIONS
+        if name not in versions
+    ]
     if "git_commit" not in run.meta:
         check.failures.append("config.json: git_commit not recorded")
     if check.failures:
         return check, None
     commit = run.meta["git_commit"]
-    check.detail = (f"arm {config.arm}, seed {config.seed}, {config.steps} steps, P = {params:,}; "
-                    + ", ".join(f"{k} {v}" for k, v in versions.items())
-                    + f"; commit {commit[:12] if commit else 'none (not a git checkout)'}")
+    check.detail = (
+        f"arm {config.arm}, seed {config.seed}, {config.steps} steps, P = {params:,}; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + f"; commit {commit[:12] if commit else 'none (not a git checkout)'}"
+    )
     return check, config
 
 
@@ -164,19 +220,28 @@ def check_steps(run: Run, config: TrainConfig) -> Check:
         expected = list(range(len(lines)))
         if steps != expected:
             index = next(i for i, (a, b) in enumerate(zip(steps, expected)) if a != b)
-            check.failures.append(f"{name} line {index + 1}: step {steps[index]!r}, expected "
-                                  f"{expected[index]} (one line per step, in order)")
+            check.failures.append(
+                f"{name} line {index + 1}: step {steps[index]!r}, expected "
+                f"{expected[index]} (one line per step, in order)"
+            )
     if len(run.ledger) != len(run.rollouts):
-        check.failures.append(f"ledger.jsonl has {len(run.ledger)} lines, rollouts.jsonl "
-                              f"{len(run.rollouts)}")
+        check.failures.append(
+            f"ledger.jsonl has {len(run.ledger)} lines, rollouts.jsonl {len(run.rollouts)}"
+        )
     if run.finished and len(run.ledger) != finished_length(run.ledger, config):
-        target = (f" or the step of active step {config.active_steps}"
-                  if config.active_steps is not None else "")
-        check.failures.append(f"finished run: ledger.jsonl has {len(run.ledger)} lines for "
-                              f"{config.steps} steps{target}")
+        target = (
+            f" or the step of active step {config.active_steps}"
+            if config.active_steps is not None
+            else ""
+        )
+        check.failures.append(
+            f"finished run: ledger.jsonl has {len(run.ledger)} lines for "
+            f"{config.steps} steps{target}"
+        )
     if not run.finished:
-        check.failures.append(f"unfinished run: {len(run.ledger)} of {config.steps} steps, no "
-                              f"summary.json")
+        check.failures.append(
+            f"unfinished run: {len(run.ledger)} of {config.steps} steps, no summary.json"
+        )
     check.detail = f"one ledger and one rollouts line for each of {len(run.ledger)} steps"
     return check
 
@@ -202,25 +267,32 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
         multi = config.questions_per_step > 1
         try:
             expected = (rederive_multi_question_step if multi else rederive_step)(
-                rollout, recorded, config, params, active_steps)
+                rollout, recorded, config, params, active_steps
+            )
         except (KeyError, TypeError, ValueError) as err:
             check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
             continue
         active_steps += expected.active
-        graded += sum(len(q.rewards) for q in expected.questions) if multi else len(
-            expected.rewards)
-        check.failures += field_mismatches(step, recorded, expected.to_json(),
-                                           MULTI_QUESTION_FIELDS if multi else DERIVED_FIELDS)
-    tflops = [sum(line.get(key, 0) for line in run.ledger) / 1e12
-              for key in ("flops_out", "flops_full", "flops_pad_full")]
-    check.detail = (f"{len(run.ledger)} steps equal their re-derivation ({graded} rewards "
-                    f"re-graded); Out / Full / PadFull = "
-                    + " / ".join(f"{t:.4g}" for t in tflops) + " TFLOPs")
+        graded += (
+            sum(len(q.rewards) for q in expected.questions) if multi else len(expected.rewards)
+        )
+        check.failures += field_mismatches(
+            step, recorded, expected.to_json(), MULTI_QUESTION_FIELDS if multi else DERIVED_FIELDS
+        )
+    tflops = [
+        sum(line.get(key, 0) for line in run.ledger) / 1e12
+        for key in ("flops_out", "flops_full", "flops_pad_full")
+    ]
+    check.detail = (
+        f"{len(run.ledger)} steps equal their re-derivation ({graded} rewards "
+        f"re-graded); Out / Full / PadFull = " + " / ".join(f"{t:.4g}" for t in tflops) + " TFLOPs"
+    )
     return check
 
 
-def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: int,
-                  active_steps: int) -> StepRecord:
+def rederive_step(
+    rollout: dict, recorded: dict, config: TrainConfig, params: int, active_steps: int
+) -> StepRecord:
     """The ledger line step ``rollout["step"]`` should have, given ``active_steps`` backward
     steps before it. Engine counts, timings, loss and gradient norm are copied from ``recorded``:
     nothing on disk determines them."""
@@ -230,66 +302,110 @@ def rederive_step(rollout: dict, recorded: dict, config: TrainConfig, params: in
         raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
     answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
     correct = grade_many(answers, [rollout["answer"]] * len(answers))
-    executed = EngineCounters(**{f.name: recorded.get(f.name)
-                                 for f in dataclasses.fields(EngineCounters)})
-    common = dict(step=rollout["step"], question_id=rollout["question_id"],
-                  prompt_len=rollout["prompt_len"], max_new_tokens=config.max_new_tokens,
-                  params=params, loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
-                  seconds=recorded.get("seconds", {}), executed=executed)
+    executed = EngineCounters(
+        **{f.name: recorded.get(f.name) for f in dataclasses.fields(EngineCounters)}
+    )
+    common = dict(
+        step=rollout["step"],
+        question_id=rollout["question_id"],
+        prompt_len=rollout["prompt_len"],
+        max_new_tokens=config.max_new_tokens,
+        params=params,
+        loss=recorded.get("loss"),
+        grad_norm=recorded.get("grad_norm"),
+        seconds=recorded.get("seconds", {}),
+        executed=executed,
+    )
     if config.sampler == "parallel":
         return rederive_parallel_step(rollout, recorded, config, answers, correct, common)
     rewards = [float(ok) for ok in correct]
     sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
     active = not (sigma == 0 and config.skip_zero_var)
-    common.update(rewards=rewards, sigma_r=sigma, active=active,
-                  optimizer_step=active or config.zero_var_step == "zero_grad")
+    common.update(
+        rewards=rewards,
+        sigma_r=sigma,
+        active=active,
+        optimizer_step=active or config.zero_var_step == "zero_grad",
+    )
     tree_step = config.sampler == "tree" and active_steps >= config.bifurcate_after_active
     if tree_step != ("categories" in rollout):
-        raise ValueError(f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
-                         f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one")
+        raise ValueError(
+            f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
+            f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one"
+        )
     if not tree_step:
         category = PairCategory.FLAT_WARMUP if config.sampler == "tree" else PairCategory.FLAT
         return flat_step_record(lengths=lengths, category=category, **common)
     # The ledger reads only the lengths of a pair's token lists, and rollouts.jsonl keeps the
     # lengths, not the tokens: the lists below stand in with zeros of those lengths.
-    pairs = [TreePair(PairCategory(category), prefix_len, root_tokens=[0] * root,
-                      leaves=[[0] * lengths[2 * k], [0] * lengths[2 * k + 1]], finish_reasons=[])
-             for k, (category, prefix_len, root) in enumerate(zip(
-                 rollout["categories"], rollout["prefix_lens"], rollout["stage1_lengths"],
-                 strict=True))]
+    pairs = [
+        TreePair(
+            PairCategory(category),
+            prefix_len,
+            root_tokens=[0] * root,
+            leaves=[[0] * lengths[2 * k], [0] * lengths[2 * k + 1]],
+            finish_reasons=[],
+        )
+        for k, (category, prefix_len, root) in enumerate(
+            zip(
+                rollout["categories"],
+                rollout["prefix_lens"],
+                rollout["stage1_lengths"],
+                strict=True,
+            )
+        )
+    ]
     return tree_step_record(pairs=pairs, stage2_gen=rollout["stage2_gen"], **common)
 
 
-def rederive_multi_question_step(rollout: dict, recorded: dict, config: TrainConfig,
-                                 params: int, active_steps: int) -> MultiQuestionRecord:
+def rederive_multi_question_step(
+    rollout: dict, recorded: dict, config: TrainConfig, params: int, active_steps: int
+) -> MultiQuestionRecord:
     """A multi-question step: each question's sub-record re-derived as a step of its own (its
     optimizer step is the step's: any question with varying rewards, or the zero-gradient rule),
     then the step's line from them; the engine's counts, timings, loss and gradient norm are
     copied from ``recorded``."""
     if len(rollout["questions"]) != len(recorded["questions"]):
-        raise ValueError(f"rollouts.jsonl has {len(rollout['questions'])} questions, the ledger "
-                         f"{len(recorded['questions'])}")
+        raise ValueError(
+            f"rollouts.jsonl has {len(rollout['questions'])} questions, the ledger "
+            f"{len(recorded['questions'])}"
+        )
     if len(rollout["questions"]) != config.questions_per_step:
-        raise ValueError(f"{len(rollout['questions'])} questions, config.json says "
-                         f"{config.questions_per_step} per step")
-    questions = [rederive_step(dict(question, step=rollout["step"]), recorded_question, config,
-                               params, active_steps)
-                 for question, recorded_question in zip(rollout["questions"],
-                                                         recorded["questions"])]
+        raise ValueError(
+            f"{len(rollout['questions'])} questions, config.json says "
+            f"{config.questions_per_step} per step"
+        )
+    questions = [
+        rederive_step(
+            dict(question, step=rollout["step"]), recorded_question, config, params, active_steps
+        )
+        for question, recorded_question in zip(rollout["questions"], recorded["questions"])
+    ]
     active = any(q.active for q in questions)
     optimizer_step = active or config.zero_var_step == "zero_grad"
-    executed = EngineCounters(**{f.name: recorded.get(f.name)
-                                 for f in dataclasses.fields(EngineCounters)})
+    executed = EngineCounters(
+        **{f.name: recorded.get(f.name) for f in dataclasses.fields(EngineCounters)}
+    )
     return multi_question_step_record(
         step=rollout["step"],
         questions=[dataclasses.replace(q, optimizer_step=optimizer_step) for q in questions],
-        active=active, optimizer_step=optimizer_step, executed=executed,
-        loss=recorded.get("loss"), grad_norm=recorded.get("grad_norm"),
-        seconds=recorded.get("seconds", {}))
+        active=active,
+        optimizer_step=optimizer_step,
+        executed=executed,
+        loss=recorded.get("loss"),
+        grad_norm=recorded.get("grad_norm"),
+        seconds=recorded.get("seconds", {}),
+    )
 
 
-def rederive_parallel_step(rollout: dict, recorded: dict, config: TrainConfig,
-                           answers: list, correct: list[bool], common: dict) -> StepRecord:
+def rederive_parallel_step(
+    rollout: dict,
+    recorded: dict,
+    config: TrainConfig,
+    answers: list,
+    correct: list[bool],
+    common: dict,
+) -> StepRecord:
     """A parallel-path step: the paths' and summaries' grades re-derived from their texts,
     r_out by the aggregator, and, for every deterministic credit (exact Shapley,
     leave-one-out, independent), phi and the path returns recomputed by the trainer's own
@@ -299,43 +415,63 @@ def rederive_parallel_step(rollout: dict, recorded: dict, config: TrainConfig,
     details = rollout["parallel"]
     k = config.num_paths
     summary_texts = details["summary_texts"]
-    summary_correct = grade_many([final_answer(text) for text in summary_texts],
-                                 [rollout["answer"]] * len(summary_texts))
+    summary_correct = grade_many(
+        [final_answer(text) for text in summary_texts], [rollout["answer"]] * len(summary_texts)
+    )
     groups = [slice(r * k, (r + 1) * k) for r in range(len(answers) // k)]
-    r_out = ([float(ok) for ok in summary_correct] if summary_texts else
-             [MajorityVote(answers[g], correct[g]).value((1 << k) - 1) for g in groups])
+    r_out = (
+        [float(ok) for ok in summary_correct]
+        if summary_texts
+        else [MajorityVote(answers[g], correct[g]).value((1 << k) - 1) for g in groups]
+    )
     stats = ParallelStats(**dict(recorded["parallel"], r_out=r_out))
     rewards, sigma = recorded["rewards"], recorded["sigma_r"]
     homogeneous = recorded["homogeneous"]
     monte_carlo = config.path_credit == "shapley" and config.shapley_permutations > 0
     if not monte_carlo and config.path_utility != "judge":
         credit = parallel_credit(
-            [outcome_utility(config.path_utility, answers[g], correct[g]) for g in groups], r_out,
-            k, method=config.path_credit, norm=config.path_reward_norm,
-            lambda_outcome=config.lambda_outcome, lambda_path=config.lambda_path,
-            summaries=bool(summary_texts))
-        stats = dataclasses.replace(stats, phi=credit.phi,
-                                    summary_rewards=credit.summary_returns.tolist(),
-                                    utility_full=[a.full for a in credit.attributions],
-                                    utility_empty=[a.empty for a in credit.attributions])
+            [outcome_utility(config.path_utility, answers[g], correct[g]) for g in groups],
+            r_out,
+            k,
+            method=config.path_credit,
+            norm=config.path_reward_norm,
+            lambda_outcome=config.lambda_outcome,
+            lambda_path=config.lambda_path,
+            summaries=bool(summary_texts),
+        )
+        stats = dataclasses.replace(
+            stats,
+            phi=credit.phi,
+            summary_rewards=credit.summary_returns.tolist(),
+            utility_full=[a.full for a in credit.attributions],
+            utility_empty=[a.empty for a in credit.attributions],
+        )
         rewards, sigma, homogeneous = credit.path_returns.tolist(), credit.sigma, credit.homogeneous
     active = not (homogeneous and config.skip_zero_var)
     return parallel_step_record(
-        rewards=rewards, sigma_r=sigma, homogeneous=homogeneous, active=active,
-        optimizer_step=active or config.zero_var_step == "zero_grad", lengths=rollout["lengths"],
-        parallel=stats, **common)
+        rewards=rewards,
+        sigma_r=sigma,
+        homogeneous=homogeneous,
+        active=active,
+        optimizer_step=active or config.zero_var_step == "zero_grad",
+        lengths=rollout["lengths"],
+        parallel=stats,
+        **common,
+    )
 
 
-def field_mismatches(step, recorded: dict, expected: dict,
-                     names: tuple[str, ...] = DERIVED_FIELDS, prefix: str = "") -> list[str]:
+def field_mismatches(
+    step, recorded: dict, expected: dict, names: tuple[str, ...] = DERIVED_FIELDS, prefix: str = ""
+) -> list[str]:
     """One line per derived field whose recorded value differs: step, field (with the first
     differing index of a list, or the differing fields of a section), recorded and re-derived
     value."""
     mismatches = []
     for name in names:
         if name not in recorded:
-            mismatches.append(f"step {step} {prefix}{name}: not recorded, re-derived "
-                              f"{expected[name]!r}")
+            mismatches.append(
+                f"step {step} {prefix}{name}: not recorded, re-derived {expected[name]!r}"
+            )
             continue
         have, want = recorded[name], expected[name]
         if have == want:
@@ -366,8 +502,9 @@ def check_laws(run: Run) -> Check:
         questions = record.questions if isinstance(record, MultiQuestionRecord) else [record]
         for pair in (pair for question in questions for pair in question.pairs):
             categories[pair[6]] = categories.get(pair[6], 0) + 1
-    check.detail = (f"{len(run.ledger)} lines conserve tokens; pairs: "
-                    + ", ".join(f"{n} {c}" for c, n in sorted(categories.items())))
+    check.detail = f"{len(run.ledger)} lines conserve tokens; pairs: " + ", ".join(
+        f"{n} {c}" for c, n in sorted(categories.items())
+    )
     return check
 
 
@@ -376,8 +513,11 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
     cap = config.eval_max_new_tokens
     counted = []
     summary = run.summary or {}
-    for before, polyak, summary_key in ((True, False, "eval_before"), (False, False, "eval_after"),
-                                        (False, True, "eval_polyak")):
+    for before, polyak, summary_key in (
+        (True, False, "eval_before"),
+        (False, False, "eval_after"),
+        (False, True, "eval_polyak"),
+    ):
         evals = run.evals(before, polyak=polyak)
         label = "evals/before/" if before else "evals/polyak/" if polyak else "evals/"
         for name, items in evals.items():
@@ -385,12 +525,19 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
             check.failures += eval_file_mismatches(where, items, cap)
             counted.append(f"{where} {len(items)}")
             if name in summary.get(summary_key, {}):
-                check.failures += summary_mismatches(f"summary.json {summary_key}.{name}",
-                                                     summary[summary_key][name], items)
-        check.failures += [f"summary.json {summary_key}.{name}: no {label}{name}.jsonl"
-                           for name in summary.get(summary_key, {}) if name not in evals]
-    check.detail = ("items re-graded from their responses: " + ", ".join(counted)
-                    if counted else "no evaluations saved")
+                check.failures += summary_mismatches(
+                    f"summary.json {summary_key}.{name}", summary[summary_key][name], items
+                )
+        check.failures += [
+            f"summary.json {summary_key}.{name}: no {label}{name}.jsonl"
+            for name in summary.get(summary_key, {})
+            if name not in evals
+        ]
+    check.detail = (
+        "items re-graded from their responses: " + ", ".join(counted)
+        if counted
+        else "no evaluations saved"
+    )
     return check
 
 
@@ -405,7 +552,8 @@ def eval_file_mismatches(where: str, items: list[dict], cap: int) -> list[str]:
         return [f"{where}: cannot re-grade ({_describe(err)})"]
     mismatches = []
     for number, (item, response, answer, correct) in enumerate(
-            zip(items, responses, extracted, grade_many(extracted, answers)), start=1):
+        zip(items, responses, extracted, grade_many(extracted, answers)), start=1
+    ):
         derived = {"extracted": answer, "correct": correct, "derivation": passes_gate(response)}
         mismatches += item_mismatches(f"{where}:{number}", item, derived, cap)
     return mismatches
@@ -418,20 +566,31 @@ def item_mismatches(where: str, item: dict, derived: dict, cap: int) -> list[str
     except KeyError as err:
         return [f"{where}: cannot re-grade ({_describe(err)})"]
     item_id = item.get("id")
-    mismatches = [f"{where} item {item_id} {name}: recorded {recorded[name]!r}, re-graded "
-                  f"{value!r}" for name, value in derived.items() if recorded[name] != value]
+    mismatches = [
+        f"{where} item {item_id} {name}: recorded {recorded[name]!r}, re-graded {value!r}"
+        for name, value in derived.items()
+        if recorded[name] != value
+    ]
     if not 0 <= length <= cap or (cap_hit and length != cap):
-        mismatches.append(f"{where} item {item_id} length: recorded {length} with cap_hit "
-                          f"{cap_hit}, the cap is {cap}")
+        mismatches.append(
+            f"{where} item {item_id} length: recorded {length} with cap_hit "
+            f"{cap_hit}, the cap is {cap}"
+        )
     return mismatches
 
 
 def summary_mismatches(where: str, summary: dict, items: list[dict]) -> list[str]:
-    recount = {"items": len(items), "correct": sum(bool(i.get("correct")) for i in items),
-               "cap_hits": sum(bool(i.get("cap_hit")) for i in items)}
+    recount = {
+        "items": len(items),
+        "correct": sum(bool(i.get("correct")) for i in items),
+        "cap_hits": sum(bool(i.get("cap_hit")) for i in items),
+    }
     recount["accuracy"] = recount["correct"] / len(items) if items else None
-    return [f"{where}.{name}: recorded {summary.get(name)!r}, recounted {value!r}"
-            for name, value in recount.items() if summary.get(name) != value]
+    return [
+        f"{where}.{name}: recorded {summary.get(name)!r}, recounted {value!r}"
+        for name, value in recount.items()
+        if summary.get(name) != value
+    ]
 
 
 def _describe(err: Exception) -> str:

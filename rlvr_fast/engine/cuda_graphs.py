@@ -28,24 +28,28 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, storage: PagedKVStorage, backend: str, *, max_batch: int,
-                 table_width: int) -> None:
+    def __init__(
+        self, model, storage: PagedKVStorage, backend: str, *, max_batch: int, table_width: int
+    ) -> None:
         self.model = model
         self.storage = storage
         self.backend = backend
         self.buckets = batch_buckets(max_batch)
         device = storage.data.device
         self.inputs = torch.zeros((4, max_batch), dtype=torch.long, device=device)
-        self.block_tables = torch.full((max_batch, table_width), storage.scratch_block,
-                                       dtype=torch.int32, device=device)
+        self.block_tables = torch.full(
+            (max_batch, table_width), storage.scratch_block, dtype=torch.int32, device=device
+        )
         self.temperature = torch.ones((), device=device)
         self.top_p = torch.ones((), device=device)
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     def fits(self, inputs) -> bool:
-        return (inputs.rows <= self.buckets[-1]
-                and inputs.block_tables.shape[1] <= self.block_tables.shape[1])
+        return (
+            inputs.rows <= self.buckets[-1]
+            and inputs.block_tables.shape[1] <= self.block_tables.shape[1]
+        )
 
     def run(self, inputs, params: SamplingParams) -> torch.Tensor:
         """Token ids [R] drawn after one decode pass of ``inputs`` (a ``DecodeInputs``)."""
@@ -71,12 +75,22 @@ class DecodeGraphs:
     def _step(self, bucket: int, greedy: bool) -> torch.Tensor:
         positions = self.inputs[POSITIONS, :bucket]
         context = ForwardContext(
-            positions=positions[:, None], kv_cache=self.storage.layers,
-            slot_mapping=self.inputs[SLOTS, :bucket], context_lens=positions[:, None] + 1,
-            block_tables=self.block_tables[:bucket], backend=self.backend)
+            positions=positions[:, None],
+            kv_cache=self.storage.layers,
+            slot_mapping=self.inputs[SLOTS, :bucket],
+            context_lens=positions[:, None] + 1,
+            block_tables=self.block_tables[:bucket],
+            backend=self.backend,
+        )
         logits = self.model.infer(self.inputs[TOKEN_IDS, :bucket, None], context)
-        return sample_tokens(logits, self.inputs[SEEDS, :bucket], positions + 1, self.temperature,
-                             self.top_p, greedy=greedy)
+        return sample_tokens(
+            logits,
+            self.inputs[SEEDS, :bucket],
+            positions + 1,
+            self.temperature,
+            self.top_p,
+            greedy=greedy,
+        )
 
     def _capture(self, bucket: int, greedy: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up runs execute for real: point every row at the scratch slot first.

@@ -37,8 +37,14 @@ from rlvr_fast.engine.cuda_graphs import DecodeGraphs
 from rlvr_fast.engine.kv_storage import PagedKVStorage, plan_num_blocks
 from rlvr_fast.engine.model_runner import ModelRunner
 from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler
-from rlvr_fast.engine.sequence import (FINISH_CAP, FINISH_EOS, FINISH_STOP, Sequence, Status,
-                                       StopRule)
+from rlvr_fast.engine.sequence import (
+    FINISH_CAP,
+    FINISH_EOS,
+    FINISH_STOP,
+    Sequence,
+    Status,
+    StopRule,
+)
 from rlvr_fast.engine.token_sampler import SamplingParams
 from rlvr_fast.ops.paged_attention import default_backend
 
@@ -50,35 +56,60 @@ class RolloutEngine:
     ``max_position_embeddings``, at most 16,384); ``max_prefill_tokens``: the most pending
     tokens one prefill pass admits."""
 
-    def __init__(self, model, *, kv_blocks: int | None = None, kv_memory_fraction: float = 0.5,
-                 block_size: int = 16, max_batch: int = 256, cuda_graphs: bool = True,
-                 eos_token_ids: Iterable[int] = (), max_model_len: int | None = None,
-                 max_prefill_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        model,
+        *,
+        kv_blocks: int | None = None,
+        kv_memory_fraction: float = 0.5,
+        block_size: int = 16,
+        max_batch: int = 256,
+        cuda_graphs: bool = True,
+        eos_token_ids: Iterable[int] = (),
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+    ) -> None:
         from rlvr_fast._C import BlockManager  # built by setup.py; imported on first use
 
         config = model.config
         max_model_len = max_model_len or min(config.max_position_embeddings, 16384)
-        _check_settings(kv_blocks, kv_memory_fraction, block_size, max_batch, max_model_len,
-                        max_prefill_tokens)
+        _check_settings(
+            kv_blocks, kv_memory_fraction, block_size, max_batch, max_model_len, max_prefill_tokens
+        )
         weight = model.lm_head.weight
         self.model = model
         self.device, self.dtype = weight.device, weight.dtype
         self.eos_token_ids = frozenset(eos_token_ids)
         blocks_per_sequence = -(-max_model_len // block_size)
         num_blocks = kv_blocks or plan_num_blocks(
-            config, block_size=block_size, dtype=self.dtype, device=self.device,
-            fraction=kv_memory_fraction, most=max_batch * (blocks_per_sequence + 1))
-        self.storage = PagedKVStorage(config, num_blocks, block_size, dtype=self.dtype,
-                                      device=self.device)
+            config,
+            block_size=block_size,
+            dtype=self.dtype,
+            device=self.device,
+            fraction=kv_memory_fraction,
+            most=max_batch * (blocks_per_sequence + 1),
+        )
+        self.storage = PagedKVStorage(
+            config, num_blocks, block_size, dtype=self.dtype, device=self.device
+        )
         self.manager = BlockManager(num_blocks, block_size)
         self.backend = default_backend(self.device, self.dtype)
-        graphs = (DecodeGraphs(model, self.storage, self.backend, max_batch=max_batch,
-                               table_width=blocks_per_sequence)
-                  if cuda_graphs and self.device.type == "cuda" else None)
+        graphs = (
+            DecodeGraphs(
+                model,
+                self.storage,
+                self.backend,
+                max_batch=max_batch,
+                table_width=blocks_per_sequence,
+            )
+            if cuda_graphs and self.device.type == "cuda"
+            else None
+        )
         self.runner = ModelRunner(model, self.storage, self.manager, self.backend, graphs)
         self.counters = EngineCounters()
-        self.scheduler = Scheduler(self.manager, self.counters, max_batch=max_batch,
-                                   max_prefill_tokens=max_prefill_tokens)
+        self.scheduler = Scheduler(
+            self.manager, self.counters, max_batch=max_batch, max_prefill_tokens=max_prefill_tokens
+        )
         self._windows: list[EngineCounters] = []
 
     @classmethod
@@ -87,13 +118,25 @@ class RolloutEngine:
         return cls(policy.model, eos_token_ids=policy.tokenizer.eos_token_ids, **settings)
 
     # ------------------------------------------------------------------ sequences
-    def add(self, prompt_ids: Seq[int], *, seed: int | None = None,
-            max_new_tokens: int | None = None, stop: StopRule | None = None,
-            keep_cache: bool = False) -> Sequence:
+    def add(
+        self,
+        prompt_ids: Seq[int],
+        *,
+        seed: int | None = None,
+        max_new_tokens: int | None = None,
+        stop: StopRule | None = None,
+        keep_cache: bool = False,
+    ) -> Sequence:
         """A sequence of ``prompt_ids`` (nothing runs until it is forked or run)."""
         prompt = self._checked_tokens(prompt_ids, "add")
-        return Sequence(prompt, len(prompt), seed=seed, max_new_tokens=max_new_tokens, stop=stop,
-                        keep_cache=keep_cache)
+        return Sequence(
+            prompt,
+            len(prompt),
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            keep_cache=keep_cache,
+        )
 
     def _checked_tokens(self, token_ids: Seq[int], op: str) -> list[int]:
         tokens = [int(t) for t in token_ids]
@@ -103,16 +146,26 @@ class RolloutEngine:
             raise ValueError(f"{op}: token ids must lie in [0, {self.model.config.vocab_size})")
         return tokens
 
-    def fork(self, seq: Sequence, num_tokens: int | None = None, n: int = 1, *,
-             seeds: Seq[int] | None = None, max_new_tokens: int | None = None,
-             stop: StopRule | None = None, keep_cache: bool = False) -> list[Sequence]:
+    def fork(
+        self,
+        seq: Sequence,
+        num_tokens: int | None = None,
+        n: int = 1,
+        *,
+        seeds: Seq[int] | None = None,
+        max_new_tokens: int | None = None,
+        stop: StopRule | None = None,
+        keep_cache: bool = False,
+    ) -> list[Sequence]:
         """``n`` new sequences whose tokens are the first ``num_tokens`` (default all) of
         ``seq``; their completions start there. A prompt not yet run is prefilled now, once."""
         total = len(seq.token_ids)
         num_tokens = total if num_tokens is None else num_tokens
         if not 1 <= num_tokens <= total or n < 1:
-            raise ValueError(f"fork: need 1 <= num_tokens <= {total} and n >= 1, "
-                             f"got num_tokens={num_tokens}, n={n}")
+            raise ValueError(
+                f"fork: need 1 <= num_tokens <= {total} and n >= 1, "
+                f"got num_tokens={num_tokens}, n={n}"
+            )
         if seq.status in (Status.WAITING, Status.RUNNING):
             raise ValueError("fork: the sequence is being run")
         if seeds is not None and len(seeds) != n:
@@ -123,11 +176,17 @@ class RolloutEngine:
         shared = num_tokens if whole else num_tokens - 1
         children = []
         for i in range(n):
-            child = Sequence(seq.token_ids[:num_tokens], num_tokens,
-                             seed=None if seeds is None else seeds[i],
-                             max_new_tokens=max_new_tokens, stop=stop, keep_cache=keep_cache,
-                             num_cached=shared, block_id=self.manager.fork(seq.block_id, shared),
-                             logits=seq.logits if whole else None)
+            child = Sequence(
+                seq.token_ids[:num_tokens],
+                num_tokens,
+                seed=None if seeds is None else seeds[i],
+                max_new_tokens=max_new_tokens,
+                stop=stop,
+                keep_cache=keep_cache,
+                num_cached=shared,
+                block_id=self.manager.fork(seq.block_id, shared),
+                logits=seq.logits if whole else None,
+            )
             children.append(child)
         return children
 
@@ -152,9 +211,10 @@ class RolloutEngine:
         todo = [seq for seq in seqs if not seq.holds_logits]
         while todo:
             batch = self._prefill_batch(todo)
-            todo = todo[len(batch):]
-            copies, slots = self.manager.append_many([seq.block_id for seq in batch],
-                                                     [seq.num_pending for seq in batch])
+            todo = todo[len(batch) :]
+            copies, slots = self.manager.append_many(
+                [seq.block_id for seq in batch], [seq.num_pending for seq in batch]
+            )
             self.counters.prefill_run += sum(seq.num_pending for seq in batch)
             self.counters.block_copies += len(copies)
             self._track_peak()
@@ -175,8 +235,10 @@ class RolloutEngine:
         batch, tokens, reserved = [], 0, 0
         for seq in todo:
             needed = self.scheduler.blocks_needed(seq)
-            if batch and (tokens + seq.num_pending > self.scheduler.max_prefill_tokens
-                          or reserved + needed > self.manager.num_free_blocks()):
+            if batch and (
+                tokens + seq.num_pending > self.scheduler.max_prefill_tokens
+                or reserved + needed > self.manager.num_free_blocks()
+            ):
                 break
             if needed > self.manager.num_free_blocks():
                 raise OutOfBlocksError(self.scheduler.no_room_message(seq, needed))
@@ -196,9 +258,14 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
-    def run(self, seqs: Iterable[Sequence], params: SamplingParams, *,
-            generator: torch.Generator | None = None,
-            on_finish: Callable[[Sequence], None] | None = None) -> list[Sequence]:
+    def run(
+        self,
+        seqs: Iterable[Sequence],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+        on_finish: Callable[[Sequence], None] | None = None,
+    ) -> list[Sequence]:
         """Generate until every sequence finishes (see the module docstring); returns them.
 
         Sequences without a seed get one drawn from ``generator`` (torch's default generator
@@ -206,8 +273,10 @@ class RolloutEngine:
         seqs = list(seqs)
         for seq in seqs:
             if seq.status != Status.IDLE:
-                raise ValueError(f"run: a sequence must be new (from add or fork), "
-                                 f"got one that is {seq.status.value}")
+                raise ValueError(
+                    f"run: a sequence must be new (from add or fork), "
+                    f"got one that is {seq.status.value}"
+                )
             budget = seq.max_new_tokens or params.max_new_tokens
             if budget < 1:
                 raise ValueError(f"run: a sequence's max_new_tokens must be >= 1, got {budget}")
@@ -317,13 +386,16 @@ def _nvtx_range(name: str):
             torch.cuda.nvtx.range_pop()
 
 
-def _check_settings(kv_blocks, fraction, block_size, max_batch, max_model_len,
-                    max_prefill_tokens) -> None:
+def _check_settings(
+    kv_blocks, fraction, block_size, max_batch, max_model_len, max_prefill_tokens
+) -> None:
     checks = [
         (kv_blocks is None or kv_blocks >= 1, f"kv_blocks must be >= 1, got {kv_blocks}"),
         (0 < fraction <= 1, f"kv_memory_fraction must be in (0, 1], got {fraction}"),
-        (block_size >= 1 and block_size & (block_size - 1) == 0,
-         f"block_size must be a power of two, got {block_size}"),
+        (
+            block_size >= 1 and block_size & (block_size - 1) == 0,
+            f"block_size must be a power of two, got {block_size}",
+        ),
         (max_batch >= 1, f"max_batch must be >= 1, got {max_batch}"),
         (max_model_len >= 1, f"max_model_len must be >= 1, got {max_model_len}"),
         (max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}"),

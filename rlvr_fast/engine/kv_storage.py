@@ -18,8 +18,14 @@ from rlvr_fast.models.context import LayerCache
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
-    return (config.num_hidden_layers * 2 * block_size * config.num_key_value_heads
-            * config.head_dim * element)
+    return (
+        config.num_hidden_layers
+        * 2
+        * block_size
+        * config.num_key_value_heads
+        * config.head_dim
+        * element
+    )
 
 
 def memory_budget(device: torch.device, fraction: float) -> int:
@@ -32,28 +38,55 @@ def memory_budget(device: torch.device, fraction: float) -> int:
     return int(available * fraction)
 
 
-def plan_num_blocks(config: ModelConfig, *, block_size: int, dtype: torch.dtype,
-                    device: torch.device, fraction: float, most: int) -> int:
+def plan_num_blocks(
+    config: ModelConfig,
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    fraction: float,
+    most: int,
+) -> int:
     """Blocks that fit the budget, at most ``most`` (what the engine could ever hold at once)."""
     fits = memory_budget(device, fraction) // bytes_per_block(config, block_size, dtype)
     if fits < 1:
-        raise RuntimeError(f"no room for a single KV block on {device} (kv_memory_fraction "
-                           f"{fraction}); free memory or pass kv_blocks")
+        raise RuntimeError(
+            f"no room for a single KV block on {device} (kv_memory_fraction "
+            f"{fraction}); free memory or pass kv_blocks"
+        )
     return int(min(fits, most))
 
 
 class PagedKVStorage:
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, *,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.data = torch.empty((config.num_hidden_layers, 2, num_blocks + 1, block_size,
-                                 config.num_key_value_heads, config.head_dim),
-                                dtype=dtype, device=device)
+        self.data = torch.empty(
+            (
+                config.num_hidden_layers,
+                2,
+                num_blocks + 1,
+                block_size,
+                config.num_key_value_heads,
+                config.head_dim,
+            ),
+            dtype=dtype,
+            device=device,
+        )
         self.data[:, :, num_blocks].zero_()
         slots_shape = (-1,) + tuple(self.data.shape[-2:])
-        self.layers = [LayerCache(keys, values, keys.view(slots_shape), values.view(slots_shape))
-                       for keys, values in zip(self.data[:, 0], self.data[:, 1])]
+        self.layers = [
+            LayerCache(keys, values, keys.view(slots_shape), values.view(slots_shape))
+            for keys, values in zip(self.data[:, 0], self.data[:, 1])
+        ]
 
     @property
     def scratch_block(self) -> int:

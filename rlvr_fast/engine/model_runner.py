@@ -39,7 +39,7 @@ class ModelRunner:
         width = int(counts.max())
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         for row, seq in enumerate(rows):
-            ids[row, :seq.num_pending] = torch.tensor(seq.token_ids[seq.num_cached:])
+            ids[row, : seq.num_pending] = torch.tensor(seq.token_ids[seq.num_cached :])
         offsets = torch.arange(width)
         valid = offsets[None, :] < counts[:, None]
         # Padding queries repeat their row's last position, so each sees >= 1 cached key.
@@ -48,12 +48,15 @@ class ModelRunner:
         slot_mapping[valid.flatten()] = batch.slots
         fresh = bool((starts == 0).all())
         context = ForwardContext(
-            positions=self._to_device(positions), kv_cache=self.storage.layers,
+            positions=self._to_device(positions),
+            kv_cache=self.storage.layers,
             slot_mapping=self._to_device(slot_mapping),
             context_lens=None if fresh else self._to_device(positions + 1),
-            block_tables=None if fresh else self._tables(rows), fresh=fresh,
+            block_tables=None if fresh else self._tables(rows),
+            fresh=fresh,
             backend=self.backend,
-            logits_index=self._to_device(torch.arange(len(rows)) * width + counts - 1))
+            logits_index=self._to_device(torch.arange(len(rows)) * width + counts - 1),
+        )
         logits = self.model.infer(self._to_device(ids), context)
         for seq in rows:
             seq.num_cached = len(seq.token_ids)
@@ -66,9 +69,10 @@ class ModelRunner:
         inputs = DecodeInputs(
             token_ids=torch.tensor([seq.token_ids[-1] for seq in rows]),
             positions=torch.tensor([len(seq.token_ids) - 1 for seq in rows]),
-            slots=batch.slots, block_tables=self.manager.block_tables(
-                [seq.block_id for seq in rows], 0),
-            seeds=seeds_of(rows))
+            slots=batch.slots,
+            block_tables=self.manager.block_tables([seq.block_id for seq in rows], 0),
+            seeds=seeds_of(rows),
+        )
         for seq in rows:
             seq.num_cached = len(seq.token_ids)
         if self.graphs is not None and self.graphs.fits(inputs):
@@ -78,21 +82,38 @@ class ModelRunner:
     def decode_eager(self, inputs: "DecodeInputs", params: SamplingParams) -> torch.Tensor:
         positions = self._to_device(inputs.positions)
         context = ForwardContext(
-            positions=positions[:, None], kv_cache=self.storage.layers,
-            slot_mapping=self._to_device(inputs.slots), context_lens=positions[:, None] + 1,
-            block_tables=self._to_device(inputs.block_tables), backend=self.backend)
+            positions=positions[:, None],
+            kv_cache=self.storage.layers,
+            slot_mapping=self._to_device(inputs.slots),
+            context_lens=positions[:, None] + 1,
+            block_tables=self._to_device(inputs.block_tables),
+            backend=self.backend,
+        )
         logits = self.model.infer(self._to_device(inputs.token_ids)[:, None], context)
-        return sample_tokens(logits, self._to_device(inputs.seeds), positions + 1,
-                             params.temperature, params.top_p, greedy=params.is_greedy,
-                             backend=self.sampler)
+        return sample_tokens(
+            logits,
+            self._to_device(inputs.seeds),
+            positions + 1,
+            params.temperature,
+            params.top_p,
+            greedy=params.is_greedy,
+            backend=self.sampler,
+        )
 
-    def draw(self, logits: torch.Tensor, rows: list[Sequence], params: SamplingParams
-             ) -> torch.Tensor:
+    def draw(
+        self, logits: torch.Tensor, rows: list[Sequence], params: SamplingParams
+    ) -> torch.Tensor:
         """Next tokens [R] of rows whose next-token logits [R, V] are known."""
         positions = torch.tensor([len(seq.token_ids) for seq in rows])
-        return sample_tokens(logits, self._to_device(seeds_of(rows)), self._to_device(positions),
-                             params.temperature, params.top_p, greedy=params.is_greedy,
-                             backend=self.sampler)
+        return sample_tokens(
+            logits,
+            self._to_device(seeds_of(rows)),
+            self._to_device(positions),
+            params.temperature,
+            params.top_p,
+            greedy=params.is_greedy,
+            backend=self.sampler,
+        )
 
     def _tables(self, rows: list[Sequence]) -> torch.Tensor:
         return self._to_device(self.manager.block_tables([seq.block_id for seq in rows], 0))

@@ -42,8 +42,9 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, manager, counters: EngineCounters, *, max_batch: int,
-                 max_prefill_tokens: int) -> None:
+    def __init__(
+        self, manager, counters: EngineCounters, *, max_batch: int, max_prefill_tokens: int
+    ) -> None:
         self.manager = manager
         self.counters = counters
         self.max_batch = max_batch
@@ -64,8 +65,9 @@ class Scheduler:
         drawn = [seq for seq in admitted if seq.holds_logits]
         prefill = [seq for seq in admitted if seq.num_pending > 1 or seq.num_cached == 0]
         if prefill:
-            copies, slots = self.manager.append_many([seq.block_id for seq in prefill],
-                                                     [seq.num_pending for seq in prefill])
+            copies, slots = self.manager.append_many(
+                [seq.block_id for seq in prefill], [seq.num_pending for seq in prefill]
+            )
             return Batch("prefill", prefill, drawn, slots, copies)
         rows = self._make_room([seq for seq in self.running if seq.num_pending == 1])
         if not rows:
@@ -126,10 +128,12 @@ class Scheduler:
     def no_room_message(self, seq: Sequence, needed: int) -> str:
         total = self.manager.num_blocks
         held = total - self.manager.num_free_blocks()
-        where = (f"; {held} are held by sequences outside this run (free them)" if held else "")
-        return (f"out of KV blocks: a sequence of {len(seq.token_ids)} tokens needs {needed} more "
-                f"blocks of {self.manager.block_size} tokens and the engine has {total}{where}; "
-                f"raise kv_blocks or kv_memory_fraction")
+        where = f"; {held} are held by sequences outside this run (free them)" if held else ""
+        return (
+            f"out of KV blocks: a sequence of {len(seq.token_ids)} tokens needs {needed} more "
+            f"blocks of {self.manager.block_size} tokens and the engine has {total}{where}; "
+            f"raise kv_blocks or kv_memory_fraction"
+        )
 
     # ------------------------------------------------------------------ decode room
     def _make_room(self, rows: list[Sequence]) -> list[Sequence]:

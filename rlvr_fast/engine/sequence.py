@@ -25,8 +25,8 @@ StopRule = Callable[[int, int], bool]
 
 
 class Status(Enum):
-    IDLE = "idle"          # added or forked, not in a run
-    WAITING = "waiting"    # in a run, not admitted (or preempted)
+    IDLE = "idle"  # added or forked, not in a run
+    WAITING = "waiting"  # in a run, not admitted (or preempted)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -51,7 +51,7 @@ class Sequence:
 
     @property
     def completion(self) -> list[int]:
-        return self.token_ids[self.start:]
+        return self.token_ids[self.start :]
 
     @property
     def num_generated(self) -> int:

@@ -79,8 +79,9 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, width: int) -> t
 
     seeds, positions [B] int64 on the device that gets the noise."""
     key = seeds * _SEED_MULTIPLIER + positions * _POSITION_MULTIPLIER
-    bits = _logical_shift_right(_mix(key[:, None] + _rank_keys(width, seeds.device)),
-                                64 - _UNIFORM_BITS)
+    bits = _logical_shift_right(
+        _mix(key[:, None] + _rank_keys(width, seeds.device)), 64 - _UNIFORM_BITS
+    )
     return (bits.float() + 0.5) * (1.0 / 2**_UNIFORM_BITS)
 
 
@@ -95,13 +96,21 @@ def top_p_probs(logits: torch.Tensor, temperature, top_p) -> tuple[torch.Tensor,
 
 
 def default_sampler_backend(device: torch.device) -> str:
-    """"cpp" on CPU (one C++ call per step, ``csrc/sampling.cpp``), else "torch" (the
+    """ "cpp" on CPU (one C++ call per step, ``csrc/sampling.cpp``), else "torch" (the
     reference's device ops, which a CUDA graph captures)."""
     return "cpp" if device.type == "cpu" else "torch"
 
 
-def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                  temperature, top_p, *, greedy: bool, backend: str = "torch") -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    temperature,
+    top_p,
+    *,
+    greedy: bool,
+    backend: str = "torch",
+) -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64, on logits' device).
 
     ``seeds`` [B] int64 is each sequence's stream and ``positions`` [B] int64 the index in the
@@ -117,8 +126,9 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     return sample_tokens_reference(logits, seeds, positions, temperature, top_p)
 
 
-def sample_tokens_reference(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                            temperature, top_p) -> torch.Tensor:
+def sample_tokens_reference(
+    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature, top_p
+) -> torch.Tensor:
     """The sampled draw in torch ops, the definition the C++ version follows."""
     kept, ids = top_p_probs(logits, temperature, top_p)
     exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))

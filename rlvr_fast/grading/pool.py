@@ -175,7 +175,9 @@ class WorkerPool:
             self._starting += 1
             total += 1
             threading.Thread(
-                target=self._start_one, args=(self._generation,), name="rlvr-grading-start",
+                target=self._start_one,
+                args=(self._generation,),
+                name="rlvr-grading-start",
                 daemon=True,
             ).start()
 

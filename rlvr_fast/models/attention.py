@@ -15,26 +15,33 @@ from rlvr_fast.models.context import ForwardContext, LayerCache
 from rlvr_fast.ops.paged_attention import paged_prefill_attention
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    mask: torch.Tensor | None) -> torch.Tensor:
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D]; causal when no mask is given and Tq > 1."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                          is_causal=mask is None and q.shape[2] > 1,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=mask is None and q.shape[2] > 1,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
 
 
-def store_kv(cache: LayerCache, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    cache: LayerCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write k, v [R, Hkv, T, D] into one layer's cache at slot_mapping [R * T] (row-major over
     (r, t))."""
     slots_shape = cache.key_slots.shape
     cache.key_slots.index_copy_(0, slot_mapping, k.transpose(1, 2).reshape(-1, *slots_shape[1:]))
-    cache.value_slots.index_copy_(0, slot_mapping,
-                                  v.transpose(1, 2).reshape(-1, *slots_shape[1:]))
+    cache.value_slots.index_copy_(0, slot_mapping, v.transpose(1, 2).reshape(-1, *slots_shape[1:]))
 
 
-def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           context: ForwardContext) -> torch.Tensor:
+def attend(
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: ForwardContext
+) -> torch.Tensor:
     """q [R, Hq, T, D], k / v [R, Hkv, T, D] of this pass's tokens -> [R, Hq, T, D]."""
     if context.kv_cache is None:
         return dense_attention(q, k, v, context.mask)
@@ -42,5 +49,12 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     store_kv(cache, k, v, context.slot_mapping)
     if context.fresh:
         return dense_attention(q, k, v, None)
-    return paged_prefill_attention(q, cache.keys, cache.values, context.block_tables,
-                                   context.context_lens, backend=context.backend, check=False)
+    return paged_prefill_attention(
+        q,
+        cache.keys,
+        cache.values,
+        context.block_tables,
+        context.context_lens,
+        backend=context.backend,
+        check=False,
+    )

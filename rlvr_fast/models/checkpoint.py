@@ -72,8 +72,10 @@ def packed_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     """Our module names -> Hugging Face names (split back into per-projection tensors)."""
     q = config.num_attention_heads * config.head_dim
     kv = config.num_key_value_heads * config.head_dim
-    sizes = {"self_attn.qkv_proj": [q, kv, kv],
-             "mlp.gate_up_proj": [config.intermediate_size, config.intermediate_size]}
+    sizes = {
+        "self_attn.qkv_proj": [q, kv, kv],
+        "mlp.gate_up_proj": [config.intermediate_size, config.intermediate_size],
+    }
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         for packed, parts in PACKED.items():
@@ -87,20 +89,30 @@ def packed_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     return out
 
 
-def load_model(directory: str | os.PathLike, *, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> Qwen3ForCausalLM:
+def load_model(
+    directory: str | os.PathLike,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Qwen3ForCausalLM:
     """Build the model described by ``directory/config.json`` and load its weights."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
     config = ModelConfig.from_file(directory / "config.json")
-    return build_model(config, read_hf_tensors(directory), device=device, dtype=dtype,
-                       source=str(directory))
+    return build_model(
+        config, read_hf_tensors(directory), device=device, dtype=dtype, source=str(directory)
+    )
 
 
-def build_model(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], *,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                source: str = "checkpoint") -> Qwen3ForCausalLM:
+def build_model(
+    config: ModelConfig,
+    hf_tensors: dict[str, torch.Tensor],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    source: str = "checkpoint",
+) -> Qwen3ForCausalLM:
     """Our model for ``config`` holding copies of ``hf_tensors`` (Hugging Face names, as in a
     checkpoint file or a ``transformers`` model's ``state_dict``); errors name ``source``."""
     with torch.device("meta"):
@@ -112,12 +124,16 @@ def build_model(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], *,
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{source}: tensors do not match the config "
-                              f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
+        raise CheckpointError(
+            f"{source}: tensors do not match the config "
+            f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})"
+        )
     for name, param in expected.items():
         if tensors[name].shape != param.shape:
-            raise CheckpointError(f"{source}: {name} has shape {tuple(tensors[name].shape)}, "
-                                  f"config implies {tuple(param.shape)}")
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(tensors[name].shape)}, "
+                f"config implies {tuple(param.shape)}"
+            )
     model.to_empty(device=device)
     model.tie_weights()
     with torch.no_grad():
@@ -139,6 +155,9 @@ def write_model_files(model: Qwen3ForCausalLM, directory: Path) -> None:
         state.pop("lm_head.weight", None)
     config = model.config.to_hf_dict()
     config["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    save_file(packed_to_hf(state, model.config), str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        packed_to_hf(state, model.config),
+        str(directory / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -46,14 +46,22 @@ class ModelConfig:
     torch_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config: {name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})")
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"config: head_dim must be even for RoPE, got {self.head_dim}")
 
@@ -81,16 +89,19 @@ class ModelConfig:
             raise ConfigError(f"config: expected a JSON object, got {type(raw).__name__}")
         model_type = raw.get("model_type", "qwen3")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"config: model_type {model_type!r} is not supported "
-                              f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+            raise ConfigError(
+                f"config: model_type {model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
         _refuse_unsupported(raw)
         heads = _integer(raw, "num_attention_heads")
         hidden = _integer(raw, "hidden_size")
         eos = raw.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if not isinstance(eos, list) else eos)
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_ids):
-            raise ConfigError(f"config: eos_token_id must be a token id or a list of them, "
-                              f"got {eos!r}")
+            raise ConfigError(
+                f"config: eos_token_id must be a token id or a list of them, got {eos!r}"
+            )
         bos = raw.get("bos_token_id")
         if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
             raise ConfigError(f"config: bos_token_id must be a token id or null, got {bos!r}")
@@ -124,7 +135,9 @@ class ModelConfig:
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
         except UnicodeDecodeError as err:
-            raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+            raise ConfigError(
+                f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})"
+            ) from None
         except (OSError, RecursionError) as err:
             raise ConfigError(f"{path}: unreadable ({err})") from None
         try:
@@ -136,10 +149,16 @@ class ModelConfig:
         """The config.json a Hugging Face ``AutoModelForCausalLM`` can load."""
         raw = asdict(self)
         del raw["qk_norm"]
-        arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+        arch = {
+            "qwen3": "Qwen3ForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "llama": "LlamaForCausalLM",
+        }
         raw["architectures"] = [arch[self.model_type]]
         raw["hidden_act"] = "silu"
-        raw["eos_token_id"] = self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id
+        raw["eos_token_id"] = (
+            self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id
+        )
         raw["rope_scaling"] = None
         raw["use_cache"] = True
         return raw
@@ -154,10 +173,10 @@ def _integer(raw: dict, name: str, default: int | None = None, most: int = MAX_D
             raise ConfigError(f"config: missing field {name!r}")
         return default
     whole = (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, float) and value.is_integer())
+        isinstance(value, float) and value.is_integer()
+    )
     if not whole or not 1 <= value <= most:
-        raise ConfigError(f"config: {name} must be a whole number in [1, {most:,}], "
-                          f"got {value!r}")
+        raise ConfigError(f"config: {name} must be a whole number in [1, {most:,}], got {value!r}")
     return int(value)
 
 
@@ -197,10 +216,16 @@ def _rope_theta(raw: dict) -> float:
 
 def _refuse_unsupported(raw: dict) -> None:
     scaling = _section(raw, "rope_scaling")
-    rope_type = _section(raw, "rope_parameters").get("rope_type") or scaling.get("rope_type") \
-        or scaling.get("type") or "default"
+    rope_type = (
+        _section(raw, "rope_parameters").get("rope_type")
+        or scaling.get("rope_type")
+        or scaling.get("type")
+        or "default"
+    )
     if rope_type != "default":
-        raise ConfigError(f"config: rope scaling {rope_type!r} is not supported (only default RoPE)")
+        raise ConfigError(
+            f"config: rope scaling {rope_type!r} is not supported (only default RoPE)"
+        )
     if raw.get("use_sliding_window"):
         raise ConfigError("config: sliding-window attention is not supported")
     if raw.get("mlp_bias"):

@@ -53,8 +53,9 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] int64 -> cos, signed sin [B, T, 1, D] in ``dtype`` (Hugging Face's
         order: angles in fp32, then cos / sin, then the cast). The sin's first half is negated,
         which folds rotate-half's sign into it (see ``apply_rope``)."""
@@ -86,25 +87,31 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.attention_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                context: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: ForwardContext
+    ) -> torch.Tensor:
         batch, seq, _ = x.shape
         heads = self.qkv_proj(x).view(batch, seq, -1, self.head_dim)  # [B, T, Hq + 2Hkv, D]
-        qk, v = heads[:, :, :self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads:]
+        qk, v = heads[:, :, : self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads :]
         if self.q_norm is not None:
             # Every head normalised on its own: q and k heads in one pass, each with its weight.
-            weight = torch.cat((self.q_norm.weight.expand(self.num_heads, -1),
-                                self.k_norm.weight.expand(self.num_kv_heads, -1)))
+            weight = torch.cat(
+                (
+                    self.q_norm.weight.expand(self.num_heads, -1),
+                    self.k_norm.weight.expand(self.num_kv_heads, -1),
+                )
+            )
             qk = rms_norm(qk, weight, self.q_norm.eps)
         # q and k share one RoPE pass: half the element-wise launches of rotating them apart.
         qk = apply_rope(qk, cos, sin).transpose(1, 2)
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = attend(self.layer_idx, q, k, v.transpose(1, 2), context)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.q_size))
 
@@ -137,7 +144,9 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
 
@@ -170,20 +179,28 @@ class Qwen3ForCausalLM(nn.Module):
             self.lm_head.weight = nn.Parameter(self.model.embed_tokens.weight.detach().clone())
             self.config.tie_word_embeddings = False
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                return_hidden: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        return_hidden: bool = False,
+    ) -> torch.Tensor:
         """input_ids [B, T] int64; attention_mask [B, T] (1 = token, 0 = padding, either side).
 
         Returns logits [B, T, V] or, with ``return_hidden``, hidden states [B, T, H].
         Positions count real tokens only, so left- and right-padded rows score identically.
         """
         if attention_mask is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
+                input_ids
+            )
             context = ForwardContext(positions)
         else:
-            context = ForwardContext(positions_from_mask(attention_mask),
-                                     mask=causal_padding_mask(attention_mask.bool(),
-                                                              input_ids.shape[1]))
+            context = ForwardContext(
+                positions_from_mask(attention_mask),
+                mask=causal_padding_mask(attention_mask.bool(), input_ids.shape[1]),
+            )
         hidden = self.model(input_ids, context)
         return hidden if return_hidden else self.lm_head(hidden)
 
@@ -212,7 +229,7 @@ def causal_padding_mask(key_valid: torch.Tensor, num_queries: int) -> torch.Tens
     """
     tq, tk = num_queries, key_valid.shape[1]
     cols = torch.arange(tk, device=key_valid.device)
-    rows = cols[tk - tq:]
+    rows = cols[tk - tq :]
     causal = cols[None, :] <= rows[:, None]
     diagonal = cols[None, :] == rows[:, None]
     return ((causal & key_valid[:, None, :]) | diagonal).unsqueeze(1)

@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.paged_attention import (
-    paged_attention_reference, paged_attention_triton, paged_prefill_attention_reference,
-    paged_prefill_attention_triton)
+    paged_attention_reference,
+    paged_attention_triton,
+    paged_prefill_attention_reference,
+    paged_prefill_attention_triton,
+)
 
 
 def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens):
@@ -25,14 +28,21 @@ def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens)
 
 
 def paged_attention_cpp(q, k_cache, v_cache, block_tables, seq_lens):
-    return paged_prefill_attention_cpp(q[:, :, None], k_cache, v_cache, block_tables,
-                                       seq_lens[:, None])[:, :, 0]
+    return paged_prefill_attention_cpp(
+        q[:, :, None], k_cache, v_cache, block_tables, seq_lens[:, None]
+    )[:, :, 0]
 
 
-BACKENDS = {"torch": paged_attention_reference, "triton": paged_attention_triton,
-            "cpp": paged_attention_cpp}
-PREFILL_BACKENDS = {"torch": paged_prefill_attention_reference,
-                    "triton": paged_prefill_attention_triton, "cpp": paged_prefill_attention_cpp}
+BACKENDS = {
+    "torch": paged_attention_reference,
+    "triton": paged_attention_triton,
+    "cpp": paged_attention_cpp,
+}
+PREFILL_BACKENDS = {
+    "torch": paged_prefill_attention_reference,
+    "triton": paged_prefill_attention_triton,
+    "cpp": paged_prefill_attention_cpp,
+}
 
 
 def default_backend(device: torch.device, dtype: torch.dtype) -> str:
@@ -42,9 +52,16 @@ def default_backend(device: torch.device, dtype: torch.dtype) -> str:
     return "cpp" if dtype == torch.float32 else "torch"
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
-                    backend: str | None = None, check: bool = True) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """q [B, Hq, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, M]
     int32; seq_lens [B] (each >= 1 and <= M * block_size). Returns [B, Hq, D] in q's dtype.
 
@@ -57,33 +74,51 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
 
 
-def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, context_lens: torch.Tensor, *,
-                            backend: str | None = None, check: bool = True) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """q [R, Hq, T, D] (T new tokens per row, their keys and values already in the cache);
     block_tables [R, M] int32; context_lens [R, T]: query (r, t) attends to the first
     context_lens[r, t] tokens of row r (each >= 1). Returns [R, Hq, T, D] in q's dtype."""
     backend = backend or default_backend(q.device, k_cache.dtype)
     if check:
         if q.dim() != 4 or context_lens.shape != (q.shape[0], q.shape[2]):
-            raise ValueError(f"q must be [R, Hq, T, D] and context_lens [R, T], got "
-                             f"{tuple(q.shape)} and {tuple(context_lens.shape)}")
+            raise ValueError(
+                f"q must be [R, Hq, T, D] and context_lens [R, T], got "
+                f"{tuple(q.shape)} and {tuple(context_lens.shape)}"
+            )
         rows, q_heads, tokens, head_dim = q.shape
-        _check_inputs(q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim), k_cache,
-                      v_cache, block_tables.repeat_interleave(tokens, dim=0),
-                      context_lens.reshape(-1), backend)
+        _check_inputs(
+            q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim),
+            k_cache,
+            v_cache,
+            block_tables.repeat_interleave(tokens, dim=0),
+            context_lens.reshape(-1),
+            backend,
+        )
     return PREFILL_BACKENDS[backend](q, k_cache, v_cache, block_tables, context_lens)
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend) -> None:
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"q must be [B, Hq, D] and k_cache / v_cache one [N, S, Hkv, D] shape, "
-                         f"got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"q must be [B, Hq, D] and k_cache / v_cache one [N, S, Hkv, D] shape, "
+            f"got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim or q_heads % kv_heads:
-        raise ValueError(f"head_dim {head_dim} vs cache {k_cache.shape[3]}, or {q_heads} query "
-                         f"heads not a multiple of {kv_heads} KV heads")
+        raise ValueError(
+            f"head_dim {head_dim} vs cache {k_cache.shape[3]}, or {q_heads} query "
+            f"heads not a multiple of {kv_heads} KV heads"
+        )
     if block_tables.dtype != torch.int32 or block_tables.shape[0] != batch:
         raise ValueError(f"block_tables must be int32 [B={batch}, max_blocks]")
     if seq_lens.shape != (batch,):

@@ -22,8 +22,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D]; weight [D], or the shape of x's trailing dims. Equal to the reference up to
     float32 rounding (the C++ path sums squares in another order)."""
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and torch.is_inference_mode_enabled()):
+    if (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and torch.is_inference_mode_enabled()
+    ):
         from rlvr_fast._C import rms_norm_cpu  # built by setup.py
 
         return rms_norm_cpu(x, weight, eps)

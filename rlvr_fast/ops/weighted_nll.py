@@ -32,14 +32,18 @@ class _WeightedTokenNLL(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if need_grad else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_grad
+            else None
+        )
         for start in range(0, num_tokens, chunk_size):
             end = min(start + chunk_size, num_tokens)
             h = hidden[start:end]
             logits = h @ weight.T  # [C, V], becomes the logit gradient in place
-            losses, logprobs[start:end] = rows_fn(logits, targets[start:end],
-                                                  weights[start:end], need_grad)
+            losses, logprobs[start:end] = rows_fn(
+                logits, targets[start:end], weights[start:end], need_grad
+            )
             loss += losses.sum()
             if need_grad:
                 torch.mm(logits, weight, out=grad_hidden[start:end])
@@ -65,29 +69,44 @@ class _WeightedTokenNLL(torch.autograd.Function):
 
 def _check_inputs(hidden, weight, targets, weights) -> None:
     if hidden.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
-                         f"and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
+            f"and {tuple(weight.shape)}"
+        )
     if hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden size mismatch: hidden [N, {hidden.shape[1]}] vs weight "
-                         f"[V, {weight.shape[1]}]")
+        raise ValueError(
+            f"hidden size mismatch: hidden [N, {hidden.shape[1]}] vs weight [V, {weight.shape[1]}]"
+        )
     if hidden.dtype != weight.dtype or not hidden.is_floating_point():
-        raise ValueError(f"hidden and weight need one floating dtype, got {hidden.dtype} and "
-                         f"{weight.dtype}")
+        raise ValueError(
+            f"hidden and weight need one floating dtype, got {hidden.dtype} and {weight.dtype}"
+        )
     if targets.dtype != torch.int64 or targets.shape != (hidden.shape[0],):
-        raise ValueError(f"targets must be int64 [N={hidden.shape[0]}], got {targets.dtype} "
-                         f"{tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must be int64 [N={hidden.shape[0]}], got {targets.dtype} "
+            f"{tuple(targets.shape)}"
+        )
     if not weights.is_floating_point() or weights.shape != (hidden.shape[0],):
-        raise ValueError(f"weights must be float [N={hidden.shape[0]}], got {weights.dtype} "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be float [N={hidden.shape[0]}], got {weights.dtype} "
+            f"{tuple(weights.shape)}"
+        )
     if len({hidden.device, weight.device, targets.device, weights.device}) != 1:
         raise ValueError("hidden, weight, targets and weights must be on one device")
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
         raise ValueError(f"targets must lie in [0, {weight.shape[0]})")
 
 
-def weighted_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                       weights: torch.Tensor, *, chunk_size: int | None = None,
-                       return_logprobs: bool = False, backend: str | None = None):
+def weighted_token_nll(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    return_logprobs: bool = False,
+    backend: str | None = None,
+):
     """sum_t weights_t * (-log softmax(hidden_t @ weight^T)[targets_t]) as a 0-dim fp32 tensor.
 
     hidden [N, H] and weight [V, H] (fp32 or bf16/fp16, one dtype) are differentiable;
@@ -103,7 +122,13 @@ def weighted_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     chunk = chunk_size or default_chunk_size(max(1, hidden.shape[0]), weight.shape[0])
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss, logprobs = _WeightedTokenNLL.apply(hidden.contiguous(), weight.contiguous(),
-                                             targets.contiguous(), weights.contiguous(), chunk,
-                                             backend, need_grad)
+    loss, logprobs = _WeightedTokenNLL.apply(
+        hidden.contiguous(),
+        weight.contiguous(),
+        targets.contiguous(),
+        weights.contiguous(),
+        chunk,
+        backend,
+        need_grad,
+    )
     return (loss, logprobs) if return_logprobs else loss

@@ -16,5 +16,11 @@ changed to ``from rlvr_fast import GRPOConfig, GRPOTrainer``.
 from rlvr_fast.trl_compat.config import GRPOConfig, UnsupportedFieldError
 from rlvr_fast.trl_compat.trainer import GRPOTrainer, TrainerControl, TrainerState, TrainOutput
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "TrainerControl", "TrainerState", "TrainOutput",
-           "UnsupportedFieldError"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "TrainerControl",
+    "TrainerState",
+    "TrainOutput",
+    "UnsupportedFieldError",
+]

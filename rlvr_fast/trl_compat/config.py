@@ -34,61 +34,162 @@ OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
 REPORT_TO = ("none", "tensorboard")
 STRATEGIES = ("steps", "no")
 
-NO_EFFECT_FIELDS = frozenset({
-    "gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_checkpointing",
-    "activation_checkpointing_kwargs", "dataloader_num_workers", "dataloader_pin_memory",
-    "dataloader_persistent_workers", "dataloader_prefetch_factor",
-    "dataloader_multiprocessing_context", "torch_empty_cache_steps", "log_level",
-    "log_level_replica", "log_on_each_node", "skip_memory_metrics", "do_train",
-    "ds3_gather_for_generation", "local_rank", "ddp_timeout",
-})
+NO_EFFECT_FIELDS = frozenset(
+    {
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "activation_checkpointing",
+        "activation_checkpointing_kwargs",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "dataloader_prefetch_factor",
+        "dataloader_multiprocessing_context",
+        "torch_empty_cache_steps",
+        "log_level",
+        "log_level_replica",
+        "log_on_each_node",
+        "skip_memory_metrics",
+        "do_train",
+        "ds3_gather_for_generation",
+        "local_rank",
+        "ddp_timeout",
+    }
+)
 
 DEFAULT_ONLY_FIELDS = {
-    "lr_scheduler_kwargs": None, "optim_args": None, "optim_target_modules": None,
-    "average_tokens_across_devices": True, "label_smoothing_factor": 0.0, "fp16": False,
-    "bf16_full_eval": False, "fp16_full_eval": False, "tf32": None, "torch_compile": False,
-    "torch_compile_backend": None, "torch_compile_mode": None, "use_liger_kernel": False,
-    "liger_kernel_config": None, "use_cache": False, "neftune_noise_alpha": None,
-    "auto_find_batch_size": False, "logging_nan_inf_filter": True,
-    "include_num_input_tokens_seen": "no", "project": "huggingface", "trackio_space_id": None,
-    "trackio_bucket_id": None, "trackio_static_space_id": None, "eval_strategy": "no",
-    "eval_steps": None, "eval_delay": 0, "per_device_eval_batch_size": 8,
-    "prediction_loss_only": False, "eval_on_start": False, "eval_do_concat_batches": True,
-    "eval_use_gather_object": False, "eval_accumulation_steps": None, "include_for_metrics": [],
-    "batch_eval_metrics": False, "save_only_model": False, "save_on_each_node": False,
-    "save_total_limit": None, "enable_jit_checkpoint": False, "push_to_hub": False,
-    "hub_token": None, "hub_private_repo": None, "hub_model_id": None,
-    "hub_strategy": "every_save", "hub_always_push": False, "hub_revision": None,
-    "load_best_model_at_end": False, "metric_for_best_model": None, "greater_is_better": None,
-    "ignore_data_skip": False, "restore_callback_states_from_checkpoint": False,
-    "full_determinism": False, "data_seed": None, "accelerator_config": None,
-    "parallelism_config": None, "dataloader_drop_last": False, "dataloader_in_order": True,
-    "label_names": None, "train_sampling_strategy": "random", "length_column_name": "length",
-    "ddp_find_unused_parameters": None, "ddp_bucket_cap_mb": None, "ddp_broadcast_buffers": None,
-    "ddp_static_graph": None, "ddp_backend": None, "fsdp": None, "fsdp_config": None,
-    "deepspeed": None, "debug": "", "do_eval": False, "do_predict": False,
-    "resume_from_checkpoint": None, "model_init_kwargs": None, "trust_remote_code": False,
-    "router_aux_loss_coef": None, "disable_dropout": False, "cast_lm_head_to_fp32": False,
-    "num_generations_eval": None, "pad_to_multiple_of": "auto", "top_k": 0, "min_p": None,
-    "generation_kwargs": None, "repetition_penalty": 1.0, "cache_implementation": None,
-    "use_vllm": False, "vllm_mode": "colocate", "vllm_model_impl": "vllm",
-    "vllm_enable_sleep_mode": False, "vllm_structured_outputs_regex": None,
-    "vllm_server_base_url": None, "vllm_server_host": "0.0.0.0", "vllm_server_port": 8000,
-    "vllm_server_timeout": 240.0, "vllm_group_port": 51216, "vllm_gpu_memory_utilization": 0.3,
-    "vllm_max_model_length": None, "vllm_tensor_parallel_size": 1, "beta": 0.0,
-    "num_iterations": 1, "delta": None, "sapo_temperature_neg": 1.05, "sapo_temperature_pos": 1.0,
-    "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
-    "importance_sampling_level": "token", "multi_objective_aggregation": "sum_then_normalize",
-    "sync_ref_model": False, "ref_model_mixup_alpha": 0.6, "ref_model_sync_steps": 512,
-    "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
-    "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005,
-    "entropy_target": 0.2, "max_tool_calling_iterations": None,
-    "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
-    "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": None,
-    "off_policy_mask_threshold": None, "use_bias_correction_kl": True, "log_completions": False,
-    "log_multimodal": True, "num_completions_to_print": None, "log_unique_prompts": False,
-    "log_completions_hub_repo": None, "use_transformers_continuous_batching": False,
-    "transformers_continuous_batching_config": None, "use_transformers_paged": False,
+    "lr_scheduler_kwargs": None,
+    "optim_args": None,
+    "optim_target_modules": None,
+    "average_tokens_across_devices": True,
+    "label_smoothing_factor": 0.0,
+    "fp16": False,
+    "bf16_full_eval": False,
+    "fp16_full_eval": False,
+    "tf32": None,
+    "torch_compile": False,
+    "torch_compile_backend": None,
+    "torch_compile_mode": None,
+    "use_liger_kernel": False,
+    "liger_kernel_config": None,
+    "use_cache": False,
+    "neftune_noise_alpha": None,
+    "auto_find_batch_size": False,
+    "logging_nan_inf_filter": True,
+    "include_num_input_tokens_seen": "no",
+    "project": "huggingface",
+    "trackio_space_id": None,
+    "trackio_bucket_id": None,
+    "trackio_static_space_id": None,
+    "eval_strategy": "no",
+    "eval_steps": None,
+    "eval_delay": 0,
+    "per_device_eval_batch_size": 8,
+    "prediction_loss_only": False,
+    "eval_on_start": False,
+    "eval_do_concat_batches": True,
+    "eval_use_gather_object": False,
+    "eval_accumulation_steps": None,
+    "include_for_metrics": [],
+    "batch_eval_metrics": False,
+    "save_only_model": False,
+    "save_on_each_node": False,
+    "save_total_limit": None,
+    "enable_jit_checkpoint": False,
+    "push_to_hub": False,
+    "hub_token": None,
+    "hub_private_repo": None,
+    "hub_model_id": None,
+    "hub_strategy": "every_save",
+    "hub_always_push": False,
+    "hub_revision": None,
+    "load_best_model_at_end": False,
+    "metric_for_best_model": None,
+    "greater_is_better": None,
+    "ignore_data_skip": False,
+    "restore_callback_states_from_checkpoint": False,
+    "full_determinism": False,
+    "data_seed": None,
+    "accelerator_config": None,
+    "parallelism_config": None,
+    "dataloader_drop_last": False,
+    "dataloader_in_order": True,
+    "label_names": None,
+    "train_sampling_strategy": "random",
+    "length_column_name": "length",
+    "ddp_find_unused_parameters": None,
+    "ddp_bucket_cap_mb": None,
+    "ddp_broadcast_buffers": None,
+    "ddp_static_graph": None,
+    "ddp_backend": None,
+    "fsdp": None,
+    "fsdp_config": None,
+    "deepspeed": None,
+    "debug": "",
+    "do_eval": False,
+    "do_predict": False,
+    "resume_from_checkpoint": None,
+    "model_init_kwargs": None,
+    "trust_remote_code": False,
+    "router_aux_loss_coef": None,
+    "disable_dropout": False,
+    "cast_lm_head_to_fp32": False,
+    "num_generations_eval": None,
+    "pad_to_multiple_of": "auto",
+    "top_k": 0,
+    "min_p": None,
+    "generation_kwargs": None,
+    "repetition_penalty": 1.0,
+    "cache_implementation": None,
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "vllm_model_impl": "vllm",
+    "vllm_enable_sleep_mode": False,
+    "vllm_structured_outputs_regex": None,
+    "vllm_server_base_url": None,
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_port": 8000,
+    "vllm_server_timeout": 240.0,
+    "vllm_group_port": 51216,
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_max_model_length": None,
+    "vllm_tensor_parallel_size": 1,
+    "beta": 0.0,
+    "num_iterations": 1,
+    "delta": None,
+    "sapo_temperature_neg": 1.05,
+    "sapo_temperature_pos": 1.0,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
+    "importance_sampling_level": "token",
+    "multi_objective_aggregation": "sum_then_normalize",
+    "sync_ref_model": False,
+    "ref_model_mixup_alpha": 0.6,
+    "ref_model_sync_steps": 512,
+    "top_entropy_quantile": 1.0,
+    "entropy_coef": 0.0,
+    "use_adaptive_entropy": False,
+    "entropy_coef_min": 0.0,
+    "entropy_coef_max": 1.0,
+    "entropy_coef_delta": 0.005,
+    "entropy_target": 0.2,
+    "max_tool_calling_iterations": None,
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None,
+    "off_policy_mask_threshold": None,
+    "use_bias_correction_kl": True,
+    "log_completions": False,
+    "log_multimodal": True,
+    "num_completions_to_print": None,
+    "log_unique_prompts": False,
+    "log_completions_hub_repo": None,
+    "use_transformers_continuous_batching": False,
+    "transformers_continuous_batching_config": None,
+    "use_transformers_paged": False,
     "vllm_importance_sampling_cap": None,
 }
 
@@ -160,33 +261,40 @@ class GRPOConfig:
             if name in own or name in NO_EFFECT_FIELDS:
                 continue
             if name not in DEFAULT_ONLY_FIELDS:
-                raise TypeError(f"GRPOConfig: unexpected field {name!r} (not a field of TRL's "
-                                "GRPOConfig nor of rlvr_fast's)")
+                raise TypeError(
+                    f"GRPOConfig: unexpected field {name!r} (not a field of TRL's "
+                    "GRPOConfig nor of rlvr_fast's)"
+                )
             if value != DEFAULT_ONLY_FIELDS[name]:
                 raise UnsupportedFieldError(
                     f"GRPOConfig: {name}={value!r} is not supported by rlvr_fast (it takes "
-                    f"only TRL's default, {DEFAULT_ONLY_FIELDS[name]!r})")
+                    f"only TRL's default, {DEFAULT_ONLY_FIELDS[name]!r})"
+                )
         for f in dataclasses.fields(self):
             setattr(self, f.name, settings.get(f.name, f.default))
         self.output_dir = output_dir if output_dir is not None else "trainer_output"
         self.__post_init__()
 
     def __post_init__(self) -> None:
-        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards,
-                                                                 self.scale_rewards)
+        self.scale_rewards = {True: "group", False: "none"}.get(
+            self.scale_rewards, self.scale_rewards
+        )
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
-            raise ValueError("GRPOConfig: generation_batch_size and steps_per_generation cannot "
-                             "both be set")
+            raise ValueError(
+                "GRPOConfig: generation_batch_size and steps_per_generation cannot both be set"
+            )
         if self.steps_per_generation is None:
-            self.steps_per_generation = (self.gradient_accumulation_steps
-                                         if self.generation_batch_size is None else
-                                         self.generation_batch_size
-                                         // max(1, self.per_device_train_batch_size))
+            self.steps_per_generation = (
+                self.gradient_accumulation_steps
+                if self.generation_batch_size is None
+                else self.generation_batch_size // max(1, self.per_device_train_batch_size)
+            )
         if self.generation_batch_size is None:
-            self.generation_batch_size = (self.per_device_train_batch_size
-                                          * self.steps_per_generation)
+            self.generation_batch_size = (
+                self.per_device_train_batch_size * self.steps_per_generation
+            )
         for ok, message in self._checks():
             if not ok:
                 raise ValueError(f"GRPOConfig: {message}")
@@ -194,58 +302,99 @@ class GRPOConfig:
     def _checks(self) -> list[tuple[bool, str]]:
         batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         return [
-            (self.num_generations >= 2, "GRPO needs num_generations >= 2 to compute advantages, "
-             f"got {self.num_generations}"),
-            (self.num_generations % 2 == 0, "num_generations must be even (the ledger records "
-             f"rollouts in pairs), got {self.num_generations}"),
-            (self.generation_batch_size % self.num_generations == 0,
-             f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
-             f"num_generations ({self.num_generations})"),
-            (batch == self.num_generations,
-             f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) must equal "
-             f"num_generations ({self.num_generations}): rlvr_fast steps on one prompt per "
-             "optimizer step"),
-            (self.steps_per_generation == self.gradient_accumulation_steps,
-             f"steps_per_generation ({self.steps_per_generation}) must equal "
-             f"gradient_accumulation_steps ({self.gradient_accumulation_steps}): each optimizer "
-             "step trains on its own, fresh rollouts"),
+            (
+                self.num_generations >= 2,
+                "GRPO needs num_generations >= 2 to compute advantages, "
+                f"got {self.num_generations}",
+            ),
+            (
+                self.num_generations % 2 == 0,
+                "num_generations must be even (the ledger records "
+                f"rollouts in pairs), got {self.num_generations}",
+            ),
+            (
+                self.generation_batch_size % self.num_generations == 0,
+                f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
+                f"num_generations ({self.num_generations})",
+            ),
+            (
+                batch == self.num_generations,
+                f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) must equal "
+                f"num_generations ({self.num_generations}): rlvr_fast steps on one prompt per "
+                "optimizer step",
+            ),
+            (
+                self.steps_per_generation == self.gradient_accumulation_steps,
+                f"steps_per_generation ({self.steps_per_generation}) must equal "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}): each optimizer "
+                "step trains on its own, fresh rollouts",
+            ),
             (self.max_completion_length >= 1, "max_completion_length must be >= 1"),
-            (self.max_prompt_length is None or self.max_prompt_length >= 1,
-             "max_prompt_length must be >= 1 or None"),
+            (
+                self.max_prompt_length is None or self.max_prompt_length >= 1,
+                "max_prompt_length must be >= 1 or None",
+            ),
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
-            (self.optim in OPTIMIZERS, f"optim must be one of {', '.join(OPTIMIZERS)} (AdamW), "
-             f"got {self.optim!r}"),
-            (self.lr_scheduler_type in LR_SCHEDULERS, "lr_scheduler_type must be one of "
-             f"{', '.join(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}"),
+            (
+                self.optim in OPTIMIZERS,
+                f"optim must be one of {', '.join(OPTIMIZERS)} (AdamW), got {self.optim!r}",
+            ),
+            (
+                self.lr_scheduler_type in LR_SCHEDULERS,
+                "lr_scheduler_type must be one of "
+                f"{', '.join(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}",
+            ),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (self.warmup_ratio is None or 0 <= self.warmup_ratio <= 1,
-             f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}"),
-            (self.max_steps > 0 or self.num_train_epochs > 0,
-             "set max_steps > 0 or num_train_epochs > 0"),
-            (self.loss_type in LOSS_TYPES, f"loss_type must be one of {', '.join(LOSS_TYPES)} "
-             f"(rlvr_fast), got {self.loss_type!r}"),
-            (self.loss_type != "bnpo" or self.gradient_accumulation_steps == 1,
-             "loss_type='bnpo' normalises per micro-batch; with gradient_accumulation_steps > 1 "
-             "that depends on TRL's shuffle of the batch, so rlvr_fast supports it only at 1"),
-            (self.scale_rewards in SCALE_REWARDS, "scale_rewards must be one of "
-             f"{', '.join(SCALE_REWARDS)}, True or False, got {self.scale_rewards!r}"),
-            (self.reward_weights is None or all(isinstance(w, (int, float))
-                                                for w in self.reward_weights),
-             "reward_weights must be a list of numbers"),
-            (self.logging_strategy in STRATEGIES, f"logging_strategy must be one of "
-             f"{', '.join(STRATEGIES)}, got {self.logging_strategy!r}"),
+            (
+                self.warmup_ratio is None or 0 <= self.warmup_ratio <= 1,
+                f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}",
+            ),
+            (
+                self.max_steps > 0 or self.num_train_epochs > 0,
+                "set max_steps > 0 or num_train_epochs > 0",
+            ),
+            (
+                self.loss_type in LOSS_TYPES,
+                f"loss_type must be one of {', '.join(LOSS_TYPES)} "
+                f"(rlvr_fast), got {self.loss_type!r}",
+            ),
+            (
+                self.loss_type != "bnpo" or self.gradient_accumulation_steps == 1,
+                "loss_type='bnpo' normalises per micro-batch; with gradient_accumulation_steps > 1 "
+                "that depends on TRL's shuffle of the batch, so rlvr_fast supports it only at 1",
+            ),
+            (
+                self.scale_rewards in SCALE_REWARDS,
+                "scale_rewards must be one of "
+                f"{', '.join(SCALE_REWARDS)}, True or False, got {self.scale_rewards!r}",
+            ),
+            (
+                self.reward_weights is None
+                or all(isinstance(w, (int, float)) for w in self.reward_weights),
+                "reward_weights must be a list of numbers",
+            ),
+            (
+                self.logging_strategy in STRATEGIES,
+                f"logging_strategy must be one of "
+                f"{', '.join(STRATEGIES)}, got {self.logging_strategy!r}",
+            ),
             (self.logging_steps > 0, f"logging_steps must be > 0, got {self.logging_steps}"),
-            (self.save_strategy in STRATEGIES, f"save_strategy must be one of "
-             f"{', '.join(STRATEGIES)}, got {self.save_strategy!r}"),
+            (
+                self.save_strategy in STRATEGIES,
+                f"save_strategy must be one of {', '.join(STRATEGIES)}, got {self.save_strategy!r}",
+            ),
             (self.save_steps > 0, f"save_steps must be > 0, got {self.save_steps}"),
-            (all(r in REPORT_TO for r in self.report_to),
-             f"report_to must be among {', '.join(REPORT_TO)}, got {self.report_to!r}"),
-            (self.arm is None or self.arm in ARMS,
-             f"arm must be one of {', '.join(ARMS)} or None, got {self.arm!r}"),
-            (1 <= self.tree_t_min <= self.tree_t_max,
-             "need 1 <= tree_t_min <= tree_t_max"),
+            (
+                all(r in REPORT_TO for r in self.report_to),
+                f"report_to must be among {', '.join(REPORT_TO)}, got {self.report_to!r}",
+            ),
+            (
+                self.arm is None or self.arm in ARMS,
+                f"arm must be one of {', '.join(ARMS)} or None, got {self.arm!r}",
+            ),
+            (1 <= self.tree_t_min <= self.tree_t_max, "need 1 <= tree_t_min <= tree_t_max"),
         ]
 
     def resolve_steps(self, value: float, max_steps: int) -> int:

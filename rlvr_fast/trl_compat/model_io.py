@@ -15,12 +15,14 @@ from rlvr_fast.tokenizer import Tokenizer
 
 
 def is_transformers_model(model) -> bool:
-    return hasattr(model, "state_dict") and hasattr(model, "config") \
+    return (
+        hasattr(model, "state_dict")
+        and hasattr(model, "config")
         and hasattr(model.config, "to_dict")
+    )
 
 
-def load_trl_policy(model, processing_class, *, device: torch.device,
-                    bf16: bool | None) -> Policy:
+def load_trl_policy(model, processing_class, *, device: torch.device, bf16: bool | None) -> Policy:
     """``model``: a path (or "tiny") or a ``transformers`` causal LM of a supported architecture
     (Qwen3, Qwen2, Llama). ``bf16`` None picks bfloat16 on CUDA and float32 elsewhere."""
     dtype = default_dtype(device) if bf16 is None else (torch.bfloat16 if bf16 else torch.float32)
@@ -30,21 +32,28 @@ def load_trl_policy(model, processing_class, *, device: torch.device,
             policy.tokenizer = tokenizer_of(processing_class, policy.tokenizer.eos_token_ids)
         return policy
     if not is_transformers_model(model):
-        raise TypeError(f"model must be a checkpoint path or a transformers model, got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"model must be a checkpoint path or a transformers model, got {type(model).__name__}"
+        )
     config = ModelConfig.from_hf_dict(model.config.to_dict())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     ours = build_model(config, dict(model.state_dict()), device=device, dtype=dtype, source=name)
     if processing_class is None:
         if not Path(name).is_dir():
-            raise ValueError("a transformers model needs processing_class (its tokenizer) unless "
-                             "its config names a local checkpoint directory")
+            raise ValueError(
+                "a transformers model needs processing_class (its tokenizer) unless "
+                "its config names a local checkpoint directory"
+            )
         tokenizer = Tokenizer.from_directory(name)
     else:
-        eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) \
+        eos = (
+            model.generation_config.eos_token_id
+            if getattr(model, "generation_config", None)
             else None
-        tokenizer = tokenizer_of(processing_class, [] if eos is None else
-                                 ([eos] if isinstance(eos, int) else list(eos)))
+        )
+        tokenizer = tokenizer_of(
+            processing_class, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        )
     return Policy(model=ours, tokenizer=tokenizer, config=config, path=Path(name))
 
 

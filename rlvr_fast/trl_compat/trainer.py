@@ -44,8 +44,13 @@ from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
 
-CLIP_RATIO_KEYS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-                   "clip_ratio/low_min", "clip_ratio/high_max")
+CLIP_RATIO_KEYS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
 
 
 @dataclass
@@ -135,34 +140,51 @@ def train_config(args: GRPOConfig, max_steps: int) -> TrainConfig:
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
     study_loss = args.loss_type == "sum"
     settings = dict(
-        steps=max_steps, seed=args.seed, group_size=args.num_generations,
-        temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_completion_length, lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
-        loss_order="token_weighted", loss_type="dapo" if args.loss_type == "bnpo" else args.loss_type,
-        scale_rewards=args.scale_rewards != "none", tempered_logprobs=not study_loss,
+        steps=max_steps,
+        seed=args.seed,
+        group_size=args.num_generations,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_completion_length,
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm or None,
+        loss_order="token_weighted",
+        loss_type="dapo" if args.loss_type == "bnpo" else args.loss_type,
+        scale_rewards=args.scale_rewards != "none",
+        tempered_logprobs=not study_loss,
         mask_truncated=args.mask_truncated_completions,
-        skip_zero_var=args.skip_zero_variance_backward, zero_var_step="zero_grad",
-        fused_zero_grad_step=args.fused_zero_grad_step, eval_before=False,
-        t_min=args.tree_t_min, t_max=args.tree_t_max)
+        skip_zero_var=args.skip_zero_variance_backward,
+        zero_var_step="zero_grad",
+        fused_zero_grad_step=args.fused_zero_grad_step,
+        eval_before=False,
+        t_min=args.tree_t_min,
+        t_max=args.tree_t_max,
+    )
     if args.arm is not None:
         preset = arm_settings(args.arm)
         if preset.get("sampler") == "parallel":
-            raise ValueError(f"GRPOConfig: arm {args.arm!r} votes on graded answers; reward "
-                             "functions cannot drive parallel-path arms")
+            raise ValueError(
+                f"GRPOConfig: arm {args.arm!r} votes on graded answers; reward "
+                "functions cannot drive parallel-path arms"
+            )
         if not study_loss:
             # TRL's loss types weight every token; the arm's sum-then-scale order is the study's.
             preset.pop("loss_order", None)
         settings.update(preset)
     if args.tree:
-        settings.update(sampler="tree", bifurcate_after_active=settings.get(
-            "bifurcate_after_active", 0))
+        settings.update(
+            sampler="tree", bifurcate_after_active=settings.get("bifurcate_after_active", 0)
+        )
     if settings.get("sampler") == "tree":
         if not study_loss or args.scale_rewards == "none" or args.mask_truncated_completions:
-            raise ValueError("GRPOConfig: tree rollouts weight tokens by TreeRL credit; set "
-                             "loss_type='sum' with scale_rewards on and no "
-                             "mask_truncated_completions")
+            raise ValueError(
+                "GRPOConfig: tree rollouts weight tokens by TreeRL credit; set "
+                "loss_type='sum' with scale_rewards on and no "
+                "mask_truncated_completions"
+            )
         settings["tree_k"] = args.num_generations // 2
     return TrainConfig(**settings)
 
@@ -171,19 +193,25 @@ class GRPOTrainer:
     """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset,
     processing_class, callbacks)`` on rlvr_fast (see the module docstring)."""
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, callbacks=None) -> None:
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args: GRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        callbacks=None,
+    ) -> None:
         if args is None:
-            name = Path(str(model)).name if isinstance(model, (str, Path)) else \
-                type(model).__name__
+            name = Path(str(model)).name if isinstance(model, (str, Path)) else type(model).__name__
             args = GRPOConfig(f"{name}-GRPO")
         self.args = args
         self.hf_model = model if is_transformers_model(model) else None
         self.processing_class = processing_class
         self.eval_dataset = eval_dataset
         self.callbacks = list(callbacks or [])
-        device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu
-                              else "cpu")
+        device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
         self.policy = load_trl_policy(model, processing_class, device=device, bf16=args.bf16)
         self.model = self.hf_model if self.hf_model is not None else self.policy.model
 
@@ -192,31 +220,52 @@ class GRPOTrainer:
             raise TypeError("reward_funcs must be a callable or a list of callables")
         weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(funcs)
         if len(weights) != len(funcs):
-            raise ValueError(f"number of reward weights ({len(weights)}) must match number of "
-                             f"reward functions ({len(funcs)})")
+            raise ValueError(
+                f"number of reward weights ({len(weights)}) must match number of "
+                f"reward functions ({len(funcs)})"
+            )
         self.reward_func_names = [callable_name(f) for f in funcs]
 
         self.rows = dataset_rows(train_dataset, args.remove_unused_columns)
         self.steps_per_epoch = len(self.rows)
-        max_steps = args.max_steps if args.max_steps > 0 else \
-            math.ceil(args.num_train_epochs * self.steps_per_epoch)
-        self.state = TrainerState(max_steps=max_steps, num_train_epochs=math.ceil(
-            max_steps / self.steps_per_epoch), train_batch_size=args.per_device_train_batch_size,
+        max_steps = (
+            args.max_steps
+            if args.max_steps > 0
+            else math.ceil(args.num_train_epochs * self.steps_per_epoch)
+        )
+        self.state = TrainerState(
+            max_steps=max_steps,
+            num_train_epochs=math.ceil(max_steps / self.steps_per_epoch),
+            train_batch_size=args.per_device_train_batch_size,
             logging_steps=args.resolve_steps(args.logging_steps, max_steps),
-            save_steps=args.resolve_steps(args.save_steps, max_steps))
+            save_steps=args.resolve_steps(args.save_steps, max_steps),
+        )
         self.control = TrainerControl()
         self._metrics: dict[str, list] = {}
         config = train_config(args, max_steps)
         self.task = RewardFunctionsTask(
-            self.rows, funcs, weights, self._encode_prompt, gate_min_chars=config.gate_min_chars,
-            trainer_state=self.state, log_metric=self._record)
+            self.rows,
+            funcs,
+            weights,
+            self._encode_prompt,
+            gate_min_chars=config.gate_min_chars,
+            trainer_state=self.state,
+            log_metric=self._record,
+        )
         # The ledger is a run directory of its own, which save_model never writes into.
         out_dir = Path(args.output_dir) / "ledger" if args.ledger else None
-        self.trainer = RLVRTrainer(self.policy, config, self.task.problems(), out_dir=out_dir,
-                                   progress=False, task=self.task)
+        self.trainer = RLVRTrainer(
+            self.policy,
+            config,
+            self.task.problems(),
+            out_dir=out_dir,
+            progress=False,
+            task=self.task,
+        )
         self.optimizer = self.trainer.optimizer
-        self.lr_scheduler = LRSchedule(self.optimizer, args.lr_scheduler_type,
-                                       args.warmup(max_steps), max_steps)
+        self.lr_scheduler = LRSchedule(
+            self.optimizer, args.lr_scheduler_type, args.warmup(max_steps), max_steps
+        )
         self.order = torch.Generator().manual_seed(args.seed)
         self._tensorboard = self._open_tensorboard() if "tensorboard" in args.report_to else None
         self._callback("on_init_end")
@@ -228,8 +277,9 @@ class GRPOTrainer:
         losses, flops = [], 0.0
         self._callback("on_train_begin")
         order: list[int] = []
-        progress = tqdm(total=state.max_steps, desc="train", unit="step",
-                        disable=bool(args.disable_tqdm))
+        progress = tqdm(
+            total=state.max_steps, desc="train", unit="step", disable=bool(args.disable_tqdm)
+        )
         while state.global_step < state.max_steps and not self.control.should_training_stop:
             if not order:
                 order = self._epoch_order()
@@ -253,11 +303,15 @@ class GRPOTrainer:
         progress.close()
         runtime = time.perf_counter() - started
         state.total_flos = flops
-        metrics = {"train_runtime": round(runtime, 4),
-                   "train_samples_per_second": round(
-                       state.global_step * args.num_generations / runtime, 3),
-                   "train_steps_per_second": round(state.global_step / runtime, 3),
-                   "total_flos": flops, "train_loss": sum(losses) / max(1, len(losses))}
+        metrics = {
+            "train_runtime": round(runtime, 4),
+            "train_samples_per_second": round(
+                state.global_step * args.num_generations / runtime, 3
+            ),
+            "train_steps_per_second": round(state.global_step / runtime, 3),
+            "total_flos": flops,
+            "train_loss": sum(losses) / max(1, len(losses)),
+        }
         self._log(dict(metrics))
         if self.trainer.ledger is not None:
             self.trainer.ledger.close()
@@ -275,8 +329,11 @@ class GRPOTrainer:
         if self.args.logging_strategy == "no":
             return False
         step = self.state.global_step
-        return (step % self.state.logging_steps == 0 or step == self.state.max_steps
-                or (step == 1 and self.args.logging_first_step))
+        return (
+            step % self.state.logging_steps == 0
+            or step == self.state.max_steps
+            or (step == 1 and self.args.logging_first_step)
+        )
 
     # ------------------------------------------------------------------ metrics
     def _record(self, name: str, value) -> None:
@@ -291,14 +348,20 @@ class GRPOTrainer:
         terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
         self.state.num_input_tokens_seen += record["prompt_len"] * len(lengths) + sum(lengths)
         config = self.trainer.config
-        advantages, sigma = standardised_advantages(scored.rewards.tolist(),
-                                                    scale=config.scale_rewards)
-        scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens,
-                                 truncated if config.mask_truncated else None)
+        advantages, sigma = standardised_advantages(
+            scored.rewards.tolist(), scale=config.scale_rewards
+        )
+        scales = sequence_scales(
+            lengths,
+            config.loss_type,
+            config.max_new_tokens,
+            truncated if config.mask_truncated else None,
+        )
         # TRL's loss value: the surrogate -sum_it A_i s_i / G at ratio 1.
         loss = -float((advantages * scales * torch.tensor(lengths)).sum()) / len(lengths)
         values = {
-            "loss": loss, "grad_norm": record["grad_norm"] or 0.0,
+            "loss": loss,
+            "grad_norm": record["grad_norm"] or 0.0,
             "num_tokens": float(self.state.num_input_tokens_seen),
             "completions/mean_length": sum(lengths) / len(lengths),
             "completions/min_length": float(min(lengths)),
@@ -312,8 +375,14 @@ class GRPOTrainer:
             column = scored.per_function[:, index]
             values[f"rewards/{name}/mean"] = nan_mean(column)
             values[f"rewards/{name}/std"] = nan_std(column)
-        values.update({"reward": nan_mean(scored.rewards), "reward_std": nan_std(scored.rewards),
-                       "frac_reward_zero_std": float(sigma == 0.0), "entropy": None})
+        values.update(
+            {
+                "reward": nan_mean(scored.rewards),
+                "reward_std": nan_std(scored.rewards),
+                "frac_reward_zero_std": float(sigma == 0.0),
+                "entropy": None,
+            }
+        )
         values.update({key: 0.0 for key in CLIP_RATIO_KEYS})
         values["step_time"] = seconds
         for name, value in values.items():
@@ -326,8 +395,9 @@ class GRPOTrainer:
         logs = {}
         for name, values in self._metrics.items():
             valid = [v for v in values if v is not None and not math.isnan(v)]
-            logs[name] = (valid[-1] if name == "num_tokens" else sum(valid) / len(valid)) \
-                if valid else None
+            logs[name] = (
+                (valid[-1] if name == "num_tokens" else sum(valid) / len(valid)) if valid else None
+            )
         self._metrics = {}
         return logs
 
@@ -351,9 +421,16 @@ class GRPOTrainer:
         for callback in self.callbacks:
             hook = getattr(callback, event, None)
             if hook is not None:
-                hook(self.args, self.state, self.control, model=self.model,
-                     processing_class=self.processing_class, optimizer=self.optimizer,
-                     lr_scheduler=self.lr_scheduler, **kwargs)
+                hook(
+                    self.args,
+                    self.state,
+                    self.control,
+                    model=self.model,
+                    processing_class=self.processing_class,
+                    optimizer=self.optimizer,
+                    lr_scheduler=self.lr_scheduler,
+                    **kwargs,
+                )
 
     # ------------------------------------------------------------------ prompts and saving
     def _encode_prompt(self, prompt) -> list[int]:
@@ -361,18 +438,24 @@ class GRPOTrainer:
         list, its tokenizer (else ours) for text; the last max_prompt_length kept."""
         if is_conversational(prompt):
             if self.processing_class is None:
-                raise ValueError("conversational prompts need processing_class (a tokenizer "
-                                 "with a chat template)")
+                raise ValueError(
+                    "conversational prompts need processing_class (a tokenizer "
+                    "with a chat template)"
+                )
             ids = self.processing_class.apply_chat_template(
-                [prompt], add_generation_prompt=True, tokenize=True, return_dict=True,
-                **(self.args.chat_template_kwargs or {}))["input_ids"][0]
+                [prompt],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **(self.args.chat_template_kwargs or {}),
+            )["input_ids"][0]
         elif self.processing_class is not None:
             ids = self.processing_class(text=prompt)["input_ids"]
         else:
             ids = self.policy.tokenizer.encode(prompt)
         ids = list(ids)
         if self.args.max_prompt_length is not None:
-            ids = ids[-self.args.max_prompt_length:]
+            ids = ids[-self.args.max_prompt_length :]
         return ids
 
     def save_model(self, output_dir: str | None = None) -> None:
@@ -396,8 +479,9 @@ class GRPOTrainer:
         directory = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
         with replaced_directory(directory) as staging:
             self._write_model(staging)
-            (staging / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=2)
-                                                        + "\n", encoding="utf-8")
+            (staging / "trainer_state.json").write_text(
+                json.dumps(asdict(self.state), indent=2) + "\n", encoding="utf-8"
+            )
         self._callback("on_save")
 
 
