@@ -253,6 +253,7 @@ class MultiQuestionRecord(SeedFlops):
 
 
 TOTALLED_FIELDS = ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full")
+FLOP_FIELDS = ("flops_out", "flops_full", "flops_pad_full")
 
 
 def read_record(line: dict) -> StepRecord | MultiQuestionRecord:

@@ -85,7 +85,10 @@ from rlvr_fast.files import append_line, write_json_atomic, write_text_atomic
 from rlvr_fast.generation import base_seed, sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.judge import GenerativeJudge
+from rlvr_fast.engine.counters import SUMMED_COUNTERS
 from rlvr_fast.ledger import (
+    FLOP_FIELDS,
+    TOTALLED_FIELDS,
     LedgerWriter,
     ParallelStats,
     StepRecord,
@@ -804,22 +807,7 @@ class RLVRTrainer:
                     self.check_finite(step, result.record)
                 if profiler is not None and step + 1 - self.start_step >= self.profile_steps:
                     profiler = self._stop_profiler(profiler)
-                for key in (
-                    "gen",
-                    "pref",
-                    "pad_pref",
-                    "untrim_gen",
-                    "leaf",
-                    "bwd_out",
-                    "bwd_full",
-                    "prefill_run",
-                    "decode_rows",
-                    "block_copies",
-                    "preemptions",
-                    "flops_out",
-                    "flops_full",
-                    "flops_pad_full",
-                ):
+                for key in (*TOTALLED_FIELDS, *SUMMED_COUNTERS, *FLOP_FIELDS):
                     totals[key] = totals.get(key, 0) + result.record[key]
                 for phase, seconds in result.record["seconds"].items():
                     totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs
+from rlvr_fast.ledger import FLOP_FIELDS
 from rlvr_fast.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -30,7 +31,6 @@ from rlvr_fast.stats import (
 
 BASE_LABEL = "base model (0 updates)"
 TOKEN_FIELDS = ("gen", "untrim_gen", "pref", "pad_pref", "bwd_out", "bwd_full")
-FLOP_FIELDS = ("flops_out", "flops_full", "flops_pad_full")
 METRICS = ("accuracy", "cap_hits")
 
 

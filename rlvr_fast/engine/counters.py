@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+# The counts that add up over steps (``peak_kv_blocks`` is a maximum).
+SUMMED_COUNTERS = ("prefill_run", "decode_rows", "block_copies", "preemptions")
+
+
 @dataclass
 class EngineCounters:
     """prefill_run: tokens run through multi-token (prefill) passes; decode_rows: rows run
