@@ -7,6 +7,8 @@ void register_block_manager(pybind11::module& m);
 void register_paged_attention(pybind11::module& m);
 void register_sampling(pybind11::module& m);
 void register_rms_norm(pybind11::module& m);
+void register_qk_norm_rope(pybind11::module& m);
+void register_silu_mul(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_zero_grad_adamw(m);
@@ -14,4 +16,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_paged_attention(m);
   register_sampling(m);
   register_rms_norm(m);
+  register_qk_norm_rope(m);
+  register_silu_mul(m);
 }

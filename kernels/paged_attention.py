@@ -11,17 +11,25 @@ values are already written to the sequence's blocks; query (r, t) attends to the
 ``context_lens[r, t]`` tokens of sequence r (its own position + 1 for a causal suffix). The same
 kernel serves it, one program per (query token, head), each query with its row's block table.
 
-The kernel runs one program per (sequence, KV head), serving the query heads that share that KV
-head together (GQA): it walks the sequence's blocks up to its length (a run-time loop bound),
-loads a [block_size, head_dim] tile of keys and values per block through the block table once for
-the whole group, and keeps an online-softmax running max, normaliser and weighted sum in fp32 per
-query head, so no gathered copy of the sequence's KV is ever made. block_size and head_dim must
-be powers of two.
+The kernel (flash-decoding) runs one program per (sequence, KV head, split of the context):
+the query heads sharing that KV head are served together (GQA). A split walks its share of the
+sequence's tiles, each ``TILE_TOKENS`` tokens (several cache blocks, each block's
+[block_size, head_dim] keys and values gathered through the block table once for the whole
+group), in a counted loop whose bounds come from the row's length read at run time, which
+Triton software-pipelines (the next tiles' loads in flight while one is reduced); it keeps an
+online-softmax max, normaliser and weighted sum in fp32 per query head, so no gathered copy of
+the sequence's KV is ever made. With one split the program writes the output; with more, each
+split writes its (max, normaliser, weighted sum) and a second kernel combines them exactly.
+The switch is ``decode_splits``: one split once B x KV heads fills the GPU twice over (every
+batch of 33 or more rows of Qwen3-0.6B's 8 KV heads), else as many as fill it, at most one per
+tile of the block table's width. Splits past a short row's length are empty and exit at once.
+block_size and head_dim must be powers of two.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +83,46 @@ def paged_prefill_attention_reference(
 if triton is not None:
 
     @triton.jit
+    def _attend_tile(
+        p_k,
+        p_v,
+        p_table,
+        p_kv,
+        b_q,
+        b_len,
+        i_tile,
+        b_max,
+        b_sum,
+        b_acc,
+        scale,
+        stride_kb,
+        stride_ks,
+        BLOCK_SIZE: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        TILE: tl.constexpr,
+    ):
+        """One tile of TILE tokens into the online softmax of the group's queries [G, D]."""
+        o_tok = i_tile * TILE + tl.arange(0, TILE)  # [T]
+        m_tok = o_tok < b_len
+        b_block = tl.load(p_table + o_tok // BLOCK_SIZE, mask=m_tok, other=0).to(tl.int64)
+        o_kv = (
+            b_block[:, None] * stride_kb
+            + (o_tok % BLOCK_SIZE)[:, None] * stride_ks
+            + p_kv
+            + tl.arange(0, HEAD_DIM)[None, :]
+        )
+        b_k = tl.load(p_k + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [T, D]
+        b_v = tl.load(p_v + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [T, D]
+        b_s = tl.sum(b_q[:, None, :] * b_k[None, :, :], axis=2) * scale  # [G, T]
+        b_s = tl.where(m_tok[None, :], b_s, float("-inf"))
+        b_new_max = tl.maximum(b_max, tl.max(b_s, axis=1))  # [G]
+        b_alpha = tl.exp(b_max - b_new_max)
+        b_p = tl.exp(b_s - b_new_max[:, None])  # [G, T]
+        b_sum = b_sum * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * b_alpha[:, None] + tl.sum(b_p[:, :, None] * b_v[None, :, :], axis=1)
+        return b_new_max, b_sum, b_acc
+
+    @triton.jit
     def _paged_attention_kernel(
         p_q,
         p_k,
@@ -82,6 +130,9 @@ if triton is not None:
         p_tables,
         p_lens,
         p_out,
+        p_part_acc,
+        p_part_max,
+        p_part_sum,
         scale,
         stride_qb,
         stride_qh,
@@ -93,71 +144,150 @@ if triton is not None:
         GROUP_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        TILE: tl.constexpr,
+        SPLITS: tl.constexpr,
+        STAGES: tl.constexpr,
+        PIPELINED: tl.constexpr,
     ):
         i_b = tl.program_id(0).to(tl.int64)
         i_kv = tl.program_id(1).to(tl.int64)
+        i_s = tl.program_id(2)
         o_g = tl.arange(0, GROUP_PAD)
         m_g = o_g < GROUP
         o_h = i_kv * GROUP + o_g  # the query heads that read KV head i_kv
         o_d = tl.arange(0, HEAD_DIM)
-        o_s = tl.arange(0, BLOCK_SIZE)
         p_qo = i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
         b_q = tl.load(p_q + p_qo, mask=m_g[:, None], other=0.0).to(tl.float32)  # [G, D]
         b_len = tl.load(p_lens + i_b)
+        tiles = tl.cdiv(b_len, TILE)
+        per_split = tl.cdiv(tiles, SPLITS)
+        first = i_s * per_split
+        last = tl.minimum(first + per_split, tiles)
         b_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         b_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         b_acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-        # The loop ends at the row's own length, read at run time, whatever the width of the
-        # block table (a CUDA graph captures one fixed width). A while loop, because the
-        # interpreter cannot take a loaded value as a range() bound.
-        i_blk = 0
-        while i_blk * BLOCK_SIZE < b_len:
-            o_tok = i_blk * BLOCK_SIZE + o_s
-            m_tok = o_tok < b_len
-            b_block = tl.load(p_tables + i_b * stride_tb + i_blk).to(tl.int64)
-            o_kv = b_block * stride_kb + o_s[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :]
-            b_k = tl.load(p_k + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
-            b_v = tl.load(p_v + o_kv, mask=m_tok[:, None], other=0.0).to(tl.float32)  # [BS, D]
-            b_s = tl.sum(b_q[:, None, :] * b_k[None, :, :], axis=2) * scale  # [G, BS]
-            b_s = tl.where(m_tok[None, :], b_s, float("-inf"))
-            b_new_max = tl.maximum(b_max, tl.max(b_s, axis=1))  # [G]
-            b_alpha = tl.exp(b_max - b_new_max)
-            b_p = tl.exp(b_s - b_new_max[:, None])  # [G, BS]
-            b_sum = b_sum * b_alpha + tl.sum(b_p, axis=1)
-            b_acc = b_acc * b_alpha[:, None] + tl.sum(b_p[:, :, None] * b_v[None, :, :], axis=1)
-            b_max = b_new_max
-            i_blk += 1
-        tl.store(
-            p_out + p_qo, (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty), mask=m_g[:, None]
-        )
+        p_table = p_tables + i_b * stride_tb
+        p_kv = i_kv * stride_kh
+        # Bounds read at run time end the loop at the row's own length whatever the block
+        # table's width (a CUDA graph captures one fixed width). Compiled, a counted loop, which
+        # the compiler pipelines; the interpreter cannot take a loaded value as a loop bound
+        # (numpy 2 refuses int() of its one-element scalars), so there the same step runs in a
+        # while loop.
+        if PIPELINED:
+            for i_tile in tl.range(first, last, num_stages=STAGES):
+                b_max, b_sum, b_acc = _attend_tile(
+                    p_k,
+                    p_v,
+                    p_table,
+                    p_kv,
+                    b_q,
+                    b_len,
+                    i_tile,
+                    b_max,
+                    b_sum,
+                    b_acc,
+                    scale,
+                    stride_kb,
+                    stride_ks,
+                    BLOCK_SIZE,
+                    HEAD_DIM,
+                    TILE,
+                )
+        else:
+            i_tile = first
+            while i_tile < last:
+                b_max, b_sum, b_acc = _attend_tile(
+                    p_k,
+                    p_v,
+                    p_table,
+                    p_kv,
+                    b_q,
+                    b_len,
+                    i_tile,
+                    b_max,
+                    b_sum,
+                    b_acc,
+                    scale,
+                    stride_kb,
+                    stride_ks,
+                    BLOCK_SIZE,
+                    HEAD_DIM,
+                    TILE,
+                )
+                i_tile += 1
+        if SPLITS == 1:
+            b_out = (b_acc / b_sum[:, None]).to(p_out.dtype.element_ty)
+            tl.store(p_out + p_qo, b_out, mask=m_g[:, None])
+        else:
+            # Partials [B, Hq, SPLITS] (max, normaliser) and [B, Hq, SPLITS, D] (sum).
+            o_part = (i_b * (tl.num_programs(1) * GROUP) + o_h) * SPLITS + i_s  # [G]
+            tl.store(p_part_max + o_part, b_max, mask=m_g)
+            tl.store(p_part_sum + o_part, b_sum, mask=m_g)
+            p_acc = p_part_acc + o_part[:, None] * HEAD_DIM + o_d[None, :]
+            tl.store(p_acc, b_acc, mask=m_g[:, None])
+
+    @triton.jit
+    def _combine_splits_kernel(
+        p_part_acc,
+        p_part_max,
+        p_part_sum,
+        p_out,
+        stride_qb,
+        stride_qh,
+        Q_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        SPLITS: tl.constexpr,
+        SPLITS_PAD: tl.constexpr,
+    ):
+        i_b = tl.program_id(0).to(tl.int64)
+        i_h = tl.program_id(1).to(tl.int64)
+        o_s = tl.arange(0, SPLITS_PAD)
+        m_s = o_s < SPLITS
+        o_d = tl.arange(0, HEAD_DIM)
+        o_part = (i_b * Q_HEADS + i_h) * SPLITS + o_s  # [S]
+        b_max = tl.load(p_part_max + o_part, mask=m_s, other=float("-inf"))
+        b_sum = tl.load(p_part_sum + o_part, mask=m_s, other=0.0)
+        b_acc = tl.load(
+            p_part_acc + o_part[:, None] * HEAD_DIM + o_d[None, :], mask=m_s[:, None], other=0.0
+        )  # [S, D]
+        b_top = tl.max(b_max, axis=0)  # finite: split 0 holds the row's first token
+        # An empty split has max -inf and weight exp(-inf) = 0.
+        b_weight = tl.exp(b_max - b_top)  # [S]
+        b_norm = tl.sum(b_sum * b_weight, axis=0)
+        b_out = tl.sum(b_acc * b_weight[:, None], axis=0) / b_norm  # [D]
+        p_o = p_out + i_b * stride_qb + i_h * stride_qh + o_d
+        tl.store(p_o, b_out.to(p_out.dtype.element_ty))
 
 
-def paged_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> torch.Tensor:
-    """Triton version of ``paged_attention_reference`` (CUDA, or CPU under TRITON_INTERPRET=1).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Programs that fill an H100 / H200 (132 SMs) twice over; tokens per tile (a multiple of the
+# engine's 16-token blocks).
+TARGET_PROGRAMS = 2 * 132
+TILE_TOKENS = 64
+MAX_SPLITS = 16
 
-    Every sequence needs seq_len >= 1; blocks past a sequence's length are never read.
-    """
-    if triton is None:
-        raise RuntimeError("the Triton backend needs the triton package")
+
+def decode_splits(batch: int, kv_heads: int, capacity: int) -> int:
+    """Splits of the context per (row, KV head): 1 when batch x KV heads fills the GPU, else
+    enough to, at most one per tile of ``capacity`` tokens (the block table's width) and at
+    most ``MAX_SPLITS``. Shapes only: a CUDA graph captures one choice."""
+    programs = max(1, batch * kv_heads)
+    tiles = max(1, -(-capacity // TILE_TOKENS))
+    return max(1, min(-(-TARGET_PROGRAMS // programs), tiles, MAX_SPLITS))
+
+
+def _attention_launch(q, k_cache, v_cache, block_tables, seq_lens, out, partials, splits):
     batch, q_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables = block_tables.contiguous()
-    out = torch.empty_like(q)
     group = q_heads // kv_heads
-    _paged_attention_kernel[(batch, kv_heads)](
+    _paged_attention_kernel[(batch, kv_heads, splits)](
         q,
         k_cache,
         v_cache,
         block_tables,
         seq_lens,
         out,
+        *partials,
         1.0 / math.sqrt(head_dim),
         q.stride(0),
         q.stride(1),
@@ -169,8 +299,81 @@ def paged_attention_triton(
         GROUP_PAD=triton.next_power_of_2(group),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        TILE=max(TILE_TOKENS, block_size),
+        SPLITS=splits,
+        STAGES=3,
+        PIPELINED=not INTERPRETED,
+    )
+
+
+def _checked(q, k_cache, v_cache, block_tables):
+    if triton is None:
+        raise RuntimeError("the Triton backend needs the triton package")
+    return q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_tables.contiguous()
+
+
+def paged_attention_one_split(q, k_cache, v_cache, block_tables, seq_lens) -> torch.Tensor:
+    """The kernel with one split per (row, KV head): [B, Hq, D] in q's dtype."""
+    q, k_cache, v_cache, block_tables = _checked(q, k_cache, v_cache, block_tables)
+    out = torch.empty_like(q)
+    _attention_launch(q, k_cache, v_cache, block_tables, seq_lens, out, (out, out, out), 1)
+    return out
+
+
+def paged_attention_splits(
+    q, k_cache, v_cache, block_tables, seq_lens, splits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel over ``splits`` splits of each row's context: per (row, query head, split)
+    the weighted sum of values [B, Hq, S, D], the running max and the normaliser [B, Hq, S],
+    all fp32 (``combine_splits`` finishes them)."""
+    q, k_cache, v_cache, block_tables = _checked(q, k_cache, v_cache, block_tables)
+    batch, q_heads, head_dim = q.shape
+    acc = torch.empty((batch, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+    top = torch.empty((batch, q_heads, splits), dtype=torch.float32, device=q.device)
+    norm = torch.empty_like(top)
+    _attention_launch(q, k_cache, v_cache, block_tables, seq_lens, q, (acc, top, norm), splits)
+    return acc, top, norm
+
+
+def combine_splits(
+    acc: torch.Tensor, top: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The splits' partials -> attention output [B, Hq, D] in ``dtype``."""
+    batch, q_heads, splits, head_dim = acc.shape
+    out = torch.empty((batch, q_heads, head_dim), dtype=dtype, device=acc.device)
+    _combine_splits_kernel[(batch, q_heads)](
+        acc,
+        top,
+        norm,
+        out,
+        out.stride(0),
+        out.stride(1),
+        Q_HEADS=q_heads,
+        HEAD_DIM=head_dim,
+        SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits),
     )
     return out
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """Triton version of ``paged_attention_reference`` (CUDA, or CPU under TRITON_INTERPRET=1).
+
+    Every sequence needs seq_len >= 1; blocks past a sequence's length are never read.
+    ``splits``: the context splits (default ``decode_splits``)."""
+    _, block_size, kv_heads, _ = k_cache.shape
+    splits = splits or decode_splits(q.shape[0], kv_heads, block_tables.shape[1] * block_size)
+    if splits == 1:
+        return paged_attention_one_split(q, k_cache, v_cache, block_tables, seq_lens)
+    partials = paged_attention_splits(q, k_cache, v_cache, block_tables, seq_lens, splits)
+    return combine_splits(*partials, q.dtype)
 
 
 def paged_prefill_attention_triton(
@@ -179,12 +382,14 @@ def paged_prefill_attention_triton(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
+    decode=paged_attention_triton,
 ) -> torch.Tensor:
     """Triton version of ``paged_prefill_attention_reference``: every query token becomes one
-    decode query carrying its row's block table and its own context length."""
+    decode query carrying its row's block table and its own context length, attended by
+    ``decode`` (``paged_attention_triton``'s arguments)."""
     rows, q_heads, tokens, head_dim = q.shape
     flat_q = q.transpose(1, 2).reshape(rows * tokens, q_heads, head_dim)
     # One query per row (decode) uses the tables as they are.
     tables = block_tables if tokens == 1 else block_tables.repeat_interleave(tokens, dim=0)
-    out = paged_attention_triton(flat_q, k_cache, v_cache, tables, context_lens.reshape(-1))
+    out = decode(flat_q, k_cache, v_cache, tables, context_lens.reshape(-1))
     return out.view(rows, tokens, q_heads, head_dim).transpose(1, 2)

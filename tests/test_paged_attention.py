@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from devices import CUDA, DEVICE, on_device
 from rlvr_fast._C import BlockManager
 from rlvr_fast.engine.kv_storage import PagedKVStorage
-from rlvr_fast.models.attention import store_kv
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
@@ -35,6 +34,13 @@ def write_sequence(k_cache, v_cache, table, k, v) -> None:
     )
     k_cache.view(-1, *k_cache.shape[2:])[slots] = k
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v
+
+
+def store_kv(cache, k, v, slot_mapping) -> None:
+    """Write k, v [R, Hkv, T, D] into one layer's cache at slot_mapping [R * T]."""
+    slots_shape = cache.key_slots.shape
+    cache.key_slots.index_copy_(0, slot_mapping, k.transpose(1, 2).reshape(-1, *slots_shape[1:]))
+    cache.value_slots.index_copy_(0, slot_mapping, v.transpose(1, 2).reshape(-1, *slots_shape[1:]))
 
 
 def contiguous_attention(q, keys, values):

@@ -1,16 +1,13 @@
 """Next-token sampling with the study's temperature + top-p rule, on the device, one stream per
-sequence.
+sequence: ``SamplingParams`` and the one switch ``sample_tokens``.
 
-Rule (seed §1): p = softmax(logits / T); sort p descending; keep a token while the cumulative
-probability *before* it is < top_p (the first token is always kept); renormalise; draw.
-``temperature == 0`` is greedy (argmax), used for evaluation.
-
-The draw is an exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is distributed
-as p (renormalising is not needed: it scales every p_i / E_i alike). E_i = -log u_i comes from a
-counter-based hash of (the sequence's seed, the position being sampled, the rank i), so a
-sequence's tokens depend only on its own seed and its own logits: not on which other sequences
-share the batch, on the batch's order, or on how many draws came before. Everything stays on the
-device (no host read, no generator state), which is what lets a CUDA graph replay the sampler.
+The rule and the draw (an exponential race on noise hashed from the sequence's seed, the position
+and the rank, so that a sequence's tokens never depend on the batch) are defined in
+``rlvr_fast.kernels.top_p_sampling`` with its torch reference. ``temperature == 0`` is greedy
+(argmax), used for evaluation. Everything stays on the device (no host read, no generator state),
+which is what lets a CUDA graph replay the sampler. Backends: "triton" (CUDA and meta tensors:
+three passes over the logits, no sort), "cpp" (CPU, one C++ call, ``csrc/sampling.cpp``), "torch"
+(the reference, any device).
 """
 
 from __future__ import annotations
@@ -19,15 +16,27 @@ from dataclasses import dataclass
 
 import torch
 
-# splitmix64 (Steele, Lea and Flood 2014): odd multipliers of the key and its finaliser, as
-# signed 64-bit integers (torch's int64 arithmetic wraps modulo 2^64 on CPU and CUDA).
-_SEED_MULTIPLIER = 0x9E3779B97F4A7C15 - 2**64
-_POSITION_MULTIPLIER = 0xD1B54A32D192ED03 - 2**64
-_RANK_MULTIPLIER = 0x8CB92BA72F3D8DD7 - 2**64
-_MIX_1 = 0xBF58476D1CE4E5B9 - 2**64
-_MIX_2 = 0x94D049BB133111EB - 2**64
-_UNIFORM_BITS = 23  # (k + 0.5) / 2^23 needs 24 significant bits: exact in float32
-_ranks: dict[tuple[int, torch.device], torch.Tensor] = {}
+from rlvr_fast.kernels.top_p_sampling import (
+    MIX_1,
+    MIX_2,
+    POSITION_MULTIPLIER,
+    SEED_MULTIPLIER,
+    sample_tokens_reference,
+    top_p_probs,
+    uniform_noise,
+)
+from rlvr_fast.ops.backends import TRITON_DEVICES
+from rlvr_fast.ops.top_p_sampling import sample_top_p
+
+__all__ = [
+    "SamplingParams",
+    "default_sampler_backend",
+    "derive_seed",
+    "sample_tokens",
+    "sample_tokens_reference",
+    "top_p_probs",
+    "uniform_noise",
+]
 
 
 @dataclass(frozen=True)
@@ -56,49 +65,12 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def _logical_shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic, logical shifts)."""
-    x = (x ^ _logical_shift_right(x, 30)) * _MIX_1
-    x = (x ^ _logical_shift_right(x, 27)) * _MIX_2
-    return x ^ _logical_shift_right(x, 31)
-
-
-def _rank_keys(width: int, device: torch.device) -> torch.Tensor:
-    key = (width, device)
-    if key not in _ranks:
-        _ranks[key] = torch.arange(width, dtype=torch.int64, device=device) * _RANK_MULTIPLIER
-    return _ranks[key]
-
-
-def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
-    """u [B, width] float32 in (0, 1): u[b, i] is a hash of (seeds[b], positions[b], i).
-
-    seeds, positions [B] int64 on the device that gets the noise."""
-    key = seeds * _SEED_MULTIPLIER + positions * _POSITION_MULTIPLIER
-    bits = _logical_shift_right(
-        _mix(key[:, None] + _rank_keys(width, seeds.device)), 64 - _UNIFORM_BITS
-    )
-    return (bits.float() + 0.5) * (1.0 / 2**_UNIFORM_BITS)
-
-
-def top_p_probs(logits: torch.Tensor, temperature, top_p) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] -> (kept probabilities in descending order, 0 where dropped [B, V], and the
-    token id of each rank [B, V]). ``temperature`` and ``top_p`` are floats or 0-d tensors."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
-    return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
-
-
 def default_sampler_backend(device: torch.device) -> str:
-    """ "cpp" on CPU (one C++ call per step, ``csrc/sampling.cpp``), else "torch" (the
-    reference's device ops, which a CUDA graph captures)."""
-    return "cpp" if device.type == "cpu" else "torch"
+    """ "cpp" on CPU (one C++ call per step, ``csrc/sampling.cpp``), "triton" on CUDA (and on
+    the meta device, which stands for it), else "torch"."""
+    if device.type == "cpu":
+        return "cpp"
+    return "triton" if device.type in TRITON_DEVICES else "torch"
 
 
 def sample_tokens(
@@ -109,16 +81,21 @@ def sample_tokens(
     top_p,
     *,
     greedy: bool,
-    backend: str = "torch",
+    backend: str | None = None,
 ) -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64, on logits' device).
 
     ``seeds`` [B] int64 is each sequence's stream and ``positions`` [B] int64 the index in the
     sequence of the token being drawn; both ignored when greedy. ``backend`` "torch" (any
-    device; temperature and top_p may be 0-d tensors) or "cpp" (CPU, float temperature and
-    top_p; equal to "torch" up to float32 rounding)."""
+    device; temperature and top_p may be 0-d tensors), "triton" (CUDA, or CPU under
+    TRITON_INTERPRET=1) or "cpp" (CPU, float temperature and top_p); the last two equal "torch"
+    up to float32 rounding. Default: "triton" on CUDA and meta tensors, else "torch"."""
     if greedy:
         return logits.argmax(dim=-1)
+    if backend is None:
+        backend = "triton" if logits.device.type in TRITON_DEVICES else "torch"
+    if backend == "triton":
+        return sample_top_p(logits, seeds, positions, temperature, top_p)
     if backend == "cpp":
         from rlvr_fast._C import sample_top_p_cpu  # built by setup.py
 
@@ -126,22 +103,12 @@ def sample_tokens(
     return sample_tokens_reference(logits, seeds, positions, temperature, top_p)
 
 
-def sample_tokens_reference(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature, top_p
-) -> torch.Tensor:
-    """The sampled draw in torch ops, the definition the C++ version follows."""
-    kept, ids = top_p_probs(logits, temperature, top_p)
-    exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))
-    choice = (kept / exponential).argmax(dim=-1, keepdim=True)
-    return ids.gather(1, choice).squeeze(1)
-
-
 def derive_seed(base: int, index: int) -> int:
     """A 63-bit seed for stream ``index`` of a family rooted at ``base`` (splitmix64 of the
     pair), so that planners can give related sequences unrelated streams by structure (root k,
     branch (k, b)) rather than by the order they happen to be sampled in."""
     mask = 2**64 - 1
-    x = (base * (_SEED_MULTIPLIER % 2**64) + (index + 1) * (_POSITION_MULTIPLIER % 2**64)) & mask
-    x = ((x ^ (x >> 30)) * (_MIX_1 % 2**64)) & mask
-    x = ((x ^ (x >> 27)) * (_MIX_2 % 2**64)) & mask
+    x = (base * (SEED_MULTIPLIER % 2**64) + (index + 1) * (POSITION_MULTIPLIER % 2**64)) & mask
+    x = ((x ^ (x >> 30)) * (MIX_1 % 2**64)) & mask
+    x = ((x ^ (x >> 27)) * (MIX_2 % 2**64)) & mask
     return (x ^ (x >> 31)) >> 1

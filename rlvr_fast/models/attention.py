@@ -1,9 +1,10 @@
 """Attention as the decoder's layers run it, given the pass's ``ForwardContext``.
 
-A cache-free pass attends densely (SDPA) with the context's mask. A paged pass first stores the
-new tokens' keys and values in their cache slots, then attends either densely within the pass
-(every row fresh: nothing cached before, so the new tokens are all there is to see) or through
-the paged cache with the backend the engine resolved (``rlvr_fast.ops.paged_attention``).
+A cache-free pass attends densely (SDPA) with the context's mask. A paged pass first normalises
+and rotates q and k and stores the new tokens' keys and values in their cache slots, in one op
+(``rlvr_fast.ops.qk_norm_rope``), then attends either densely within the pass (every row fresh:
+nothing cached before, so the new tokens are all there is to see) or through the paged cache
+with the backend the engine resolved (``rlvr_fast.ops.paged_attention``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlvr_fast.models.context import ForwardContext, LayerCache
+from rlvr_fast.kernels.qk_norm_rope import split_heads
+from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops.paged_attention import paged_prefill_attention
+from rlvr_fast.ops.qk_norm_rope import qk_norm_rope_store
 
 
 def dense_attention(
@@ -29,26 +32,39 @@ def dense_attention(
     )
 
 
-def store_kv(
-    cache: LayerCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write k, v [R, Hkv, T, D] into one layer's cache at slot_mapping [R * T] (row-major over
-    (r, t))."""
-    slots_shape = cache.key_slots.shape
-    cache.key_slots.index_copy_(0, slot_mapping, k.transpose(1, 2).reshape(-1, *slots_shape[1:]))
-    cache.value_slots.index_copy_(0, slot_mapping, v.transpose(1, 2).reshape(-1, *slots_shape[1:]))
-
-
-def attend(
-    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: ForwardContext
+def attend_paged(
+    layer: int,
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    context: ForwardContext,
 ) -> torch.Tensor:
-    """q [R, Hq, T, D], k / v [R, Hkv, T, D] of this pass's tokens -> [R, Hq, T, D]."""
-    if context.kv_cache is None:
-        return dense_attention(q, k, v, context.mask)
+    """qkv [R, T, (Hq + 2Hkv) D] of this pass's tokens, cos / signed_sin [R, T, 1, D] ->
+    [R, Hq, T, D]; stores the tokens' keys and values in layer ``layer``'s cache first."""
     cache = context.kv_cache[layer]
-    store_kv(cache, k, v, context.slot_mapping)
+    rows, tokens, width = qkv.shape
+    _, kv_heads, head_dim = cache.key_slots.shape
+    num_heads = width // head_dim - 2 * kv_heads
+    q, k = qk_norm_rope_store(
+        qkv.view(rows * tokens, width),
+        q_weight,
+        k_weight,
+        eps,
+        cos.reshape(rows * tokens, head_dim),
+        signed_sin.reshape(rows * tokens, head_dim),
+        cache.key_slots,
+        cache.value_slots,
+        context.slot_mapping,
+        num_heads,
+    )
+    q = q.view(rows, tokens, num_heads, head_dim).transpose(1, 2)
     if context.fresh:
-        return dense_attention(q, k, v, None)
+        v = split_heads(qkv, num_heads, kv_heads, head_dim)[1]
+        k = k.view(rows, tokens, kv_heads, head_dim).transpose(1, 2)
+        return dense_attention(q, k, v.transpose(1, 2), None)
     return paged_prefill_attention(
         q,
         cache.keys,

@@ -20,13 +20,14 @@ theta, softmax scale 1/sqrt(D).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from rlvr_fast.models.attention import attend
+from rlvr_fast.kernels.qk_norm_rope import apply_rope, split_heads
+from rlvr_fast.models.attention import attend_paged, dense_attention
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.context import ForwardContext
-from rlvr_fast.ops.rms_norm import rms_norm
+from rlvr_fast.ops.rms_norm import add_rms_norm, rms_norm
+from rlvr_fast.ops.silu_mul import silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -71,13 +72,6 @@ class RotaryEmbedding(nn.Module):
         return self._inv_freq[device]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE, x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1): here
-    as x * cos + (x2, x1) * (-sin1, sin2), one roll instead of a split, a negation and a cat,
-    and equal to it bit for bit (negating a factor is exact)."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -98,8 +92,24 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: ForwardContext
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
-        heads = self.qkv_proj(x).view(batch, seq, -1, self.head_dim)  # [B, T, Hq + 2Hkv, D]
-        qk, v = heads[:, :, : self.num_heads + self.num_kv_heads], heads[:, :, -self.num_kv_heads :]
+        qkv = self.qkv_proj(x)  # [B, T, (Hq + 2Hkv) D]
+        if context.kv_cache is None:
+            out = dense_attention(*self.rotated_heads(qkv, cos, sin), context.mask)
+        else:
+            # A paged pass: norm, RoPE and the KV store in one fused op, then paged attention.
+            weights = (
+                (self.q_norm.weight, self.k_norm.weight)
+                if self.q_norm is not None
+                else (None, None)
+            )
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            out = attend_paged(self.layer_idx, qkv, *weights, eps, cos, sin, context)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.q_size))
+
+    def rotated_heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, Hq, T, D], k, v [B, Hkv, T, D] of a cache-free pass, in the decoder's torch ops
+        (which autograd differentiates)."""
+        qk, v = split_heads(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             # Every head normalised on its own: q and k heads in one pass, each with its weight.
             weight = torch.cat(
@@ -111,9 +121,7 @@ class Attention(nn.Module):
             qk = rms_norm(qk, weight, self.q_norm.eps)
         # q and k share one RoPE pass: half the element-wise launches of rotating them apart.
         qk = apply_rope(qk, cos, sin).transpose(1, 2)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out = attend(self.layer_idx, q, k, v.transpose(1, 2), context)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.q_size))
+        return qk[:, : self.num_heads], qk[:, self.num_heads :], v.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -123,8 +131,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -136,8 +143,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, context):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The residual add and the post-attention norm in one op (the same roundings).
+        norm = self.post_attention_layernorm
+        h, x = add_rms_norm(
+            self.self_attn(self.input_layernorm(x), cos, sin, context), x, norm.weight, norm.eps
+        )
+        return x + self.mlp(h)
 
 
 class DecoderModel(nn.Module):

@@ -1,11 +1,12 @@
 """``paged_attention``: one decode query per sequence against a paged KV cache;
 ``paged_prefill_attention``: a suffix of new tokens per sequence on top of its cached blocks.
 
-CUDA tensors use the Triton kernel; float32 CPU tensors the C++ kernel
+CUDA (and meta) tensors use the Triton kernel, split over the context for small batches, each
+launch a ``rlvr_fast::`` custom op; float32 CPU tensors the C++ kernel
 (``csrc/paged_attention.cpp``); both read the blocks in place through the block tables. Other
 CPU tensors use the torch reference (gather). ``default_backend`` is the one switch: the rollout
 engine resolves it once per run; ``backend=`` overrides it (tests run the Triton kernel on CPU
-under TRITON_INTERPRET=1). Shapes and semantics are documented in
+under TRITON_INTERPRET=1). Shapes, semantics and the split switch are documented in
 ``rlvr_fast.kernels.paged_attention``.
 """
 
@@ -14,11 +15,79 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.paged_attention import (
+    combine_splits,
+    decode_splits,
+    paged_attention_one_split,
     paged_attention_reference,
-    paged_attention_triton,
+    paged_attention_splits,
     paged_prefill_attention_reference,
     paged_prefill_attention_triton,
 )
+from rlvr_fast.ops.backends import TRITON_DEVICES
+
+
+@torch.library.custom_op("rlvr_fast::paged_attention", mutates_args=())
+def paged_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    return paged_attention_one_split(q, k_cache, v_cache, block_tables, seq_lens)
+
+
+@paged_attention_op.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("rlvr_fast::paged_attention_splits", mutates_args=())
+def paged_attention_splits_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    splits: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return paged_attention_splits(q, k_cache, v_cache, block_tables, seq_lens, splits)
+
+
+@paged_attention_splits_op.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, splits):
+    batch, q_heads, head_dim = q.shape
+    top = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
+    return q.new_empty((batch, q_heads, splits, head_dim), dtype=torch.float32), top, top.clone()
+
+
+@torch.library.custom_op("rlvr_fast::combine_splits", mutates_args=())
+def combine_splits_op(
+    acc: torch.Tensor, top: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    return combine_splits(acc, top, norm, dtype)
+
+
+@combine_splits_op.register_fake
+def _(acc, top, norm, dtype):
+    batch, q_heads, _, head_dim = acc.shape
+    return acc.new_empty((batch, q_heads, head_dim), dtype=dtype)
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens):
+    """The Triton kernel, one launch per custom op: unsplit, or splits then their combine."""
+    _, block_size, kv_heads, _ = k_cache.shape
+    splits = decode_splits(q.shape[0], kv_heads, block_tables.shape[1] * block_size)
+    if splits == 1:
+        return paged_attention_op(q, k_cache, v_cache, block_tables, seq_lens)
+    partials = paged_attention_splits_op(q, k_cache, v_cache, block_tables, seq_lens, splits)
+    return combine_splits_op(*partials, q.dtype)
+
+
+def paged_prefill_attention_triton_ops(q, k_cache, v_cache, block_tables, context_lens):
+    return paged_prefill_attention_triton(
+        q, k_cache, v_cache, block_tables, context_lens, decode=paged_attention_triton
+    )
 
 
 def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens):
@@ -40,14 +109,14 @@ BACKENDS = {
 }
 PREFILL_BACKENDS = {
     "torch": paged_prefill_attention_reference,
-    "triton": paged_prefill_attention_triton,
+    "triton": paged_prefill_attention_triton_ops,
     "cpp": paged_prefill_attention_cpp,
 }
 
 
 def default_backend(device: torch.device, dtype: torch.dtype) -> str:
     """The paged-attention backend for a cache on ``device`` holding ``dtype``."""
-    if device.type == "cuda":
+    if device.type in TRITON_DEVICES:
         return "triton"
     return "cpp" if dtype == torch.float32 else "torch"
 
