@@ -104,6 +104,7 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int = 512) -> OpC
     """Ops of one sampled decode step (``DecodeGraphs._step``) at ``batch`` rows."""
     graphs = meta_decode_graphs(config, batch, context)
     counts = OpCounts(wide=batch * config.vocab_size)
+    graphs._step(batch, greedy=False)  # the capture's warm-up (it caches RoPE's frequencies)
     with CountKernels(counts):
         graphs._step(batch, greedy=False)
     return counts

@@ -32,10 +32,10 @@ void check_inputs(const torch::Tensor& qkv, const torch::Tensor& cos, const torc
   const int64_t kv_heads = key_slots.size(1), dim = key_slots.size(2);
   TORCH_CHECK(dim % 2 == 0 && qkv.size(1) == (num_heads + 2 * kv_heads) * dim,
               "qk_norm_rope_store_cpu: qkv width must be (Hq + 2 Hkv) * D with D even");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) &&
-                  cos.size(1) == dim && cos.scalar_type() == at::kFloat &&
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() >= 1 && cos.size(-1) == dim &&
+                  cos.numel() == qkv.size(0) * dim && cos.scalar_type() == at::kFloat &&
                   sin.scalar_type() == at::kFloat,
-              "qk_norm_rope_store_cpu: cos and sin must be float32 [N, D]");
+              "qk_norm_rope_store_cpu: cos and sin must be float32 [..., D] with N rows");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
                   slot_mapping.size(0) == qkv.size(0),
               "qk_norm_rope_store_cpu: slot_mapping must be int64 [N]");

@@ -263,7 +263,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Programs that fill an H100 / H200 (132 SMs) twice over; tokens per tile (a multiple of the
 # engine's 16-token blocks).
 TARGET_PROGRAMS = 2 * 132
-TILE_TOKENS = 64
+TILE_TOKENS = 32
 MAX_SPLITS = 16
 
 

@@ -3,7 +3,7 @@ RoPE, and the store of the new keys and values into their cache slots.
 
 Input: the packed projection qkv [N, (Hq + 2 Hkv) D] of N tokens (q heads, then k heads, then v
 heads, as ``qkv_proj`` writes them), cos and signed sin [N, D] in the activation dtype (the
-rotary module's, the first half of sin negated), the slot of every token [N] int64 and one
+rotary module's, the first half of sin negated; any shape [..., D] of N rows), the slot of every token [N] int64 and one
 layer's cache viewed by slot, key_slots / value_slots [S, Hkv, D].
 Output: q [N, Hq, D] and k [N, Hkv, D], normalised and rotated; k and v are also written at
 their slots.
@@ -70,6 +70,8 @@ def qk_norm_rope_store_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference of the fused op on N tokens: q [N, Hq, D], k [N, Hkv, D]; k and v stored
     at ``slot_mapping``."""
+    head_dim = key_slots.shape[2]
+    cos, signed_sin = cos.reshape(-1, head_dim), signed_sin.reshape(-1, head_dim)
     q, k, v = qk_norm_rope_reference(
         qkv, q_weight, k_weight, eps, cos, signed_sin, num_heads, key_slots.shape[1]
     )
@@ -164,12 +166,13 @@ def qk_norm_rope_store_triton(
     qkv, q_weight, k_weight, eps, cos, signed_sin, key_slots, value_slots, slot_mapping, num_heads
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``qk_norm_rope_store_reference`` on qkv [N, W] (rows may be strided,
-    the last dim contiguous), cos / signed_sin [N, D]; cache slots [S, Hkv, D] contiguous per
-    slot. CUDA, or CPU under TRITON_INTERPRET=1."""
+    the last dim contiguous), cos / signed_sin [..., D] of N rows; cache slots [S, Hkv, D]
+    contiguous per slot. CUDA, or CPU under TRITON_INTERPRET=1."""
     if triton is None:
         raise RuntimeError("the Triton backend needs the triton package")
     tokens = qkv.shape[0]
     _, kv_heads, head_dim = key_slots.shape
+    cos, signed_sin = cos.reshape(-1, head_dim), signed_sin.reshape(-1, head_dim)
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((tokens, kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     norm = q_weight is not None

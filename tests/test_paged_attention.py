@@ -10,6 +10,7 @@ from devices import CUDA, DEVICE, on_device
 from rlvr_fast._C import BlockManager
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.kernels.paged_attention import decode_splits, paged_attention_triton
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
 
 BACKENDS = ["triton"] if CUDA else ["torch", "triton", "cpp"]
@@ -86,6 +87,50 @@ def test_paged_attention_matches_contiguous(backend, q_heads, kv_heads, head_dim
         torch.testing.assert_close(
             out[row], contiguous_attention(q[row], k, v), rtol=1e-5, atol=1e-5
         )
+
+
+@on_device
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_triton_split_context_matches_contiguous(splits, block_size):
+    """Flash-decoding: each row's context split into ``splits`` shares (some empty for short
+    rows), tiles of several blocks, the partials combined; bf16 as the GPU decodes."""
+    generator = torch.Generator().manual_seed(splits)
+    q_heads, kv_heads, head_dim = 4, 2, 32
+    lengths = [1, 15, 32, 33, 300]
+    manager = BlockManager(64, block_size)
+    k_cache, v_cache = empty_cache(64, block_size, kv_heads, head_dim)
+    k_cache, v_cache = k_cache.bfloat16(), v_cache.bfloat16()
+    seqs, contiguous = [], []
+    for length in lengths:
+        seq = manager.allocate(length)
+        k = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE, torch.bfloat16)
+        v = torch.randn(length, kv_heads, head_dim, generator=generator).to(DEVICE, torch.bfloat16)
+        write_sequence(k_cache, v_cache, manager.block_table(seq), k, v)
+        seqs.append(seq)
+        contiguous.append((k.float(), v.float()))
+    q = torch.randn(len(lengths), q_heads, head_dim, generator=generator).to(DEVICE, torch.bfloat16)
+    out = paged_attention_triton(
+        q,
+        k_cache,
+        v_cache,
+        manager.block_tables(seqs).to(DEVICE),
+        torch.tensor(lengths, device=DEVICE),
+        splits=splits,
+    )
+    assert out.dtype == torch.bfloat16
+    for row, (k, v) in enumerate(contiguous):
+        expected = contiguous_attention(q[row].float(), k, v)
+        torch.testing.assert_close(out[row].float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_the_split_switch():
+    """One split once rows x KV heads fill the GPU twice over; else enough to, bounded by the
+    tiles of the block table and by 16; shapes alone decide (a CUDA graph captures one)."""
+    assert decode_splits(64, 8, 16384) == 1
+    assert decode_splits(8, 8, 16384) == 5
+    assert decode_splits(1, 8, 16384) == 16
+    assert decode_splits(1, 8, 100) == 4, "a 100-token table holds four 32-token tiles"
 
 
 @on_device

@@ -10,8 +10,9 @@ import pytest
 from aot_sm90 import compile_for_sm90
 
 VOCAB, BLOCK_V = 151_936, 4096
-# Qwen3-0.6B: 16 query heads share 8 KV heads, head_dim 128, the engine's 16-token blocks.
-GROUP, HEAD_DIM, BLOCK_SIZE = 2, 128, 16
+# Qwen3-0.6B: 16 query heads share 8 KV heads, head_dim 128, the engine's 16-token blocks, the
+# paged kernel's 32-token tiles.
+GROUP, HEAD_DIM, BLOCK_SIZE, TILE_TOKENS = 2, 128, 16, 32
 # Qwen3-0.6B has 227 parameter tensors untied (8 per layer x 28, embeddings, final norm, head).
 QWEN3_TENSORS = 227
 # A float32 -> bf16 conversion that does not round to nearest (rz, rm, rp, rni ...).
@@ -51,9 +52,11 @@ def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_paged_attention_kernel_compiles_for_sm90(dtype):
-    """One program per (sequence, KV head) serving its 2 query heads: each block's [16, 128] key
-    and value tiles read in 16-byte loads, the output rounded to nearest in bf16."""
+@pytest.mark.parametrize("splits", [1, 5])
+def test_paged_attention_kernel_compiles_for_sm90(dtype, splits):
+    """One program per (sequence, KV head, context split) serving its 2 query heads: the
+    counted tile loop software-pipelined (cp.async copies of the next 32-token tiles in flight),
+    no spills, the output rounded to nearest in bf16 (one split) or the fp32 partials."""
     pointers = dict(
         p_q=f"*{dtype}",
         p_k=f"*{dtype}",
@@ -61,19 +64,165 @@ def test_paged_attention_kernel_compiles_for_sm90(dtype):
         p_tables="*i32",
         p_lens="*i64",
         p_out=f"*{dtype}",
+        p_part_acc="*fp32",
+        p_part_max="*fp32",
+        p_part_sum="*fp32",
     )
     strides = ("stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_tb")
     compiled = compile_for_sm90(
         "rlvr_fast.kernels.paged_attention",
         "_paged_attention_kernel",
         {**pointers, "scale": "fp32", **{name: "i32" for name in strides}},
-        dict(GROUP=GROUP, GROUP_PAD=GROUP, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM),
+        dict(
+            GROUP=GROUP,
+            GROUP_PAD=GROUP,
+            BLOCK_SIZE=BLOCK_SIZE,
+            HEAD_DIM=HEAD_DIM,
+            TILE=TILE_TOKENS,
+            SPLITS=splits,
+            STAGES=3,
+            PIPELINED=True,
+        ),
         divisible=(*pointers, *strides),
+    )
+    assert_builds_without_spills(compiled)
+    assert compiled.count(r"cp\.async") > 0, "the tile loads are pipelined"
+    assert compiled.count(NOT_NEAREST_BF16) == 0
+    rounds_output = dtype == "bf16" and splits == 1
+    assert (compiled.count(r"cvt\.rn\.bf16(x2)?\.f32") > 0) == rounds_output
+
+
+def test_split_combine_kernel_compiles_for_sm90():
+    compiled = compile_for_sm90(
+        "rlvr_fast.kernels.paged_attention",
+        "_combine_splits_kernel",
+        dict(
+            p_part_acc="*fp32",
+            p_part_max="*fp32",
+            p_part_sum="*fp32",
+            p_out="*bf16",
+            stride_qb="i32",
+            stride_qh="i32",
+        ),
+        dict(Q_HEADS=16, HEAD_DIM=HEAD_DIM, SPLITS=5, SPLITS_PAD=8),
+        divisible=("p_part_acc", "p_out", "stride_qb", "stride_qh"),
+    )
+    assert_builds_without_spills(compiled)
+    assert compiled.count(NOT_NEAREST_BF16) == 0
+    assert compiled.count(r"cvt\.rn\.bf16(x2)?\.f32") > 0
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_rms_norm_kernel_compiles_for_sm90(residual):
+    """Qwen3's 1,024-wide rows in bf16: 16-byte loads, every bf16 result rounded to nearest."""
+    pointers = dict(p_x="*bf16", p_residual="*bf16", p_weight="*bf16", p_out="*bf16", p_sum="*bf16")
+    compiled = compile_for_sm90(
+        "rlvr_fast.kernels.rms_norm",
+        "_rms_norm_kernel",
+        {**pointers, "stride_x": "i32", "stride_residual": "i32", "D": "i32", "eps": "fp32"},
+        dict(HAS_RESIDUAL=residual, BLOCK_D=1024),
+        divisible=(*pointers, "stride_x", "stride_residual", "D"),
     )
     assert_builds_without_spills(compiled)
     assert compiled.count(r"ld\.global\.v4") > 0
     assert compiled.count(NOT_NEAREST_BF16) == 0
-    assert (compiled.count(r"cvt\.rn\.bf16(x2)?\.f32") > 0) == (dtype == "bf16")
+    assert compiled.count(r"cvt\.rn\.bf16(x2)?\.f32") > 0
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope_store_kernel_compiles_for_sm90(norm):
+    """Qwen3-0.6B's 16 q + 8 k heads of 128 in one program per token, v stored beside."""
+    pointers = dict(
+        p_qkv="*bf16",
+        p_q_weight="*bf16",
+        p_k_weight="*bf16",
+        p_cos="*bf16",
+        p_sin="*bf16",
+        p_slots="*i64",
+        p_key_slots="*bf16",
+        p_value_slots="*bf16",
+        p_q="*bf16",
+        p_k="*bf16",
+    )
+    strides = ("stride_qkv", "stride_rope", "stride_slot")
+    compiled = compile_for_sm90(
+        "rlvr_fast.kernels.qk_norm_rope",
+        "_qk_norm_rope_store_kernel",
+        {**pointers, **{name: "i32" for name in strides}, "eps": "fp32"},
+        dict(Q_HEADS=16, KV_HEADS=8, QK_PAD=32, KV_PAD=8, HALF=HEAD_DIM // 2, NORM=norm),
+        divisible=(*pointers, *strides),
+    )
+    assert_builds_without_spills(compiled)
+    assert compiled.count(r"st\.global\.v4") > 0
+    assert compiled.count(NOT_NEAREST_BF16) == 0
+    # The products and sum rounded to bf16 (as converts, or as native bf16 ops where that is
+    # the same rounding).
+    assert compiled.count(r"\.rn\.bf16") > 0
+
+
+def test_silu_mul_kernel_compiles_for_sm90():
+    compiled = compile_for_sm90(
+        "rlvr_fast.kernels.silu_mul",
+        "_silu_mul_kernel",
+        dict(p_gate_up="*bf16", p_out="*bf16", stride_row="i32", inner="i32"),
+        dict(BLOCK=1024),
+        divisible=("p_gate_up", "p_out", "stride_row", "inner"),
+    )
+    assert_builds_without_spills(compiled)
+    assert compiled.count(r"ld\.global\.v4") > 0
+    assert compiled.count(NOT_NEAREST_BF16) == 0
+
+
+SAMPLER = "rlvr_fast.kernels.top_p_sampling"
+SAMPLER_TILES = dict(BLOCK_V=4096, NUM_TILES=-(-VOCAB // 4096))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_sampler_row_passes_compile_for_sm90(dtype):
+    """Passes 1 and 2 over a row of Qwen3's 151,936 logits: 16-byte loads."""
+    common = dict(p_logits=f"*{dtype}", stride_row="i32", p_temperature="*fp32", p_stats="*fp32")
+    stats = compile_for_sm90(
+        SAMPLER,
+        "_row_stats_kernel",
+        {**common, "V": "i32"},
+        SAMPLER_TILES,
+        divisible=("p_logits", "stride_row", "V"),
+    )
+    histogram = compile_for_sm90(
+        SAMPLER,
+        "_histogram_kernel",
+        {**common, "p_counts": "*i32", "V": "i32"},
+        dict(BINS=512, **SAMPLER_TILES),
+        divisible=("p_logits", "stride_row", "V"),
+    )
+    for compiled in (stats, histogram):
+        assert_builds_without_spills(compiled)
+        assert compiled.count(r"ld\.global\.v4") > 0
+
+
+def test_sampler_draw_kernel_compiles_for_sm90():
+    """Pass 3 with its 4,096-slot candidate sort, eight warps, no spills."""
+    compiled = compile_for_sm90(
+        SAMPLER,
+        "_draw_kernel",
+        dict(
+            p_logits="*bf16",
+            stride_row="i32",
+            p_temperature="*fp32",
+            p_top_p="*fp32",
+            p_stats="*fp32",
+            p_counts="*i32",
+            p_seeds="*i64",
+            p_positions="*i64",
+            p_scratch="*i64",
+            p_tokens="*i64",
+            V="i32",
+        ),
+        dict(BINS=512, CAP=4096, ID_BITS=20, **SAMPLER_TILES),
+        divisible=("p_logits", "stride_row", "p_scratch", "V"),
+        options={"num_warps": 8},
+    )
+    assert_builds_without_spills(compiled)
 
 
 @pytest.mark.parametrize("alignment", ["aligned", "unaligned"])

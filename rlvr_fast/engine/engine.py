@@ -313,7 +313,7 @@ class RolloutEngine:
             logits = torch.stack([seq.logits for seq in batch.drawn])
             parts.append(self.runner.draw(logits, batch.drawn, params))
         # The step's one host read: the new tokens decide which rows finish.
-        tokens = torch.cat(parts).tolist()
+        tokens = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
         for seq, token in zip(batch.rows + batch.drawn, tokens):
             self._append(seq, token, params, on_finish)
 

@@ -41,35 +41,44 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin of each position, computed from the positions in every pass.
+    """cos/sin of each position, looked up in a table of every position below
+    ``max_positions`` (one index per pass instead of the ten element-wise ops that form them).
 
-    The inverse frequencies are a plain fp32 attribute, made once per device, rather than a
-    buffer, so ``model.to(bfloat16)`` cannot round them; nothing here grows or is replaced
-    during a run, which a captured CUDA graph relies on.
+    The table is made once per (device, dtype) with Hugging Face's order: angles in fp32, then
+    cos / sin, then the cast, so a looked-up row is the one a pass would compute. The inverse
+    frequencies are a plain fp32 attribute rather than a buffer, so ``model.to(bfloat16)``
+    cannot round them; nothing here grows or is replaced during a run, which a captured CUDA
+    graph relies on.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+        self.max_positions = max_positions
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] int64 -> cos, signed sin [B, T, 1, D] in ``dtype`` (Hugging Face's
-        order: angles in fp32, then cos / sin, then the cast). The sin's first half is negated,
-        which folds rotate-half's sign into it (see ``apply_rope``)."""
-        angles = positions.unsqueeze(-1).float() * self.inv_freq(positions.device)
-        cos = torch.cat((angles, angles), dim=-1).unsqueeze(2).cos()
-        sin = angles.sin()
-        return cos.to(dtype), torch.cat((-sin, sin), dim=-1).unsqueeze(2).to(dtype)
+        """positions [B, T] int64 (< max_positions) -> cos, signed sin [B, T, 1, D] in
+        ``dtype``. The sin's first half is negated, which folds rotate-half's sign into it
+        (see ``apply_rope``)."""
+        cos, signed_sin = self.table(positions.device, dtype)
+        return cos[positions], signed_sin[positions]
 
-    def inv_freq(self, device: torch.device) -> torch.Tensor:
-        if device not in self._inv_freq:
+    def table(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [max_positions, 1, D] in ``dtype``."""
+        key = (device, dtype)
+        if key not in self._tables:
             exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
-            self._inv_freq[device] = 1.0 / (self.theta ** (exponents / self.head_dim))
-        return self._inv_freq[device]
+            inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))
+            angles = torch.arange(self.max_positions, device=device).float()[:, None] * inv_freq
+            cos = torch.cat((angles, angles), dim=-1).unsqueeze(1).cos()
+            sin = angles.sin()
+            signed_sin = torch.cat((-sin, sin), dim=-1).unsqueeze(1)
+            self._tables[key] = (cos.to(dtype), signed_sin.to(dtype))
+        return self._tables[key]
 
 
 class Attention(nn.Module):
@@ -159,7 +168,9 @@ class DecoderModel(nn.Module):
             DecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings
+        )
 
     def forward(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

@@ -93,7 +93,8 @@ def paged_prefill_attention_triton_ops(q, k_cache, v_cache, block_tables, contex
 def paged_prefill_attention_cpp(q, k_cache, v_cache, block_tables, context_lens):
     from rlvr_fast._C import paged_attention_cpu  # built with the block manager
 
-    return paged_attention_cpu(q, k_cache, v_cache, block_tables, context_lens.long())
+    lens = context_lens if context_lens.dtype == torch.int64 else context_lens.long()
+    return paged_attention_cpu(q, k_cache, v_cache, block_tables, lens)
 
 
 def paged_attention_cpp(q, k_cache, v_cache, block_tables, seq_lens):

@@ -63,7 +63,7 @@ def qk_norm_rope_store(
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [N, (Hq + 2 Hkv) D]; q_weight, k_weight [D] or both None (no q/k norm); cos,
-    signed_sin [N, D]; key_slots, value_slots [S, Hkv, D]; slot_mapping [N] int64. Returns
+    signed_sin [..., D] of N rows (the rotary module's [R, T, 1, D]); key_slots, value_slots [S, Hkv, D]; slot_mapping [N] int64. Returns
     q [N, Hq, D] and k [N, Hkv, D] and writes k and v at their slots."""
     args = (qkv, q_weight, k_weight, eps, cos, signed_sin, key_slots, value_slots, slot_mapping)
     backend = backend or inference_backend(

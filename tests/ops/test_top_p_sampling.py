@@ -1,0 +1,133 @@
+"""The sort-free Triton sampler (under TRITON_INTERPRET=1 on the CPU) against the study's rule:
+the same tokens as the sorting reference (the same race on the same hashed noise), whichever
+path a row takes (nucleus in the first window, top_p = 1 settled by the tail bound, flat rows
+over many windows), a chi-square test of its draws against the rule's distribution, and draws
+that depend only on a row's own seed, position and logits.
+
+The kernel's candidate scratch is ``CAP`` = 4096 slots on the GPU; here tests pass small caps,
+which the interpreter sorts quickly and which send rows down the windowed path too."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from devices import DEVICE, on_device
+from rlvr_fast.kernels.top_p_sampling import (
+    device_scalar,
+    draw_triton,
+    histogram_triton,
+    row_stats_triton,
+    sample_tokens_reference,
+)
+from rlvr_fast.ops.top_p_sampling import sample_top_p
+
+
+def seed_reference_filter(probs: list[float], top_p: float) -> dict[int, float]:
+    """The study's rule in plain Python: sort descending, keep a token while the cumulative
+    probability before it is < top_p, always keep the first, renormalise."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    kept, before = [], 0.0
+    for rank, token in enumerate(order):
+        if rank == 0 or before < top_p:
+            kept.append(token)
+        before += probs[token]
+    total = sum(probs[t] for t in kept)
+    return {t: probs[t] / total for t in kept}
+
+
+def triton_draws(logits, seeds, positions, temperature, top_p, cap):
+    t, p = device_scalar(temperature, logits.device), device_scalar(top_p, logits.device)
+    stats = row_stats_triton(logits, t)
+    counts = histogram_triton(logits, t, stats)
+    return draw_triton(logits, t, p, stats, counts, seeds, positions, cap=cap)
+
+
+def streams(rows, generator):
+    seeds = torch.randint(0, 2**62, (rows,), generator=generator)
+    positions = torch.randint(0, 4096, (rows,), generator=generator)
+    return seeds.to(DEVICE), positions.to(DEVICE)
+
+
+@on_device
+@pytest.mark.parametrize(
+    "vocab,rows,scale,temperature,top_p,cap",
+    [
+        (2, 6, 1.0, 1.0, 0.9, 16),  # two tokens
+        (384, 12, 3.0, 0.8, 0.9, 64),  # the tiny model's vocabulary, peaked
+        (1000, 6, 3.0, 1.0, 1.0, 64),  # top_p = 1: the tail bound settles it
+        (1000, 6, 3.0, 0.5, 0.3, 64),
+        (700, 3, 0.2, 1.0, 0.95, 32),  # flat: the nucleus spans many windows
+    ],
+)
+def test_triton_draws_the_references_tokens(vocab, rows, scale, temperature, top_p, cap):
+    generator = torch.Generator().manual_seed(vocab + rows)
+    logits = (torch.randn(rows, vocab, generator=generator) * scale).to(DEVICE)
+    seeds, positions = streams(rows, generator)
+    reference = sample_tokens_reference(logits, seeds, positions, temperature, top_p)
+    fast = triton_draws(logits, seeds, positions, temperature, top_p, cap)
+    assert torch.equal(fast, reference)
+
+
+@on_device
+def test_the_default_cap_and_bf16_logits():
+    generator = torch.Generator().manual_seed(5)
+    logits = (torch.randn(1, 151_936, generator=generator) * 4).to(DEVICE, torch.bfloat16)
+    seeds, positions = streams(1, generator)
+    reference = sample_tokens_reference(logits, seeds, positions, 0.8, 0.9)
+    assert torch.equal(sample_top_p(logits, seeds, positions, 0.8, 0.9), reference)
+
+
+@on_device
+def test_triton_draws_pass_a_chi_square_test_against_the_rule():
+    """300 streams draw from the same logits: the counts of the kept tokens against their
+    renormalised probabilities (chi-square, 3 degrees of freedom, p > 0.001) and dropped
+    tokens never drawn."""
+    probs = [0.4, 0.25, 0.2, 0.1, 0.05]
+    draws = 300
+    logits = torch.tensor([probs]).log().expand(draws, -1).contiguous().to(DEVICE)
+    seeds = torch.arange(draws, device=DEVICE)
+    tokens = triton_draws(logits, seeds, torch.zeros_like(seeds), 1.0, 0.8, 16)
+    counts = torch.bincount(tokens.cpu(), minlength=5).tolist()
+    expected = seed_reference_filter(probs, 0.8)
+    assert set(expected) == {0, 1, 2} and counts[3] == counts[4] == 0
+    chi_square = sum((counts[t] - draws * p) ** 2 / (draws * p) for t, p in expected.items())
+    # 3 kept tokens: 2 degrees of freedom; P(chi2_2 > 13.8) = 0.001.
+    assert chi_square < 13.8, (counts, chi_square)
+
+
+@on_device
+def test_a_draw_depends_only_on_its_own_seed_position_and_logits():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 40, generator=generator).to(DEVICE)
+    seeds, positions = streams(6, generator)
+    tokens = triton_draws(logits, seeds, positions, 0.8, 0.9, 16)
+    order = torch.randperm(6, generator=generator).to(DEVICE)
+    shuffled = triton_draws(logits[order], seeds[order], positions[order], 0.8, 0.9, 16)
+    assert torch.equal(shuffled, tokens[order])
+    alone = triton_draws(logits[2:3], seeds[2:3], positions[2:3], 0.8, 0.9, 16)
+    assert int(alone) == int(tokens[2])
+
+
+def test_the_reference_passes_a_chi_square_test_at_20000_draws():
+    probs = [0.4, 0.25, 0.2, 0.1, 0.05]
+    draws = 20000
+    logits = torch.tensor([probs]).log().expand(draws, -1)
+    tokens = sample_tokens_reference(
+        logits, torch.arange(draws), torch.zeros(draws, dtype=torch.long), 1.0, 0.8
+    )
+    counts = torch.bincount(tokens, minlength=5).tolist()
+    expected = seed_reference_filter(probs, 0.8)
+    chi_square = sum((counts[t] - draws * p) ** 2 / (draws * p) for t, p in expected.items())
+    assert counts[3] == counts[4] == 0 and chi_square < 13.8
+    assert math.isclose(sum(expected.values()), 1.0)
+
+
+def test_vocabularies_past_the_key_width_are_refused():
+    logits = torch.zeros(1, 2**20)
+    with pytest.raises(ValueError, match="up to 2\\^20 tokens"):
+        sample_top_p(
+            logits, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 1.0, 0.9
+        )
