@@ -9,6 +9,7 @@ void register_sampling(pybind11::module& m);
 void register_rms_norm(pybind11::module& m);
 void register_qk_norm_rope(pybind11::module& m);
 void register_silu_mul(pybind11::module& m);
+void register_decoder_layer(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_zero_grad_adamw(m);
@@ -18,4 +19,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_rms_norm(m);
   register_qk_norm_rope(m);
   register_silu_mul(m);
+  register_decoder_layer(m);
 }

@@ -6,15 +6,18 @@
 // of row r (decode: T = 1; prefill of a suffix: each query's own position + 1). Query head h reads KV
 // head h / (Hq / Hkv) (GQA); scale 1 / sqrt(D). Per (row, query, head): scores, max, exp,
 // normaliser and the weighted sum of values in float32; tasks run in parallel with
-// at::parallel_for. An AVX2 + FMA version is chosen at run time when D is a multiple of 8 (on
-// x86-64 builds; see cpu_features.h).
+// at::parallel_for. An AVX2 + FMA version (its exp eight at a time, vec_exp.h) is chosen at run
+// time when D is a multiple of 8 (on x86-64 builds; see cpu_features.h).
 // The result equals the torch reference (gather + SDPA) up to float32 rounding, not bitwise.
 
 #include <torch/extension.h>
 
+#include "decode_ops.h"
+
 #include <ATen/Parallel.h>
 
 #include "cpu_features.h"
+#include "vec_exp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -63,6 +66,35 @@ void attend_head_baseline(const HeadTask& t, float* scores) {
 }
 
 #if RLVR_FAST_AVX2
+// Softmax over the scores in place, exp eight at a time (vec_exp.h); returns the normaliser. The
+// tail goes through the same vector exp, so every score gets the same arithmetic.
+__attribute__((target("avx2,fma"))) float softmax_numerators_avx2(float* scores, int64_t length) {
+  float top = -INFINITY;
+  for (int64_t w = 0; w < length; ++w) top = std::max(top, scores[w]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t w = 0;
+  for (; w + 8 <= length; w += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + w), shift));
+    _mm256_storeu_ps(scores + w, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  if (w < length) {
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::copy(scores + w, scores + length, tail);
+    _mm256_storeu_ps(tail, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
+    for (int64_t i = 0; w + i < length; ++i) {
+      scores[w + i] = tail[i];
+      total += tail[i];
+    }
+  }
+  return total;
+}
+
 __attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, float* scores) {
   for (int64_t w = 0; w < t.length; ++w) {
     const float* key = t.keys + t.slots[w] * t.slot_stride;
@@ -75,7 +107,7 @@ __attribute__((target("avx2,fma"))) void attend_head_avx2(const HeadTask& t, flo
     half = _mm_add_ss(half, _mm_shuffle_ps(half, half, 1));
     scores[w] = _mm_cvtss_f32(half) * t.scale;
   }
-  const __m256 sum = _mm256_set1_ps(softmax_numerators(scores, t.length));
+  const __m256 sum = _mm256_set1_ps(softmax_numerators_avx2(scores, t.length));
   for (int64_t i = 0; i < t.dim; i += 8) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t w = 0; w < t.length; ++w) {
@@ -93,6 +125,8 @@ void fill_slots(const int32_t* table, int64_t block_size, int64_t length, int64_
     slots[w] = static_cast<int64_t>(table[w / block_size]) * block_size + w % block_size;
   }
 }
+
+}  // namespace
 
 torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                   torch::Tensor block_tables, torch::Tensor context_lens) {
@@ -174,8 +208,6 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
   });
   return out;
 }
-
-}  // namespace
 
 void register_paged_attention(pybind11::module& m) {
   m.def("paged_attention_cpu", &paged_attention_cpu, pybind11::arg("q"),

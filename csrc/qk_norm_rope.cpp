@@ -10,6 +10,8 @@
 
 #include <torch/extension.h>
 
+#include "decode_ops.h"
+
 #include <ATen/Parallel.h>
 
 #include <vector>
@@ -51,6 +53,8 @@ void rotate(const float* x, const float* cos, const float* sin, int64_t dim, flo
     y[i] = a + b;
   }
 }
+
+}  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_store_cpu(
     torch::Tensor qkv, std::optional<torch::Tensor> q_weight,
@@ -116,8 +120,6 @@ std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_store_cpu(
   });
   return {q, k};
 }
-
-}  // namespace
 
 void register_qk_norm_rope(pybind11::module& m) {
   m.def("qk_norm_rope_store_cpu", &qk_norm_rope_store_cpu, pybind11::arg("qkv"),

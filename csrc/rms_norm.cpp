@@ -11,6 +11,8 @@
 
 #include <torch/extension.h>
 
+#include "decode_ops.h"
+
 #include <ATen/Parallel.h>
 
 #include "rms_row.h"
@@ -36,6 +38,8 @@ void normalise_rows(const float* in, const float* weight, int64_t rows, int64_t 
     }
   });
 }
+
+}  // namespace
 
 torch::Tensor rms_norm_cpu(torch::Tensor x, torch::Tensor weight, double eps) {
   check_norm_inputs(x, weight, "rms_norm_cpu");
@@ -70,8 +74,6 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_cpu(torch::Tensor x, torch
                  static_cast<float>(eps), out.data_ptr<float>());
   return {out, summed};
 }
-
-}  // namespace
 
 void register_rms_norm(pybind11::module& m) {
   m.def("rms_norm_cpu", &rms_norm_cpu, pybind11::arg("x"), pybind11::arg("weight"),

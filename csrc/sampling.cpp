@@ -1,13 +1,13 @@
 // Next-token draws on CPU with the study's temperature + top-p rule, one call per decode step:
-// the C++ twin of rlvr_fast.engine.token_sampler.sample_tokens_reference (the torch ops the GPU
-// runs), which a tiny model on a CPU would otherwise pay ~25 operator dispatches for.
+// the C++ twin of rlvr_fast.kernels.top_p_sampling.sample_tokens_reference (the torch
+// definition), which a tiny model on a CPU would otherwise pay ~25 operator dispatches for.
 //
 // Per row: p = softmax(logits / T) in float32; ranks by p descending (ties: lower token id
-// first); rank r is kept while the mass of the ranks before it is < top_p (rank 0 always);
-// the token is the kept rank maximising p_r / E_r, E_r = -log u_r, where u_r is the same
-// splitmix64 hash of (seed, position, r) the torch version computes. Rows run in parallel.
-// Equal to the torch version up to float32 rounding of exp / log (not bitwise): a draw can
-// differ only where two ranks' p / E are within an ulp.
+// first; only the ranks up to the cut are ever ordered); rank r is kept while the mass of the
+// ranks before it is < top_p (rank 0 always); the token is the kept rank maximising p_r / E_r,
+// E_r = -log u_r, where u_r is the same splitmix64 hash of (seed, position, r) the torch version
+// computes. Rows run in parallel. Equal to the torch version up to float32 rounding of exp / log
+// (not bitwise): a draw can differ only where two ranks' p / E are within an ulp.
 
 #include <torch/extension.h>
 
@@ -53,15 +53,23 @@ int64_t draw_row(const float* logits, int64_t vocab, float temperature, float to
     probs[i] /= sum;
   }
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+  const auto before = [&](int64_t a, int64_t b) {
     return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
-  });
+  };
   // The mass before rank r as torch computes it: an inclusive cumulative sum accumulated in
-  // double and stored as float, minus p_r.
+  // double and stored as float, minus p_r. Only the ranks up to the cut are needed, so they are
+  // ordered a prefix at a time (the first 32, then twice as many, ...), never the whole row
+  // unless the nucleus is: the same ranks as a full sort under the same total order.
   double cumulative = 0.0;
   float best = -1.0f;
   int64_t token = order[0];
+  int64_t sorted = 0;
   for (int64_t rank = 0; rank < vocab; ++rank) {
+    if (rank == sorted) {
+      const int64_t next = std::min<int64_t>(vocab, std::max<int64_t>(32, 2 * sorted));
+      std::partial_sort(order.begin() + sorted, order.begin() + next, order.end(), before);
+      sorted = next;
+    }
     const float p = probs[order[rank]];
     cumulative += p;
     if (rank > 0 && static_cast<float>(cumulative) - p >= top_p) {

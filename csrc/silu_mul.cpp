@@ -5,7 +5,7 @@
 
 #include <torch/extension.h>
 
-namespace {
+#include "decode_ops.h"
 
 torch::Tensor silu_mul_cpu(const torch::Tensor& gate_up) {
   TORCH_CHECK(gate_up.device().is_cpu() && gate_up.scalar_type() == at::kFloat &&
@@ -16,8 +16,6 @@ torch::Tensor silu_mul_cpu(const torch::Tensor& gate_up) {
   out.mul_(gate_up.narrow(-1, inner, inner));
   return out;
 }
-
-}  // namespace
 
 void register_silu_mul(pybind11::module& m) {
   m.def("silu_mul_cpu", &silu_mul_cpu, pybind11::arg("gate_up"),

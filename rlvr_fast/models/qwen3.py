@@ -152,12 +152,57 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, context):
+        if (
+            context.backend == "cpp"
+            and context.block_tables is not None
+            and torch.is_inference_mode_enabled()
+        ):
+            return self.paged_pass_cpp(x, cos, sin, context)
+        return self.pass_ops(x, cos, sin, context)
+
+    def pass_ops(self, x, cos, sin, context):
+        """The layer as a sequence of ops, each resolving its own backend."""
         # The residual add and the post-attention norm in one op (the same roundings).
         norm = self.post_attention_layernorm
         h, x = add_rms_norm(
             self.self_attn(self.input_layernorm(x), cos, sin, context), x, norm.weight, norm.eps
         )
         return x + self.mlp(h)
+
+    def paged_pass_cpp(self, x, cos, sin, context):
+        """The same layer in one C++ call (``csrc/decoder_layer.cpp``, bitwise these ops): a
+        float32 CPU pass through the paged cache (not a fresh prefill), where Python between
+        the ops is half the cost. The engine's passes get here (its backend "cpp", under
+        inference mode); the model's norms share one eps."""
+        from rlvr_fast._C import decoder_layer_cpu  # built by setup.py
+
+        attn, mlp = self.self_attn, self.mlp
+        cache = context.kv_cache[attn.layer_idx]
+        norms = (
+            (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+        )
+        return decoder_layer_cpu(
+            x,
+            self.input_layernorm.weight,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            *norms,
+            attn.o_proj.weight,
+            self.post_attention_layernorm.weight,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+            self.input_layernorm.eps,
+            cos,
+            sin,
+            cache.keys,
+            cache.values,
+            cache.key_slots,
+            cache.value_slots,
+            context.slot_mapping,
+            context.block_tables,
+            context.context_lens,
+            attn.num_heads,
+        )
 
 
 class DecoderModel(nn.Module):
