@@ -24,11 +24,11 @@ from tqdm import tqdm
 
 from rlvr_fast.analysis.compare import compare_runs
 from rlvr_fast.analysis.report import publish_report
-from rlvr_fast.analysis.run_dir import Run, RunDirError, is_run_dir, load_runs
+from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
-from rlvr_fast.data import Problem
-from rlvr_fast.files import write_text_atomic
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.utils.files import write_text_atomic
+from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
 
 
 class SweepError(ValueError):

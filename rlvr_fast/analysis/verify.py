@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
-from rlvr_fast.credit import group_stats
+from rlvr_fast.run.reader import Run, RunDirError, find_run_dirs
+from rlvr_fast.credit.group import group_stats
 from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (
+from rlvr_fast.ledger.records import (
     LedgerError,
     MultiQuestionRecord,
     ParallelStats,
@@ -50,10 +50,10 @@ from rlvr_fast.ledger import (
     read_record,
     tree_step_record,
 )
-from rlvr_fast.pairs import PairCategory, TreePair
-from rlvr_fast.path_credit import outcome_utility, parallel_credit
-from rlvr_fast.shapley import MajorityVote
-from rlvr_fast.trainer import TrainConfig
+from rlvr_fast.rollouts.pairs import PairCategory, TreePair
+from rlvr_fast.credit.paths import outcome_utility, parallel_credit
+from rlvr_fast.credit.shapley import MajorityVote
+from rlvr_fast.train.trainer import TrainConfig
 
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
 # gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the

@@ -1,5 +1,5 @@
 """``GRPOTrainer``: TRL's constructor, ``train()``, ``save_model()``, ``state.log_history`` and
-callbacks, on rlvr_fast's engine and trainer (``rlvr_fast.trainer.RLVRTrainer``).
+callbacks, on rlvr_fast's engine and trainer (``rlvr_fast.train.trainer.RLVRTrainer``).
 
 Each optimizer step takes the next prompt (TRL's order: a ``torch.randperm`` per epoch from a
 generator seeded with ``seed``), samples ``num_generations`` completions on the rollout engine
@@ -8,7 +8,7 @@ TRL's loss at one update per generation, where the clipped ratio is exactly 1:
 
     loss = -sum_i sum_t A_i s_i log pi_T(y_it) / G,   pi_T = softmax(logits / temperature)
 
-with s_i the normaliser of ``loss_type`` (``rlvr_fast.trainer.sequence_scales``: grpo 1/|o_i|,
+with s_i the normaliser of ``loss_type`` (``rlvr_fast.train.trainer.sequence_scales``: grpo 1/|o_i|,
 dapo and bnpo G / sum_j |o_j|, dr_grpo 1/max_completion_length) and A_i TRL's advantages
 (``scale_rewards``). ``loss_type="sum"`` is the study's loss instead: s_i = 1 on untempered
 log-probabilities. Zero-variance groups (every A_i = 0, so TRL's gradient is exactly zero) skip
@@ -37,9 +37,14 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from rlvr_fast.arms import arm_settings
-from rlvr_fast.files import files_into, replaced_directory
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig, sequence_scales, standardised_advantages
+from rlvr_fast.train.arms import arm_settings
+from rlvr_fast.utils.files import files_into, replaced_directory
+from rlvr_fast.train.trainer import (
+    RLVRTrainer,
+    TrainConfig,
+    sequence_scales,
+    standardised_advantages,
+)
 from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
