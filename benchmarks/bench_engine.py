@@ -22,7 +22,8 @@ import torch
 
 import rlvr_fast
 from benchmarks.harness import mark
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.rollouts.evaluation import evaluate
 from rlvr_fast.rollouts.generation import generate, sample_group

@@ -8,7 +8,7 @@
 2. ``GenerativeJudge`` on the tiny model, K = 4 and 6 paths of sampled text: all 2^K coalitions
    scored in batched prefill passes from one shared prefix vs one coalition at a time (each
    prompt prefilled whole); coalitions/s.
-Correctness is asserted in ``tests/test_shapley.py`` and ``tests/test_parallel.py``.
+Correctness is asserted in ``tests/credit/test_shapley.py`` and ``tests/rollouts/test_parallel.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from benchmarks.harness import mark
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.rollouts.generation import sample_group
 from rlvr_fast.credit.judge import GenerativeJudge

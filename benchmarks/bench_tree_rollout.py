@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from benchmarks.harness import mark
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.rollouts.generation import sample_group
 from rlvr_fast.models.policy import load_policy

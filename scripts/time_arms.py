@@ -21,7 +21,7 @@ from pathlib import Path
 
 import rlvr_fast
 import rlvr_fast.train.trainer as trainer_module
-from rlvr_fast.data.problems import synthetic_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
 
 # Older checkouts name the trainer GRPOTrainer.

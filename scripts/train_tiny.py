@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from rlvr_fast.data.problems import render_prompt, synthetic_problems, worked_solution
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems, worked_solution
 from rlvr_fast.engine import SamplingParams
 from rlvr_fast.rollouts.evaluation import evaluate
 from rlvr_fast.utils.files import replaced_directory

@@ -70,7 +70,7 @@ headline() {  # one line for the summary table
 }
 
 train_command() {  # ARM OUT_DIR STEPS: sets TRAIN, one rlvr-fast run as the study's, no evaluation
-  TRAIN=(python3 -m rlvr_fast.cli.main train --arm "$1" --model "$MODEL" --device "$DEVICE"
+  TRAIN=(python3 -m rlvr_fast.cli train --arm "$1" --model "$MODEL" --device "$DEVICE"
          --dtype "$DTYPE" --steps "$3" --out "$2" --quiet --set checkpoint_every="$3"
          "${TINY_ROLLOUTS[@]}")
   rm -rf "$2"

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.reader import RunDirError, read_json, read_jsonl
 from rlvr_fast.data.problems import render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
@@ -65,7 +66,7 @@ class ResponsePoints:
 
 def load_parallel_steps(run_dir: Path) -> tuple[dict, list[dict]]:
     """The run's config and its parallel-path rollout lines."""
-    config_path, rollouts_path = run_dir / "config.json", run_dir / "rollouts.jsonl"
+    config_path, rollouts_path = RunLayout(run_dir).config, RunLayout(run_dir).rollouts
     for path in (config_path, rollouts_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory?)")
@@ -118,7 +119,7 @@ class SummaryRegenerator:
     policy and sampling settings, and each response's summary seed."""
 
     def __init__(self, run_dir: Path, config: dict, device: str) -> None:
-        model_dir = run_dir / "final"
+        model_dir = RunLayout(run_dir).model()
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(
                 f"{model_dir}: no final model (the summary diagnostic "

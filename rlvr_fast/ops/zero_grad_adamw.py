@@ -14,7 +14,7 @@ torch itself would take for it:
   parameter of the group is a plain CUDA tensor; or ``foreach=True``): the Triton kernel
   ``rlvr_fast.kernels.zero_grad_adamw``, which reproduces the rounding of torch's CUDA foreach
   ops, one launch per device and dtype over every such tensor. Verified bit for bit against torch only on a
-  GPU (tests/test_zero_grad_adamw.py); on CPU the tests check it against an exact emulation.
+  GPU (tests/ops/test_zero_grad_adamw.py); on CPU the tests check it against an exact emulation.
 - CUDA in a group that runs torch's single-tensor path (``foreach=False``, or a group mixing
   devices), and other devices: torch's own step k times with zero gradients, exact by
   construction but not folded.

@@ -189,13 +189,7 @@ def sample_trees_ids(
                 ]
                 for tree in roots
             ]
-            starts = [
-                (q, pair, branch, prefix)
-                for q, tree in enumerate(plans)
-                for pair, plan in enumerate(tree)
-                for branch, prefix in enumerate(plan.prefixes)
-                if prefix is not None
-            ]
+            starts = branch_starts(plans)
             with engine.measure() as stage2:
                 for q, pair, branch, prefix in starts:
                     seed = derive_seed(bases[q], k + pair * b + branch)
@@ -216,6 +210,25 @@ def sample_trees_ids(
                 engine.run(children, params)
     finally:
         _free(engine, [root for tree in roots for root in tree] + prompt_seqs + children)
+    counters = (stage1, stage2, executed)
+    return assemble_trees(prompts, plans, roots, starts, children, counters)
+
+
+def branch_starts(plans: list[list["BranchPlan"]]) -> list[tuple[int, int, int, list[int]]]:
+    """(tree, pair, branch, prefix) of every branch Stage 2 continues, in tree, pair, branch
+    order (the order of their seeds and of the engine's batch)."""
+    return [
+        (q, pair, branch, prefix)
+        for q, tree in enumerate(plans)
+        for pair, plan in enumerate(tree)
+        for branch, prefix in enumerate(plan.prefixes)
+        if prefix is not None
+    ]
+
+
+def assemble_trees(prompts, plans, roots, starts, children, counters) -> list[TreeRollout]:
+    """Each prompt's tree from its roots, its branch plans and the continued branches."""
+    stage1, stage2, executed = counters
     stage2_generated = [0] * len(prompts)
     for (q, pair, branch, prefix), child in zip(starts, children):
         plans[q][pair].leaves[branch] = prefix + child.completion

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import torch
 
+from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.utils.files import is_temp_name, remove_stale_files, write_text_atomic
 
@@ -105,7 +106,7 @@ def run_signature(
 def read_run_meta(out_dir: Path) -> dict | None:
     """config.json when it carries a run signature, else None."""
     try:
-        meta = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+        meta = json.loads(RunLayout(out_dir).config.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     if (
@@ -168,7 +169,7 @@ def check_signature(
 ) -> None:
     """Refuse a resume that would train another run than the one recorded, naming what
     differs."""
-    recorded, where = meta[RUN_KEY], out_dir / "config.json"
+    recorded, where = meta[RUN_KEY], RunLayout(out_dir).config
     if recorded.get("format") != RUN_FORMAT:
         raise RunDirectoryError(
             f"{where}: run format {recorded.get('format')!r}, this version "

@@ -19,6 +19,7 @@ one line naming the file (and line).
 
 from __future__ import annotations
 
+from rlvr_fast.run.layout import RunLayout
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.json").is_file()
+    return RunLayout(path).config.is_file()
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
@@ -93,7 +94,7 @@ class Run:
 
     @classmethod
     def open(cls, path: Path) -> "Run":
-        meta = read_json(path / "config.json")
+        meta = read_json(RunLayout(path).config)
         if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
             raise RunDirError(f"{path / 'config.json'}: no 'config' object")
         for key, kind in (("arm", str), ("seed", int), ("steps", int)):
@@ -120,25 +121,27 @@ class Run:
 
     @property
     def ledger(self) -> list[dict]:
-        return self._load("ledger", lambda: read_jsonl(self.path / "ledger.jsonl"))
+        return self._load("ledger", lambda: read_jsonl(RunLayout(self.path).ledger))
 
     @property
     def rollouts(self) -> list[dict]:
-        return self._load("rollouts", lambda: read_jsonl(self.path / "rollouts.jsonl"))
+        return self._load("rollouts", lambda: read_jsonl(RunLayout(self.path).rollouts))
 
     @property
     def summary(self) -> dict | None:
-        path = self.path / "summary.json"
+        path = RunLayout(self.path).summary
         return self._load("summary", lambda: read_json(path) if path.exists() else None)
 
     @property
     def finished(self) -> bool:
-        return (self.path / "summary.json").is_file()
+        return RunLayout(self.path).summary.is_file()
 
     def eval_files(self, before: bool = False, *, polyak: bool = False) -> dict[str, Path]:
         """NAME -> evals/NAME.jsonl (or evals/before/NAME.jsonl, or evals/polyak/NAME.jsonl),
         sorted by name."""
-        directory = self.path / "evals" / ("before" if before else "polyak" if polyak else "")
+        directory = RunLayout(self.path).evals(
+            "before" if before else "polyak" if polyak else "after"
+        )
         return {p.stem: p for p in sorted(directory.glob("*.jsonl"))}
 
     def evals(self, before: bool = False, *, polyak: bool = False) -> dict[str, list[dict]]:

@@ -2,7 +2,7 @@
 
 Launch (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT):
 
-    torchrun --nproc_per_node N -m rlvr_fast.cli.main train --set questions_per_step=Q ...
+    torchrun --nproc_per_node N -m rlvr_fast.cli train --set questions_per_step=Q ...
     rlvr-fast train --nproc N ...          # the same, torchrun on this host (``launch``)
 
 A run of W ranks is a multi-question step of Q questions (``questions_per_step``, a multiple of
@@ -285,7 +285,7 @@ def _guarded(what: str, collective, *args, **kwargs):
 
 
 def launch(argv: Sequence[str], nproc: int) -> int:
-    """``rlvr-fast ... --nproc N``: run ``python -m rlvr_fast.cli.main ARGV`` as N ranks on this host
+    """``rlvr-fast ... --nproc N``: run ``python -m rlvr_fast.cli ARGV`` as N ranks on this host
     through torchrun (``torch.distributed.run``, standalone rendezvous); the exit status."""
     if launched():
         raise ValueError("--nproc inside a torchrun launch: give one or the other")
@@ -295,7 +295,7 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", "--module", "rlvr_fast.cli.main", *argv]
+        ["--standalone", f"--nproc-per-node={nproc}", "--module", "rlvr_fast.cli", *argv]
     )
     try:
         run(args)

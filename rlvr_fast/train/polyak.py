@@ -18,6 +18,8 @@ cache. On the CPU each averaged step copies the weights over once.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 # Left free on the device after the sums: the engine's KV cache is already allocated, but the
@@ -66,6 +68,18 @@ class PolyakAverage:
         for name, total in self.sums.items():
             total.copy_(state["sums"][name])
         self.count = int(state["count"])
+
+
+@contextlib.contextmanager
+def averaged_weights(polyak: PolyakAverage, model: torch.nn.Module):
+    """The average swapped into ``model`` for the block (to evaluate and save it); the live
+    weights swapped back after, whatever happens inside."""
+    live = {name: p.detach().to("cpu", copy=True) for name, p in trainable(model).items()}
+    model.load_state_dict(polyak.average(), strict=False)
+    try:
+        yield
+    finally:
+        model.load_state_dict(live, strict=False)
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

@@ -7,7 +7,7 @@ Every field of ``trl.GRPOConfig`` falls in one of three groups:
   loader workers, log verbosity) that cannot change what is computed here; any value is taken;
 - ``DEFAULT_ONLY_FIELDS``: everything else; TRL's default is accepted (a script may spell it
   out), any other value raises ``UnsupportedFieldError`` naming the field.
-A name in none of them is a ``TypeError``, as for any dataclass. ``tests/test_trl_compat.py``
+A name in none of them is a ``TypeError``, as for any dataclass. ``tests/trl_compat/test_trl_compat.py``
 checks these tables against the installed ``trl``.
 
 Ours: ``arm`` (a study arm's preset, ``rlvr_fast.train.arms``), ``ledger`` (write the study's

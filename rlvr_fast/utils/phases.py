@@ -41,3 +41,25 @@ class Phases:
         with profile_range(name, self.device, synchronize=True):
             yield
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class StepProfiler:
+    """A ``torch.profiler`` trace of the first ``steps`` steps (none when 0), written as a
+    Chrome trace to ``trace`` once they ran (or when the run ends first)."""
+
+    def __init__(self, steps: int, trace) -> None:
+        self.steps, self.trace = steps, trace
+        self.profiler = None
+        if steps and trace is not None:
+            self.profiler = torch.profiler.profile()
+            self.profiler.start()
+
+    def step_done(self, steps_run: int) -> None:
+        if self.profiler is not None and steps_run >= self.steps:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(str(self.trace))
+            self.profiler = None

@@ -17,9 +17,10 @@ from rlvr_fast.analysis.compare import BASE_LABEL, compare_paths
 from rlvr_fast.analysis.sweep import plan_sweep, run_sweep
 from rlvr_fast.analysis.tables import mean_sd_cell
 from rlvr_fast.cli.main import main
-from rlvr_fast.data.problems import synthetic_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
-from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 SHORT = dict(steps=3, max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
 TREE_SHORT = dict(SHORT, t_min=8, t_max=16, bifurcate_after_active=0)
@@ -333,15 +334,15 @@ class Killed(Exception):
 def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monkeypatch):
     settings = dict(SHORT, checkpoint_every=1)
     plan = plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings)
-    train_step = RLVRTrainer.train_step
+    train_step = RLVRTrainer.step_on
 
-    def killed_at_seed_2_step_2(trainer, step, problem):
+    def killed_at_seed_2_step_2(trainer, step, problems):
         if trainer.config.seed == 2 and step == 2:
-            trainer.ledger.close()
+            trainer.close()
             raise Killed
-        return train_step(trainer, step, problem)
+        return train_step(trainer, step, problems)
 
-    monkeypatch.setattr(RLVRTrainer, "train_step", killed_at_seed_2_step_2)
+    monkeypatch.setattr(RLVRTrainer, "step_on", killed_at_seed_2_step_2)
     with pytest.raises(Killed):
         run_sweep(plan, tmp_path, TRAIN, EVAL_SETS, lambda: load_policy("tiny"), progress=False)
     finished, interrupted = (run.path for run in plan)
@@ -350,7 +351,7 @@ def test_sweep_skips_finished_runs_and_resumes_an_interrupted_one(tmp_path, monk
     finished_mtime = (finished / "summary.json").stat().st_mtime_ns
     before_kill = read_lines(interrupted / "ledger.jsonl")
 
-    monkeypatch.setattr(RLVRTrainer, "train_step", train_step)
+    monkeypatch.setattr(RLVRTrainer, "step_on", train_step)
     tables = run_sweep(
         plan_sweep(["zg_flat"], [1, 2], tmp_path, **settings),
         tmp_path,

@@ -21,7 +21,8 @@ from rlvr_fast.analysis.shapley_report import (
     spearman,
     vote_deltas,
 )
-from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 # Response 0: paths [right, right, wrong] credited by vote Shapley, phi = (7/12, 7/12, -1/6);
 # masking a right path leaves a two-way tie (1/2), masking the wrong one changes nothing:

@@ -6,7 +6,7 @@ devices, output paths), so that examples get past the early checks to the deep o
 Training and decoding are stubbed out at the point where the real work starts, so an example
 costs a policy load at most.
 
-``pytest --hypothesis-profile=probe tests/test_cli_fuzz.py`` runs many more examples than CI.
+``pytest --hypothesis-profile=probe tests/cli/test_cli_fuzz.py`` runs many more examples than CI.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from rlvr_fast.train.arms import ARMS
 from rlvr_fast.cli.main import main
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.rollouts import evaluation, selection
-from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 

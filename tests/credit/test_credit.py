@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from rlvr_fast.credit.group import ADVANTAGE_EPS, group_stats
 from rlvr_fast.credit.tree import tree_credit
-from rlvr_fast.train.trainer import standardised_advantages
+from rlvr_fast.credit.group import standardised_advantages
 
 # Rewards 1,0 | 1,1 | 0,0 | 1,0: R̄ = 4/8 = 0.5, sigma_R = sqrt(8 * 0.25 / 7) = sqrt(2/7).
 EXAMPLE = [[1, 0], [1, 1], [0, 0], [1, 0]]

@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_fast.data.problems import (
-    DataError,
-    Problem,
-    load_problems,
-    render_prompt,
-    save_problems,
-    synthetic_problems,
-    worked_solution,
-)
+from rlvr_fast.data.problems import DataError, Problem, load_problems, render_prompt, save_problems
+from rlvr_fast.data.synthetic import synthetic_problems, worked_solution
 
 GATE = 30  # the study keeps a completion only if text.rfind("\\boxed") >= 30
 STEP_LINE = re.compile(r"(\d+) ([+\-*]) (\d+) = (\d+)")

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlvr_fast.engine import EngineCounters
+from rlvr_fast.ledger.writer import LedgerWriter
+from rlvr_fast.ledger.laws import check_conservation
 from rlvr_fast.ledger.records import (
     LedgerError,
-    LedgerWriter,
     MultiQuestionRecord,
     StepRecord,
-    check_conservation,
     flat_step_record,
     multi_question_step_record,
     read_record,

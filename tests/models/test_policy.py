@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlvr_fast import demo
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import SamplingParams
 from rlvr_fast.rollouts.generation import sample
 from rlvr_fast.rollouts.evaluation import evaluate

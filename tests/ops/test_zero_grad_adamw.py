@@ -12,11 +12,12 @@ import torch
 
 from devices import CUDA, DEVICE, on_device
 from rlvr_fast.ops import zero_grad_adamw
-from rlvr_fast.data.problems import synthetic_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.kernels import zero_grad_adamw as kernel
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.models.policy import load_policy
-from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 SIZES = (1, 7, 1000, 100_003)
 

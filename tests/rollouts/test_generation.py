@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_fast.data.problems import synthetic_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.rollouts.evaluation import evaluate
 from rlvr_fast.rollouts.generation import generate, sample_group

@@ -9,17 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-from rlvr_fast.data.problems import Problem, render_prompt, synthetic_problems
+from rlvr_fast.data.problems import Problem, render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.rollouts.generation import base_seed, sample_group
 from rlvr_fast.credit.judge import GenerativeJudge
-from rlvr_fast.ledger.records import LedgerError, StepRecord, check_conservation
+from rlvr_fast.ledger.laws import check_conservation
+from rlvr_fast.ledger.records import LedgerError, StepRecord
 from rlvr_fast.rollouts.parallel import sample_parallel, summarise, summary_context
 from rlvr_fast.credit.paths import normalise, parallel_credit
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.credit.shapley import MajorityVote, PassAtK, shapley_exact
-from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 PARAMS = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9)
 
@@ -320,7 +323,7 @@ def test_parallel_arms_learn_on_an_easy_question(tiny):
     problems = synthetic_problems("train", 4, seed=11, levels=(1,))
     config = TrainConfig.from_arm("shapley_vote", steps=4, **dict(FAST, max_new_tokens=128))
     trainer = RLVRTrainer(load_policy("tiny"), config, problems, progress=False)
-    records = [trainer.train_step(i, p).record for i, p in enumerate(problems)]
+    records = [trainer.step_on(i, [p]).record for i, p in enumerate(problems)]
     active = [r for r in records if r["active"]]
     assert active, "no step had a nonzero advantage"
     assert all(r["loss"] is not None and r["grad_norm"] > 0 for r in active)

@@ -9,7 +9,8 @@ import pytest
 
 from rlvr_fast.rollouts import selection as select_module
 from rlvr_fast.cli.main import main
-from rlvr_fast.data.problems import Problem, load_problems, synthetic_problems
+from rlvr_fast.data.problems import Problem, load_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.rollouts.selection import (

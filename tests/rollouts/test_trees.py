@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import FINISH_EOS, FINISH_STOP, RolloutEngine
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
@@ -239,7 +240,8 @@ def test_midpoint_split_of_a_long_early_eos_root_on_the_tiny_model(tiny, tmp_pat
         assert pair.root_tokens[pair.prefix_len - 1] in tiny.tokenizer.newline_token_ids
         assert 1 <= pair.prefix_len < len(pair.root_tokens)
 
-    from rlvr_fast.train.trainer import RLVRTrainer, TrainConfig
+    from rlvr_fast.train.trainer import RLVRTrainer
+    from rlvr_fast.train.config import TrainConfig
 
     config = TrainConfig.from_arm(
         "midpoint_mst",

@@ -4,7 +4,7 @@ SIGKILLed at random moments (twice per trial: the run, then its first resume), r
 timings), rollouts, evaluations and checkpoint byte for byte, and no temp file left behind.
 
 CI runs KILL_TRIALS=2 trials on the embedded tiny model (three steps, a checkpoint after each);
-``RLVR_KILL_TRIALS=25 pytest tests/test_kill_resume.py -s`` is the longer probe (it prints where
+``RLVR_KILL_TRIALS=25 pytest tests/run/test_kill_resume.py -s`` is the longer probe (it prints where
 each kill fell).
 """
 
@@ -54,7 +54,7 @@ def command(out: Path, resume: bool) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "rlvr_fast.cli.main",
+        "rlvr_fast.cli",
         *TRAIN,
         "--out",
         str(out),

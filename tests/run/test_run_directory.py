@@ -13,15 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_fast.data.problems import Problem, synthetic_problems
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.run.directory import RunDirectoryError, whole_lines
 from rlvr_fast.run.state_file import StateFileError, save_state
-from rlvr_fast.train.trainer import CHECKPOINT_FILE, RLVRTrainer, NonFiniteError, TrainConfig
+from rlvr_fast.run import recorder, state_file
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.train import distributed
+from rlvr_fast.train.kinds import flat
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.nonfinite import NonFiniteError
+from rlvr_fast.train.config import TrainConfig
 
 SETTINGS = dict(max_new_tokens=32, eval_max_new_tokens=32, lr=1e-4, checkpoint_every=2)
 PROBLEMS = synthetic_problems("train", 3, seed=3)
 EVALS = {"t": synthetic_problems("test", 2, seed=3)}
+CHECKPOINT_NAME = RunLayout(Path("run")).checkpoint.name
 
 
 def trainer(
@@ -173,11 +181,10 @@ class Killed(BaseException):
     """Stands in for a kill: a BaseException, so no handler of the code under test eats it."""
 
 
-def kill_at(monkeypatch, target: str, call: int = 1, when=lambda *args: True):
-    """Raise Killed at the ``call``-th call of ``target`` (module.attribute) whose arguments
-    satisfy ``when``."""
-    module, name = target.rsplit(".", 1)
-    real = getattr(__import__(module, fromlist=[name]), name)
+def kill_at(monkeypatch, owner, name: str, call: int = 1, when=lambda *args: True):
+    """Raise Killed at the ``call``-th call of ``owner.name`` whose arguments satisfy
+    ``when``."""
+    real = getattr(owner, name)
     calls = []
 
     def killed(*args, **kwargs):
@@ -187,7 +194,7 @@ def kill_at(monkeypatch, target: str, call: int = 1, when=lambda *args: True):
                 raise Killed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(target, killed)
+    monkeypatch.setattr(owner, name, killed)
 
 
 def renaming_to(name: str):
@@ -195,17 +202,14 @@ def renaming_to(name: str):
 
 
 KILL_POINTS = {
-    "before config.json": ("rlvr_fast.train.trainer.write_json_atomic", 1),
-    "during the before-training eval": ("rlvr_fast.train.distributed.evaluate_sharded", 1),
-    "during step 1's rollouts, before the first checkpoint": (
-        "rlvr_fast.train.trainer.sample_groups",
-        2,
-    ),
-    "during the first checkpoint write": ("rlvr_fast.run.state_file.save_file", 1),
-    "at the first checkpoint's rename": ("os.replace", 1, renaming_to(CHECKPOINT_FILE)),
-    "during the after-training eval": ("rlvr_fast.train.distributed.evaluate_sharded", 2),
-    "at the final directory's rename": ("os.replace", 1, renaming_to("final")),
-    "before summary.json": ("rlvr_fast.train.trainer.write_json_atomic", 2),
+    "before config.json": (recorder, "write_json_atomic", 1),
+    "during the before-training eval": (distributed, "evaluate_sharded", 1),
+    "during step 1's rollouts, before the first checkpoint": (flat, "sample_groups", 2),
+    "during the first checkpoint write": (state_file, "save_file", 1),
+    "at the first checkpoint's rename": (os, "replace", 1, renaming_to(CHECKPOINT_NAME)),
+    "during the after-training eval": (distributed, "evaluate_sharded", 2),
+    "at the final directory's rename": (os, "replace", 1, renaming_to("final")),
+    "before summary.json": (recorder, "write_json_atomic", 2),
 }
 
 
@@ -215,7 +219,7 @@ def test_a_run_stopped_at_any_point_resumes_to_the_same_bytes(
 ):
     """Regression: 7 of 25 kill trials (before the first checkpoint, during its write, during the
     before-training eval) could never be resumed. These stop the run in-process at each file
-    commit point; tests/test_kill_resume.py SIGKILLs real processes at random times."""
+    commit point; tests/run/test_kill_resume.py SIGKILLs real processes at random times."""
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         kill_at(patch, *KILL_POINTS[point])
@@ -251,7 +255,7 @@ def test_whole_lines_drops_only_what_came_after_the_checkpoint(tmp_path):
 def test_a_damaged_checkpoint_is_refused_before_anything_is_restored(finished, tmp_path, damage):
     run = copy_of(finished, tmp_path)
     (run / "summary.json").unlink()
-    path = run / "checkpoint" / CHECKPOINT_FILE
+    path = RunLayout(run).checkpoint
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
     else:
@@ -267,7 +271,7 @@ def test_a_damaged_checkpoint_is_refused_before_anything_is_restored(finished, t
                 "torch_rng": torch.get_rng_state(),
             },
         )
-    with pytest.raises(StateFileError, match=f"{CHECKPOINT_FILE}: "):
+    with pytest.raises(StateFileError, match=f"{CHECKPOINT_NAME}: "):
         trainer(run, resume=True)
 
 
@@ -281,7 +285,7 @@ def test_nonfinite_training_stops_at_its_step_with_the_last_checkpoint_intact(tm
     with pytest.raises(NonFiniteError, match=r"step \d: non-finite .*allow_nonfinite=true"):
         trainer(run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None).train()
     stopped = len((run / "ledger.jsonl").read_text().splitlines()) - 1
-    checkpoint = run / "checkpoint" / CHECKPOINT_FILE
+    checkpoint = RunLayout(run).checkpoint
     resumed = trainer(
         run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None, resume=True
     )

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlvr_fast.analysis.verify import verify_run
-from rlvr_fast.data.problems import Problem, synthetic_problems
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.rollouts.generation import sample_group, sample_groups
 from rlvr_fast.models.checkpoint import load_model
@@ -18,13 +19,11 @@ from rlvr_fast.models.policy import load_policy
 from rlvr_fast.train.polyak import DEVICE_RESERVE_BYTES, PolyakAverage, sums_fit, trainable
 from rlvr_fast.rollouts.trees import sample_tree_ids, sample_trees_ids
 from rlvr_fast.run.state_file import load_state
-from rlvr_fast.train.trainer import (
-    CHECKPOINT_FILE,
-    Phases,
-    RLVRTrainer,
-    TrainConfig,
-    fused_grpo_loss,
-)
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.utils.phases import Phases
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.losses import fused_grpo_loss
 
 FAST = dict(max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
 IMPOSSIBLE = [
@@ -96,7 +95,7 @@ def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questio
         model.zero_grad(set_to_none=True)
         loss = fused_grpo_loss(model, prompt, completions, weights)
         loss.backward()
-        hand.append([p.grad.clone() for p in trainer.params])
+        hand.append([p.grad.clone() for p in trainer.stepping.params])
         losses.append(float(loss.detach()))
     model.zero_grad(set_to_none=True)
     norms = [
@@ -104,29 +103,31 @@ def test_unit_normalised_accumulation_equals_the_hand_computation_on_two_questio
     ]
     expected = [(a / norms[0] + b / norms[1]) / 2 for a, b in zip(*hand)]
 
-    update = trainer.accumulate_unit_gradients(
-        Phases(tiny.device), [lambda q=q: fused_grpo_loss(model, *q) for q in questions]
+    update = trainer.stepping.accumulate_unit_gradients(
+        Phases(tiny.device), [lambda q=q: fused_grpo_loss(model, *q) for q in questions], 2
     )
-    for p, want in zip(trainer.params, expected):
+    for p, want in zip(trainer.stepping.params, expected):
         torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-7)
     assert update.question_grad_norms == pytest.approx(norms, rel=1e-5)
     assert update.question_losses == pytest.approx(losses, rel=1e-5)
     assert update.loss == pytest.approx((losses[0] / norms[0] + losses[1] / norms[1]) / 2, rel=1e-5)
-    total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in trainer.params]))
+    total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in trainer.stepping.params]))
     assert float(total) <= 1 + 1e-6, "an average of unit vectors: clipping at 1 never binds"
 
 
 def test_a_step_whose_questions_are_all_homogeneous_is_a_zero_gradient_step(tiny):
     config = TrainConfig.from_arm("ra_flat", questions_per_step=2, **FAST)
     trainer = RLVRTrainer(tiny, config, IMPOSSIBLE, progress=False)
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.stepping.params]
     record = trainer.run_step(0).record
     assert record["homogeneous"] and not record["active"] and record["optimizer_step"]
     assert record["zero_var_questions"] == 2 and record["loss"] is None
     assert [q["question_id"] for q in record["questions"]] == ["impossible-0", "impossible-1"]
     assert record["bwd_out"] == record["bwd_full"] == 0
     assert {int(s["step"]) for s in trainer.optimizer.state.values()} == {1}
-    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.params)), "weight decay"
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.stepping.params)), (
+        "weight decay"
+    )
 
 
 def test_multi_question_run_batches_its_questions_and_verify_rederives_it(tiny, tmp_path):
@@ -227,7 +228,7 @@ def test_polyak_average_equals_the_hand_average_also_across_a_resume(tmp_path):
     interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
-    interrupted.ledger.close()
+    interrupted.close()
     resumed = polyak_trainer(tmp_path / "resumed", problems, resume=True)
     assert resumed.start_step == 2 and resumed.polyak.count == 1
     resumed.train()
@@ -277,7 +278,7 @@ def test_active_steps_stop_on_the_step_that_reaches_them(tiny, tmp_path):
     active = [line["active"] for line in lines]
     assert sum(active) == 2 and active[-1], "the run ends on its second active step"
     assert summary["steps"] == len(lines) == 5
-    assert load_state(tmp_path / "checkpoint" / CHECKPOINT_FILE)["next_step"] == len(lines)
+    assert load_state(RunLayout(tmp_path).checkpoint)["next_step"] == len(lines)
     assert verify_run(tmp_path).ok
     with pytest.raises(ValueError, match=r"active_steps must be in \[1, steps = 8\]"):
         TrainConfig.from_arm("zg_flat", steps=8, active_steps=9)

@@ -26,7 +26,7 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.cli.main import main, without_nproc
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.run.state_file import load_state
-from rlvr_fast.train.trainer import CHECKPOINT_FILE
+from rlvr_fast.run.layout import RunLayout
 
 # Four questions a step (two a rank), 48 tokens: on the first 16 synthetic questions step 0 and
 # step 3 are homogeneous on both ranks, step 1 has a contributing question on each rank and
@@ -67,7 +67,7 @@ def child_env(**extra) -> dict:
 
 def cli(*args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlvr_fast.cli.main", *args],
+        [sys.executable, "-m", "rlvr_fast.cli", *args],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -88,7 +88,7 @@ def start_ranks(args: list[str], world: int = 2) -> list[subprocess.Popen]:
     port = free_port()
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "rlvr_fast.cli.main", *args],
+            [sys.executable, "-m", "rlvr_fast.cli", *args],
             env=child_env(
                 RANK=str(r),
                 LOCAL_RANK=str(r),
@@ -156,7 +156,7 @@ def test_two_ranks_equal_one_process_taking_both_ranks_questions(runs):
     single, double = (dict(load_model(run / "final").named_parameters()) for run in runs)
     for name, p in single.items():
         torch.testing.assert_close(p, double[name], rtol=0, atol=1e-5, msg=name)  # lr / 10
-    states = [load_state(run / "checkpoint" / CHECKPOINT_FILE) for run in runs]
+    states = [load_state(RunLayout(run).checkpoint) for run in runs]
     assert states[0]["world_size"] == 1 and states[1]["world_size"] == 2
     for a, b in zip(
         states[0]["optimizer"]["state"].values(),
@@ -196,7 +196,7 @@ def test_bitwise_where_no_two_unit_gradients_are_added(tmp_path):
         dict(load_model(tmp_path / run / "final").named_parameters()) for run in ("one", "two")
     )
     assert all(torch.equal(p, double[name]) for name, p in single.items())
-    states = [load_state(tmp_path / run / "checkpoint" / CHECKPOINT_FILE) for run in ("one", "two")]
+    states = [load_state(RunLayout(tmp_path / run).checkpoint) for run in ("one", "two")]
     for a, b in zip(
         states[0]["optimizer"]["state"].values(),
         states[1]["optimizer"]["state"].values(),
@@ -320,7 +320,7 @@ def test_one_process_helpers_are_the_identity():
     assert distributed.sum_over_ranks(3) == 3 and distributed.all_gather("x") == ["x"]
     distributed.check_questions_per_step(3)
     with pytest.raises(ValueError, match="resume it with 2"):
-        distributed.check_world_size(2, CHECKPOINT_FILE)
+        distributed.check_world_size(2, RunLayout(Path("run")).checkpoint)
     assert without_nproc(["train", "--nproc", "2", "--arm", "x", "--nproc=3"]) == [
         "train",
         "--arm",

@@ -10,23 +10,22 @@ import torch
 
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.train.arms import ARMS
-from rlvr_fast.data.problems import Problem, synthetic_problems
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.ledger.records import MultiQuestionRecord, check_conservation, read_record
+from rlvr_fast.ledger.laws import check_conservation
+from rlvr_fast.ledger.records import MultiQuestionRecord, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.models.policy import Policy, load_policy
 from rlvr_fast.run.directory import RunDirectoryError
 from rlvr_fast.run.state_file import load_state
-from rlvr_fast.train.trainer import (
-    CHECKPOINT_FILE,
-    Phases,
-    RLVRTrainer,
-    TrainConfig,
-    completion_token_nll,
-    fused_grpo_loss,
-    grpo_loss,
-    standardised_advantages,
-)
+from rlvr_fast.run import checkpoint
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.utils.phases import Phases
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss
+from rlvr_fast.credit.group import standardised_advantages
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
 # Tree arms on the tiny model: split at the first newline after 8 tokens, trees from step 0.
@@ -88,9 +87,9 @@ def tiny():
 
 def homogeneous_step(tiny, arm):
     trainer = RLVRTrainer(tiny, TrainConfig.from_arm(arm, **FAST), [IMPOSSIBLE], progress=False)
-    before = [p.detach().clone() for p in trainer.params]
-    record = trainer.train_step(0, IMPOSSIBLE).record
-    changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.params))
+    before = [p.detach().clone() for p in trainer.stepping.params]
+    record = trainer.step_on(0, [IMPOSSIBLE]).record
+    changed = any(not torch.equal(a, p) for a, p in zip(before, trainer.stepping.params))
     steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
     return record, changed, steps
 
@@ -242,7 +241,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
-    interrupted.ledger.close()
+    interrupted.close()
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
     resumed = RLVRTrainer(
@@ -282,7 +281,7 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
         progress=False,
     )
     trainer.train()
-    path = tmp_path / "checkpoint" / CHECKPOINT_FILE
+    path = RunLayout(tmp_path).checkpoint
     saved = load_state(path)
     trainer.generator.manual_seed(12345)
     loaded = []
@@ -291,7 +290,7 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
         loaded.append(load_state(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr("rlvr_fast.train.trainer.load_state", recording_load)
+    monkeypatch.setattr(checkpoint, "load_state", recording_load)
     monkeypatch.setattr(Policy, "device", property(lambda self: torch.device("meta")))
     assert trainer.load_checkpoint(path) == 1
     assert loaded[0]["generator"].device.type == loaded[0]["torch_rng"].device.type == "cpu"
@@ -345,7 +344,7 @@ def test_cuda_training_in_bf16_with_the_generator_on_the_device(tmp_path, arm):
     lines = read_ledger(tmp_path)
     assert [line["step"] for line in lines] == [0, 1]
     assert all(line["loss"] is None or math.isfinite(line["loss"]) for line in lines)
-    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.params)
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in trainer.stepping.params)
     if arm == "stopped_tree":
         assert any(line["stage2_gen"] is not None for line in lines), "a tree step ran"
 
@@ -361,7 +360,7 @@ def test_cuda_rollouts_follow_the_run_seed():
             [problem],
             progress=False,
         )
-        texts.append(trainer.train_step(0, problem).texts)
+        texts.append(trainer.step_on(0, [problem]).texts)
     assert texts[0] == texts[1] != texts[2]
 
 
@@ -375,7 +374,7 @@ def test_a_cuda_step_shows_every_phase_and_the_engine_in_nvtx(monkeypatch):
         progress=False,
     )
     events = record_nvtx(monkeypatch)
-    trainer.train_step(0, problem)
+    trainer.step_on(0, [problem])
     names = [event for event in events if event is not None]
     assert events.count(None) == len(names), "every range is closed"
     assert {
@@ -399,19 +398,19 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     interrupted = RLVRTrainer(
         load_policy("tiny", device="cuda"), config, problems, out_dir=tmp_path, progress=False
     )
-    step_fn = interrupted.train_step
+    step_fn = interrupted.run_step
 
-    def dies_during_step_3(step, problem):
+    def dies_during_step_3(step):
         if step == 3:
             raise Killed
-        return step_fn(step, problem)
+        return step_fn(step)
 
-    interrupted.train_step = dies_during_step_3
+    interrupted.run_step = dies_during_step_3
     with pytest.raises(Killed):
         interrupted.train()
-    interrupted.ledger.close()
+    interrupted.close()
     step_2 = read_ledger(tmp_path)[2]
-    saved = load_state(tmp_path / "checkpoint" / CHECKPOINT_FILE)
+    saved = load_state(RunLayout(tmp_path).checkpoint)
 
     resumed = RLVRTrainer(
         load_policy("tiny", device="cuda"),

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import rlvr_fast
-from rlvr_fast.data.problems import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer, UnsupportedFieldError
@@ -145,14 +146,14 @@ def our_gradient(loss_type, tmp_path, **settings):
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
     )
     captured = []
-    clip = trainer.trainer.clip_gradients
+    clip = trainer.trainer.stepping.clip_gradients
 
     def capture():
         grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters()}
         captured.append((grads, trainer.task.last, trainer.state.global_step))
         return clip()
 
-    trainer.trainer.clip_gradients = capture
+    trainer.trainer.stepping.clip_gradients = capture
     trainer.train()
     assert captured, "no step ran a backward (rewards never varied)"
     grads, scored, step = captured[0]
