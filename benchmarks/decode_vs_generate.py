@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.bench_engine import decode_on_engine, decode_with_generate, tiny_prompt
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.policy import TINY_MODEL_DIR, load_policy
+from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 
 
 def seconds(run) -> tuple[float, float]:
