@@ -157,12 +157,12 @@ def test_bad_sampling_params_are_refused(kwargs, message):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("vocab", [2, 211, 384, 5000])
-def test_cpp_draws_equal_the_reference(vocab):
+# Fewer rows at the largest vocabulary: the reference sorts every row.
+@pytest.mark.parametrize("vocab,rows", [(2, 2000), (211, 2000), (384, 2000), (5000, 256)])
+def test_cpp_draws_equal_the_reference(vocab, rows):
     """The C++ sampler computes the same rule and the same streams: the same token in every row
     but where float32 rounding of exp or log decides a near tie (none expected at this size)."""
     generator = torch.Generator().manual_seed(vocab)
-    rows = 2000
     logits = torch.randn(rows, vocab, generator=generator) * 3
     seeds = torch.randint(0, 2**62, (rows,), generator=generator)
     positions = torch.randint(0, 4096, (rows,), generator=generator)
