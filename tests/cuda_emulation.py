@@ -13,10 +13,11 @@ a tensor on the host during capture fails there, as CUDA's stream capture does. 
 see: pybind C++ calls (the CPU kernels of ``rlvr_fast._C``), so graph tests run in bf16, where
 the model takes no C++ path, as on CUDA.
 
-``HostSyncGuard`` is a dispatch mode that raises ``HostSyncError`` on every operation that makes a
-CUDA stream wait for the host: a scalar read (``.item()``, ``.tolist()``, ``bool(t)``), or an
-output whose size depends on the data (``nonzero``, ``masked_select``, ``unique``, boolean
-indexing, ``repeat_interleave`` by a tensor).
+``no_host_sync`` raises ``HostSyncError`` on every operation that makes a CUDA stream wait for the
+host: a scalar read (``.item()``, ``bool(t)``), a copy to the host (``.tolist()``, ``.numpy()``,
+``.cpu()``: seen as calls, since on a CPU tensor they dispatch nothing), or an output whose size
+depends on the data (``nonzero``, ``masked_select``, ``unique``, boolean indexing,
+``repeat_interleave`` by a tensor).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -53,6 +55,8 @@ HOST_SYNC_OPS = {
 }
 # Host data copied into the graph (torch.tensor(...) inside a captured step).
 HOST_DATA_OPS = {aten.lift_fresh.default}
+# Copies to the host, which on a CPU tensor dispatch no operation.
+HOST_COPY_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
 
 
 class HostSyncError(RuntimeError):
@@ -72,13 +76,27 @@ def host_sync_reason(func, args, kwargs) -> str | None:
     return None
 
 
-class HostSyncGuard(TorchDispatchMode):
+class _HostCopyCalls(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_COPY_METHODS:
+            raise HostSyncError(f"{func.__name__}() copies a device tensor to the host")
+        return func(*args, **(kwargs or {}))
+
+
+class _HostSyncOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reason = host_sync_reason(func, args, kwargs)
         if reason is not None:
             raise HostSyncError(reason)
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Fails on every host sync inside the block (see the module docstring)."""
+    with _HostCopyCalls(), _HostSyncOps():
+        yield
 
 
 class _AtenCall:
@@ -222,5 +240,9 @@ class EmulatedCuda:
     def graph(self, graph: EmulatedGraph, pool=None):
         self.capture_devices.append(self._current[-1] if self._current else None)
         graph.operations.clear()
-        with _Recorder(graph.operations), _recording_triton_launches(graph.operations):
+        with (
+            _HostCopyCalls(),
+            _Recorder(graph.operations),
+            _recording_triton_launches(graph.operations),
+        ):
             yield
