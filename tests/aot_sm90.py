@@ -102,3 +102,29 @@ def compile_for_sm90(
         int(spills.group(1)),
         int(spills.group(2)),
     )
+
+
+def parse_launch_for_sm90(kernel, args: tuple, kwargs: dict):
+    """What compiled Triton does with ``kernel[grid](*args, **kwargs)`` before it compiles, for an
+    sm_90 target: bind the arguments, specialise them, parse the launch options with the CUDA
+    backend's parser and refuse every keyword that is neither a kernel parameter nor an option
+    (``KeyError``; the interpreter drops such keywords silently). ``kernel`` is the interpreted
+    kernel (its ``fn`` is the Python function). Returns (options, signature)."""
+    pytest.importorskip("triton.backends.nvidia")
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    compiled = JITFunction(kernel.fn)
+    binder = create_function_from_signature(compiled.signature, compiled.params, backend)
+    # What JITFunction.run adds to every launch's keywords.
+    kwargs = {
+        **kwargs,
+        "debug": kwargs.get("debug", False),
+        "instrumentation_mode": knobs.compilation.instrumentation_mode,
+    }
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, _, _ = compiled._pack_args(backend, kwargs, bound, specialization, options)
+    return options, signature
