@@ -6,12 +6,13 @@ many rows in that mode. Buckets are the powers of two below ``max_batch``, then 
 batch of R rows runs in the smallest bucket >= R; its padding rows are reset on every replay to
 token 0 at position 0 with the scratch block as their whole block table, so they write their keys
 and values to the scratch slot only and attend to that one slot (not to a stale length through a
-stale table left by an earlier, larger batch). Every input lives in a static device buffer that a step overwrites in place
-(token ids, positions, slots and seeds in one packed copy, the block tables in another), the
-temperature and top-p are 0-d device tensors, and the block tables have the fixed width of
-``max_model_len``; the Triton decode kernel reads each row's length at run time, so a short row
-costs its own length. Prefill passes stay eager. Capture and replay run with the storage's
-device made current (graphs, streams and Triton launches use the current device).
+stale table left by an earlier, larger batch). Every input lives in a static device buffer that
+a step overwrites in place (token ids, positions, slots and seeds in one packed copy, the block
+tables in another), the temperature and top-p are 0-d device tensors, and the block tables have
+the fixed width of ``max_model_len``; the Triton decode kernel reads each row's length at run
+time, so a short row costs its own length. Prefill passes stay eager. Capture and replay run
+with the storage's device made current (graphs, streams and Triton launches use the current
+device).
 
 ``cuda`` is the CUDA runtime the graphs use (``torch.cuda``; the tests pass a CPU stand-in whose
 replay re-runs the captured operations on the same static buffers).

@@ -19,9 +19,10 @@ import pytest
 import torch
 from cuda_emulation import EmulatedCuda
 
-from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.engine import RolloutEngine, SamplingParams, model_runner
 from rlvr_fast.engine.cuda_graphs import POSITIONS, SLOTS, DecodeGraphs
 from rlvr_fast.engine.model_runner import DecodeInputs
+from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.models.checkpoint import load_model
 
 EOS = 0
@@ -216,3 +217,23 @@ def test_capture_and_replay_run_on_the_storage_device(model):
     runtime = engine.runner.graphs.cuda
     assert runtime.capture_devices == [engine.storage.data.device]
     assert runtime.nvtx.depth == 0
+
+
+def test_eager_decode_hands_the_sampler_what_the_graphs_hand_it(model, monkeypatch):
+    """0-d tensors for temperature and top-p, in every eager draw too: CUDA divides by a Python
+    float as a multiply by its reciprocal (ATen's div_true_kernel_cuda) and by a tensor exactly,
+    which would let graph and eager decode draw apart; the CPU divides both ways exactly, so the
+    scenarios above cannot see it."""
+    kinds = []
+
+    def spy(logits, seeds, positions, temperature, top_p, **kwargs):
+        kinds.append((type(temperature), type(top_p)))
+        return sample_tokens(logits, seeds, positions, temperature, top_p, **kwargs)
+
+    monkeypatch.setattr(model_runner, "sample_tokens", spy)
+    eager = make_engine(model, graphs=False)
+    eager.run([eager.add(PROMPTS[0], seed=0)], PARAMS["sampled"])
+    assert len(kinds) == PARAMS["sampled"].max_new_tokens
+    assert set(kinds) == {(torch.Tensor, torch.Tensor)}
+    graphs = make_engine(model, graphs=True).runner.graphs
+    assert graphs.temperature.dim() == graphs.top_p.dim() == 0
