@@ -2,7 +2,7 @@
 a guard that fails on host syncs.
 
 ``EmulatedCuda`` has the part of ``torch.cuda`` that ``rlvr_fast.engine.cuda_graphs`` uses
-(``CUDAGraph``, ``graph``, ``Stream``, ``stream``, ``current_stream``, ``device``, ``nvtx``). A
+(``CUDAGraph``, ``graph``, ``Stream``, ``stream``, ``current_stream``, ``device``). A
 capture records every ATen operation the captured code dispatches and every Triton kernel it
 launches (under TRITON_INTERPRET=1), with the very tensors it was given and the ones it made;
 ``replay`` runs them again, in order, writing each ATen result into the tensor the capture made
@@ -197,17 +197,6 @@ class EmulatedStream:
         pass
 
 
-class _Nvtx:
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def range_push(self, name: str) -> None:
-        self.depth += 1
-
-    def range_pop(self) -> None:
-        self.depth -= 1
-
-
 class EmulatedCuda:
     """The graph, stream and device API of ``torch.cuda`` on the CPU. ``capture_devices``: the
     device that was current at each capture (None: none was made current)."""
@@ -216,7 +205,6 @@ class EmulatedCuda:
     Stream = EmulatedStream
 
     def __init__(self) -> None:
-        self.nvtx = _Nvtx()
         self.capture_devices: list[torch.device | None] = []
         self._current: list[torch.device] = []
         self._stream = EmulatedStream()

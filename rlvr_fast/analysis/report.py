@@ -25,13 +25,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rlvr_fast.analysis.compare import BASE_LABEL, Comparison, compare_runs
-from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs, question_lines
+from rlvr_fast.run.reader import Run, RunDirError, load_runs, question_lines
 from rlvr_fast.analysis.tables import markdown
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.pairs import PairCategory
-from rlvr_fast.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
-from rlvr_fast.files import atomic_path, write_text_atomic
+from rlvr_fast.rollouts.pairs import PairCategory
+from rlvr_fast.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
+from rlvr_fast.utils.files import atomic_path, write_text_atomic
 
 SMOOTHING_STEPS = 5
 DPI = 120

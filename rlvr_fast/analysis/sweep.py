@@ -22,13 +22,15 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
+from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.analysis.compare import compare_runs
 from rlvr_fast.analysis.report import publish_report
-from rlvr_fast.analysis.run_dir import Run, RunDirError, is_run_dir, load_runs
+from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
-from rlvr_fast.data import Problem
-from rlvr_fast.files import write_text_atomic
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.utils.files import write_text_atomic
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 
 class SweepError(ValueError):
@@ -42,7 +44,7 @@ class SweepRun:
 
     @property
     def finished(self) -> bool:
-        return (self.path / "summary.json").is_file()
+        return RunLayout(self.path).summary.is_file()
 
 
 def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings) -> list[SweepRun]:
@@ -64,7 +66,7 @@ def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings)
 
 
 def check_recorded_settings(run: SweepRun) -> None:
-    if not (run.path / "config.json").is_file():
+    if not RunLayout(run.path).config.is_file():
         return
     try:
         recorded = Run.open(run.path).config

@@ -25,6 +25,7 @@ import torch
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.engine.token_sampler import SamplingParams, sample_tokens
 from rlvr_fast.models.context import ForwardContext
+from rlvr_fast.utils.phases import profile_range
 
 TOKEN_IDS, POSITIONS, SLOTS, SEEDS = range(4)
 
@@ -80,9 +81,8 @@ class DecodeGraphs:
                 self.graphs[key] = self._capture(bucket, params.is_greedy)
             self._load(inputs, bucket, params)
             graph, tokens = self.graphs[key]
-            self.cuda.nvtx.range_push(f"graph replay b={bucket}")
-            graph.replay()
-            self.cuda.nvtx.range_pop()
+            with profile_range(f"graph replay b={bucket}", self.device):
+                graph.replay()
         return tokens[:rows]
 
     def _load(self, inputs, bucket: int, params: SamplingParams) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Callable, Iterable, Sequence as Seq
 
 import torch
@@ -47,6 +48,10 @@ from rlvr_fast.engine.sequence import (
 )
 from rlvr_fast.engine.token_sampler import SamplingParams
 from rlvr_fast.ops.paged_attention import default_backend
+from rlvr_fast.utils.phases import profile_range
+
+# RolloutEngine.shared: one default engine per model, dropped with the model.
+_SHARED_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class RolloutEngine:
@@ -116,6 +121,16 @@ class RolloutEngine:
     def for_policy(cls, policy, **settings) -> "RolloutEngine":
         """An engine for a ``Policy``: its model, its tokenizer's end-of-sequence tokens."""
         return cls(policy.model, eos_token_ids=policy.tokenizer.eos_token_ids, **settings)
+
+    @classmethod
+    def shared(cls, policy) -> "RolloutEngine":
+        """The policy's own engine with default settings, made on first use and kept while its
+        model lives (its KV cache is sized once). A trainer that wants other settings makes its
+        own with ``for_policy``."""
+        engine = _SHARED_ENGINES.get(policy.model)
+        if engine is None:
+            engine = _SHARED_ENGINES[policy.model] = cls.for_policy(policy)
+        return engine
 
     # ------------------------------------------------------------------ sequences
     def add(
@@ -371,19 +386,7 @@ class RolloutEngine:
 
     def _range(self, name: str):
         """A profiler range (and an NVTX range on CUDA, for Nsight timelines)."""
-        if self.device.type != "cuda":
-            return torch.profiler.record_function(name)
-        return _nvtx_range(name)
-
-
-@contextlib.contextmanager
-def _nvtx_range(name: str):
-    with torch.profiler.record_function(name):
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
+        return profile_range(name, self.device)
 
 
 def _check_settings(

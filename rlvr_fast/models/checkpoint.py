@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rlvr_fast.files import replaced_directory
+from rlvr_fast.utils.files import replaced_directory
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 

@@ -1,2 +1,2 @@
-"""The GRPO training driver: configuration, arms, the loop, step kinds, losses, and the memory plan
-that sizes a run to its device before anything is allocated (``memory_plan``)."""
+"""The GRPO driver: config, arms (presets), the trainer's loop and its components, and the memory
+plan that sizes a run to its device before anything is allocated (``memory_plan``)."""

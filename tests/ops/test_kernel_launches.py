@@ -23,7 +23,7 @@ import torch
 from aot_sm90 import parse_launch_for_sm90
 
 import rlvr_fast.kernels
-from rlvr_fast import optim
+from rlvr_fast.ops import zero_grad_adamw as zero_grad_adamw_op
 from rlvr_fast.kernels.zero_grad_adamw import zero_grad_adamw_triton_
 from rlvr_fast.ops import launch
 from rlvr_fast.ops.paged_attention import paged_attention, paged_prefill_attention
@@ -60,11 +60,11 @@ def weighted_nll(dtype, grad: bool):
 
 
 def zero_grad_adamw(dtype):
-    """The CUDA path of ``zero_grad_adamw_`` (``optim._fold_foreach``) on CPU parameters."""
+    """The CUDA path of ``zero_grad_adamw_`` (``_fold_foreach``) on CPU parameters."""
     params = [torch.randn(n, dtype=dtype) for n in (5, 2048 + 3)]
     optimizer = torch.optim.AdamW(params, lr=1e-3)
     group = optimizer.param_groups[0]
-    optim._fold_foreach(optimizer, [(p, group, [1e-3, 1e-3]) for p in params])
+    zero_grad_adamw_op._fold_foreach(optimizer, [(p, group, [1e-3, 1e-3]) for p in params])
 
 
 CASES = {
