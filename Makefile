@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.13.0
 $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade setuptools wheel
-	$(BIN)/pip install --quiet $(TORCH_PIN)
+	$(BIN)/pip install --quiet $(TORCH_PIN) ninja
 	$(BIN)/pip install --quiet --no-build-isolation -e '.[dev]'
 	touch $(STAMP)
 
@@ -19,11 +19,15 @@ install: $(STAMP)
 # Lint and format checks, tests, every benchmark once as a smoke check (no timings asserted), the
 # C++ extension built without its AVX2 path (what aarch64 compiles) and checked against the
 # installed one, then the GPU suite's dry run (every stage on the CPU at tiny sizes).
+# Tests and the smoke check run in one process per core (pytest-xdist), each with one OpenMP
+# thread: the tests' operators are tiny, and two processes keep two cores busy where one process
+# with two threads leaves one waiting (a fresh clone's make test must stay under 15 minutes).
+TEST_WORKERS ?= auto
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q benchmarks --benchmark-disable
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) benchmarks --benchmark-disable
 	$(BIN)/python scripts/check_scalar_build.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --dry-run
 

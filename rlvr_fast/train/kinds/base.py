@@ -102,6 +102,23 @@ def regraded(texts: list[str], answer: str, gate_min_chars: int | None) -> tuple
     return answers, grade_many(answers, [answer] * len(answers))
 
 
+def record_arguments(question: Question, inputs: RecordInputs, config, params: int) -> dict:
+    """The record arguments every kind's ledger record takes from the step and the question."""
+    return dict(
+        step=inputs.step,
+        question_id=question.problem.id,
+        active=inputs.active,
+        optimizer_step=inputs.optimizer_step,
+        prompt_len=len(question.prompt_ids),
+        executed=inputs.executed,
+        max_new_tokens=config.max_new_tokens,
+        params=params,
+        loss=inputs.loss,
+        grad_norm=inputs.grad_norm,
+        seconds=inputs.seconds,
+    )
+
+
 def recorded_inputs(line: dict, recorded: dict, config, params: int) -> dict:
     """The record arguments of a re-derived step that come from the rollouts line, the config
     and, for what nothing on disk determines (engine counts, timings, loss, gradient norm), the

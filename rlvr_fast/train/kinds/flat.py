@@ -16,7 +16,13 @@ from rlvr_fast.ledger.records import StepRecord, flat_step_record
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.rollouts.trees import TreeRollout
-from rlvr_fast.train.kinds.base import Question, RecordInputs, recorded_inputs, regraded
+from rlvr_fast.train.kinds.base import (
+    Question,
+    RecordInputs,
+    record_arguments,
+    recorded_inputs,
+    regraded,
+)
 from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, sequence_scales
 from rlvr_fast.utils.phases import Phases
 
@@ -137,19 +143,9 @@ class FlatKind:
     def common_record(self, question: Question, inputs: RecordInputs) -> dict:
         """The record arguments every question-level ledger record takes."""
         return dict(
-            step=inputs.step,
-            question_id=question.problem.id,
             rewards=question.credit.rewards,
             sigma_r=question.credit.sigma,
-            active=inputs.active,
-            optimizer_step=inputs.optimizer_step,
-            prompt_len=len(question.prompt_ids),
-            executed=inputs.executed,
-            max_new_tokens=self.config.max_new_tokens,
-            params=self.params,
-            loss=inputs.loss,
-            grad_norm=inputs.grad_norm,
-            seconds=inputs.seconds,
+            **record_arguments(question, inputs, self.config, self.params),
         )
 
     def rollouts_line(self, step: int, question: Question) -> dict:

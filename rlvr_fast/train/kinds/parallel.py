@@ -24,6 +24,7 @@ from rlvr_fast.rollouts.parallel import ParallelRollout, sample_parallel
 from rlvr_fast.train.kinds.base import (
     Question,
     RecordInputs,
+    record_arguments,
     recorded_inputs,
     regraded,
     require_token_weighted,
@@ -187,22 +188,12 @@ class ParallelKind:
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         credit: ParallelCredit = question.credit.credit
         return parallel_step_record(
-            step=inputs.step,
-            question_id=question.problem.id,
             rewards=credit.path_returns.tolist(),
             sigma_r=credit.sigma,
             homogeneous=credit.homogeneous,
-            active=inputs.active,
-            optimizer_step=inputs.optimizer_step,
-            prompt_len=len(question.prompt_ids),
             lengths=[len(p) for p in question.rollouts.paths],
             parallel=self.stats(question),
-            executed=inputs.executed,
-            max_new_tokens=self.config.max_new_tokens,
-            params=self.params,
-            loss=inputs.loss,
-            grad_norm=inputs.grad_norm,
-            seconds=inputs.seconds,
+            **record_arguments(question, inputs, self.config, self.params),
         )
 
     def rollouts_line(self, step: int, question: Question) -> dict:
