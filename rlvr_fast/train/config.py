@@ -16,7 +16,10 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
 - parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
   ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
   ``lambda_path``, ``judge_model``;
-- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``.
+- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``;
+- device: ``precision`` (``rlvr_fast.train.precision``), ``activation_checkpointing``, and the
+  engine's ``kv_memory_fraction``, ``kv_blocks``, ``max_model_len`` (``rlvr_fast.train.memory_plan``
+  sizes them before anything is allocated).
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
@@ -47,6 +50,7 @@ from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
 from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
+from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 
 
@@ -58,12 +62,20 @@ def setting(
     *,
     also: tuple[Callable, str] | None = None,
     only_for: tuple[str, str] | None = None,
+    written_when_set: bool = False,
 ):
     """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
     value), then ``also``, a second (check, error). ``only_for``: (the sampler the setting
-    belongs to, the error another sampler raises for a value other than the default)."""
+    belongs to, the error another sampler raises for a value other than the default).
+    ``written_when_set``: config.json (and so the resume signature) holds the setting only when
+    it is not the default, which is what runs written before the setting existed did."""
     checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
-    metadata = {"help": help, "checks": checks, "only_for": only_for}
+    metadata = {
+        "help": help,
+        "checks": checks,
+        "only_for": only_for,
+        "written_when_set": written_when_set,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -322,6 +334,43 @@ class TrainConfig:
     active_steps: int | None = setting(
         None, "end the run after this many steps with a backward pass"
     )
+    precision: str | None = setting(
+        None,
+        "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and AdamW "
+        "moments; bf16-true: bf16 weights stepped directly (the study's recipe); None: "
+        "bf16-mixed on CUDA, fp32 elsewhere",
+        lambda v: v is None or v in PRECISIONS,
+        f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}",
+        written_when_set=True,
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "recompute each decoder layer in backward instead of saving its activations (about "
+        "1/layers of the activation memory for one more forward)",
+        written_when_set=True,
+    )
+    kv_memory_fraction: float = setting(
+        0.5,
+        "share of free device memory (available memory on the CPU) the KV cache takes",
+        lambda v: 0 < v <= 1,
+        "kv_memory_fraction must be in (0, 1], got {value}",
+        written_when_set=True,
+    )
+    kv_blocks: int | None = setting(
+        None,
+        "KV cache blocks of 16 tokens (None: sized by kv_memory_fraction)",
+        lambda v: v is None or v >= 1,
+        "kv_blocks must be >= 1 or None, got {value}",
+        written_when_set=True,
+    )
+    max_model_len: int | None = setting(
+        None,
+        "the longest sequence the engine's CUDA graphs cover (None: the model's, at most "
+        "16,384); longer ones decode eagerly",
+        lambda v: v is None or v >= 1,
+        "max_model_len must be >= 1 or None, got {value}",
+        written_when_set=True,
+    )
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -419,7 +468,13 @@ class TrainConfig:
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """config.json's settings: every field, less those written only when set that hold
+        their default."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
+        }
 
     @property
     def questions_needed(self) -> int:

@@ -483,12 +483,20 @@ def read_config(path: str) -> ModelConfig:
     return ModelConfig.from_file(where / "config.json" if where.is_dir() else where)
 
 
+PLAN_DESCRIPTION = "What a GRPO run holds on one device, term by term; exit 2 if it cannot fit."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    defaults = RunShape()
     parser = argparse.ArgumentParser(
-        prog="python -m rlvr_fast.train.memory_plan",
-        description="What a GRPO run holds on one device, term by term; exit 2 if it cannot fit.",
+        prog="python -m rlvr_fast.train.memory_plan", description=PLAN_DESCRIPTION
     )
+    add_plan_arguments(parser)
+    return parser
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan's options (``rlvr-fast plan`` and ``python -m rlvr_fast.train.memory_plan``)."""
+    defaults = RunShape()
     parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
     parser.add_argument("--device-memory", required=True, type=parse_size, help="e.g. 80GiB")
     parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
@@ -515,12 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_plan(build_parser().parse_args(argv))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the plan's table (exit status 0), or one line naming why it cannot fit (2)."""
     try:
         run = RunShape(
             precision=args.precision,
