@@ -373,14 +373,14 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        self._check_types()
+        _check_types(self)
         for f in dataclasses.fields(self):
             for check, error in f.metadata["checks"]:
                 if not check(getattr(self, f.name)):
                     raise ValueError(error.format(value=getattr(self, f.name)))
         self._check_settings_of_other_samplers()
         self._check_loss()
-        self._check_shapley()
+        _check_shapley(self)
         self._check_ablations()
         step_kind(self.sampler).check_config(self)
 
@@ -401,23 +401,6 @@ class TrainConfig:
                 "token_weighted"
             )
 
-    def _check_shapley(self) -> None:
-        exact = self.shapley_permutations == 0 and self.path_credit == "shapley"
-        if exact and self.num_paths > MAX_EXACT_PLAYERS:
-            raise ValueError(
-                f"exact Shapley takes at most {MAX_EXACT_PLAYERS} paths; set "
-                f"shapley_permutations for {self.num_paths}"
-            )
-        if (
-            self.shapley_antithetic
-            and self.shapley_permutations
-            and (self.shapley_permutations < 4 or self.shapley_permutations % 2)
-        ):
-            raise ValueError(
-                "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
-                "(or shapley_antithetic false)"
-            )
-
     def _check_ablations(self) -> None:
         if self.questions_per_step > 1 and not self.skip_zero_var:
             raise ValueError(
@@ -436,23 +419,6 @@ class TrainConfig:
                 f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
                 f"{self.active_steps}"
             )
-
-    def _check_types(self) -> None:
-        for name, allowed in _field_types().items():
-            value = getattr(self, name)
-            if allowed is tuple:
-                if not _is_number_pair(value):
-                    raise ValueError(f"{name} has the wrong type: {value!r}")
-                value = tuple(float(b) for b in value)
-                setattr(self, name, value)
-            elif not isinstance(value, allowed) or (
-                isinstance(value, bool) and bool not in allowed
-            ):
-                raise ValueError(f"{name} has the wrong type: {value!r}")
-            # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
-            values = value if isinstance(value, tuple) else (value,)
-            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
 
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
@@ -480,6 +446,40 @@ class TrainConfig:
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
+
+
+def _check_shapley(config: TrainConfig) -> None:
+    exact = config.shapley_permutations == 0 and config.path_credit == "shapley"
+    if exact and config.num_paths > MAX_EXACT_PLAYERS:
+        raise ValueError(
+            f"exact Shapley takes at most {MAX_EXACT_PLAYERS} paths; set "
+            f"shapley_permutations for {config.num_paths}"
+        )
+    if (
+        config.shapley_antithetic
+        and config.shapley_permutations
+        and (config.shapley_permutations < 4 or config.shapley_permutations % 2)
+    ):
+        raise ValueError(
+            "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
+            "(or shapley_antithetic false)"
+        )
+
+
+def _check_types(config: TrainConfig) -> None:
+    for name, allowed in _field_types().items():
+        value = getattr(config, name)
+        if allowed is tuple:
+            if not _is_number_pair(value):
+                raise ValueError(f"{name} has the wrong type: {value!r}")
+            value = tuple(float(b) for b in value)
+            setattr(config, name, value)
+        elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ValueError(f"{name} has the wrong type: {value!r}")
+        # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def help_texts() -> dict[str, str]:

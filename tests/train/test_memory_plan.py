@@ -22,6 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from rlvr_fast.cli.main import main as rlvr_fast_main
 from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.models import attention
 from rlvr_fast.models.config import ModelConfig
@@ -226,11 +227,12 @@ def test_bad_sizes_are_refused(text):
 
 
 def test_the_command_prints_the_table_or_one_line(capsys):
+    """rlvr-fast plan, and python -m rlvr_fast.train.memory_plan, its module's own."""
     model = str(MODELS["0.6b"])
-    assert memory_plan.main(["--model", model, "--device-memory", "141GB"]) == 0
+    assert rlvr_fast_main(["plan", "--model", model, "--device-memory", "141GB"]) == 0
     table = capsys.readouterr().out
     assert "| KV cache |" in table and "| **total** |" in table
-    assert memory_plan.main(["--model", model, "--device-memory", "24564MiB"]) == 2
+    assert rlvr_fast_main(["plan", "--model", model, "--device-memory", "24564MiB"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1

@@ -65,7 +65,7 @@ def test_bf16_mixed_moves_as_many_weights_as_fp32_where_bf16_true_loses_most():
     # A handful of weights (of 0.88M) whose gradient is exactly zero in one dtype and not in the
     # other.
     assert fractions["bf16-mixed"] == pytest.approx(fractions["fp32"], abs=1e-4)
-    assert moved_fraction(start, now) < 0.25
+    assert moved_fraction(start, now) < 0.1  # 6.9% measured
     assert all(p.dtype == torch.bfloat16 for p in stepping.params)
 
 
