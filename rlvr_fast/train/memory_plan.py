@@ -463,6 +463,30 @@ def _header(config: ModelConfig, run: RunShape, device_memory: int) -> str:
     )
 
 
+def plan_for_training(
+    model_config: ModelConfig, config, precision: str, prompt_tokens: int, device_memory: int
+) -> MemoryPlan:
+    """The plan of a run of ``config`` (a ``TrainConfig``, read by its field names) in
+    ``precision``, whose longest prompt has ``prompt_tokens`` tokens, on ``device_memory``
+    bytes: what the trainer checks on CUDA before the engine is made."""
+    run = RunShape(
+        precision=precision,
+        group_size=config.group_size,
+        questions_per_step=config.questions_per_step,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=config.max_new_tokens,
+        max_batch=config.max_batch,
+        activation_checkpointing=config.activation_checkpointing,
+        kv_memory_fraction=config.kv_memory_fraction,
+        kv_blocks=config.kv_blocks,
+        max_model_len=config.max_model_len,
+        eager_loss=config.loss_order == "sum_then_scale",
+        untied=not model_config.tie_word_embeddings,
+        cuda_graphs=config.cuda_graphs,
+    )
+    return plan_memory(model_config, device_memory, run)
+
+
 # ---------------------------------------------------------------------- the command
 
 

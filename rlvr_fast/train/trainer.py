@@ -58,6 +58,7 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
+from rlvr_fast.train.memory_plan import plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
@@ -109,6 +110,9 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         # Before the engine: the stepping casts the model to the precision's compute dtype.
         self.precision = resolve_precision(config.precision, policy.device)
+        if policy.device.type == "cuda":
+            longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
+            self.check_memory(longest)
         self.stepping = OptimizerStepping(policy.model, config, self.precision)
         self.num_params = self.stepping.num_params
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
@@ -154,6 +158,19 @@ class RLVRTrainer:
     @property
     def optimizer(self) -> torch.optim.AdamW:
         return self.stepping.optimizer
+
+    def check_memory(self, prompt_tokens: int) -> None:
+        """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
+        printed by rank 0; PlanError, naming the largest term, when the run cannot fit."""
+        device = self.policy.device
+        free, _ = torch.cuda.mem_get_info(device)
+        usable = free + torch.cuda.memory_allocated(device)  # the weights already loaded count
+        plan = plan_for_training(
+            self.policy.config, self.config, self.precision, prompt_tokens, usable
+        )
+        if self.progress:
+            print(plan.render())
+        plan.check()
 
     @property
     def trained_weights(self):

@@ -28,11 +28,13 @@ from rlvr_fast.models import attention
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.train import memory_plan
+from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.memory_plan import (
     SAMPLER_BYTES_PER_LOGIT,
     PlanError,
     RunShape,
     activation_bytes,
+    plan_for_training,
     plan_memory,
     saved_bytes_per_token_layer,
     tail_bytes_per_token,
@@ -247,3 +249,17 @@ def test_the_command_reads_a_checkpoint_directory(tmp_path, capsys):
     assert memory_plan.main(["--model", str(tmp_path), "--device-memory", "80GB"]) == 0
     assert memory_plan.main(["--model", str(tmp_path / "none"), "--device-memory", "80GB"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_trainer_plans_from_its_settings():
+    """What a CUDA run checks before its engine is made: a TrainConfig's settings, the study's
+    untied Qwen3-0.6B on a 24 GB card, which fits with activation checkpointing alone."""
+    config = ModelConfig.from_file(MODELS["0.6b"])
+    config.tie_word_embeddings = False
+    settings = dict(max_new_tokens=512, loss_order="token_weighted")
+    with pytest.raises(PlanError, match="largest term is activations"):
+        plan_for_training(config, TrainConfig(**settings), "bf16-mixed", 200, CARDS["24GB"]).check()
+    checkpointed = TrainConfig(activation_checkpointing=True, kv_blocks=500, **settings)
+    plan = plan_for_training(config, checkpointed, "bf16-mixed", 200, CARDS["24GB"]).check()
+    assert plan.kv_blocks == 500
+    assert plan_for_training(config, checkpointed, "fp32", 200, CARDS["141GB"]).fits
