@@ -3,8 +3,10 @@ seconds per phase, step time, rollouts at the cap. The GPU suite's end-to-end st
 
 Step time is the sum of every phase's seconds over the steps in the ledger (what the study's
 438-530 s per 50-step run sets against); wall time adds start-up (imports, loading, KV cache,
-the first CUDA graph captures) and the final checkpoint. A run stopped before its last step
-reports the steps it ran and their seconds per step, never a figure scaled up to the full run.
+the first CUDA graph captures) and the final checkpoint. A finished run shorter than the study's
+50 steps reports its seconds per step and, labelled as a projection, step 0 plus 49 times the
+mean of its later steps; a run stopped before its last step reports the steps it ran and their
+seconds per step, never a figure scaled up to any longer run.
 
     python3 benchmarks/gpu/run_report.py RUN_DIR --exit-code 124 --wall-seconds 150.2 \\
         --limit-seconds 150 --headline HEADLINE_FILE
@@ -19,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 STUDY_SECONDS = "438-530 s"
+STUDY_STEPS = 50
 TIMED_OUT = (124, 137)
 
 
@@ -90,20 +93,32 @@ def report(run_dir: Path, exit_code: int, wall: float, limit: float | None) -> t
             for key in ("gen", "prefill_run", "decode_rows", "bwd_out")
         )
     )
-    if len(records) == steps:
+    per_step_mean = step_time / len(records)
+    if len(records) == steps >= STUDY_STEPS:
         out.append(
             f"**{steps}-step time: {step_time:.1f} s of step time** (the study: "
-            f"{STUDY_SECONDS} per 50-step run)"
+            f"{STUDY_SECONDS} per {STUDY_STEPS}-step run)"
         )
         headline = f"{arm}: {steps} steps, {step_time:.1f} s step time"
+    elif len(records) == steps:
+        out.append(
+            f"**{steps} steps: {step_time:.1f} s of step time, {per_step_mean:.2f} s per step**"
+        )
+        headline = f"{arm}: {steps} steps, {per_step_mean:.2f} s per step"
+        if len(per_step) > 1:
+            projected = per_step[0] + (STUDY_STEPS - 1) * sum(per_step[1:]) / len(per_step[1:])
+            out.append(
+                f"{STUDY_STEPS}-step projection, not a measurement: step 0 + "
+                f"{STUDY_STEPS - 1} x the mean of steps 1-{len(per_step) - 1} = "
+                f"{projected:.0f} s (the study: {STUDY_SECONDS} per {STUDY_STEPS}-step run)"
+            )
+            headline += f" (projected {STUDY_STEPS}-step: {projected:.0f} s)"
     else:
         out.append(
             f"**no {steps}-step figure**: {len(records)} steps ran, {step_time:.1f} s of "
-            f"step time, {step_time / len(records):.2f} s per step (not extrapolated)"
+            f"step time, {per_step_mean:.2f} s per step (not extrapolated)"
         )
-        headline = (
-            f"{arm}: {len(records)} of {steps} steps, {step_time / len(records):.2f} s per step"
-        )
+        headline = f"{arm}: {len(records)} of {steps} steps, {per_step_mean:.2f} s per step"
     return "\n".join(out) + "\n", headline
 
 

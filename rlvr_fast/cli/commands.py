@@ -27,6 +27,7 @@ from rlvr_fast.rollouts.limits import MAX_BATCH, MAX_NEW_TOKENS
 from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_data
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.precision import load_dtype, resolve_precision
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.utils.files import write_json_atomic, write_text_atomic
 
@@ -40,7 +41,8 @@ def run_train(args) -> dict:
     train_data = load_data(args.train_data, limit=config.questions_needed)
     eval_sets = parse_eval_sets(args.eval)
     device = distributed.init(str(device), args.dist_timeout)
-    policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
+    dtype = load_dtype(resolve_precision(config.precision, device))
+    policy = load_policy(args.model, device=device, dtype=dtype, untie=args.untie)
     trainer = RLVRTrainer(
         policy,
         config,
@@ -195,12 +197,14 @@ def run_sweep(args) -> None:
     train_data = load_data(args.train_data, limit=max(run.config.questions_needed for run in plan))
     eval_sets = parse_eval_sets(args.eval)
     device = parse_device(args.device)
+    distributed.select_device(device)
+    dtype = load_dtype(resolve_precision(plan[0].config.precision, device))
     tables = sweep(
         plan,
         args.out,
         train_data,
         eval_sets,
-        lambda: load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie),
+        lambda: load_policy(args.model, device=device, dtype=dtype, untie=args.untie),
         progress=not args.quiet,
     )
     print(tables, end="")

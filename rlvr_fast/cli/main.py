@@ -14,6 +14,7 @@
     rlvr-fast shapley-report runs/x                    # the Parallel-Shapley falsifier diagnostic
     rlvr-fast train --arm midpoint_ra_mst --active-steps 35 --steps 90 ...  # train to 35 active steps
     rlvr-fast select-data --model tiny --data synthetic:train:400 --k 8 --out zpd.json
+    rlvr-fast plan --model DIR --device-memory 24GB --group-size 8  # the memory plan; exit 2
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr naming the file, field or value, before
@@ -49,6 +50,7 @@ from rlvr_fast.cli.options import (
 from rlvr_fast.analysis.tables import FORMATS
 from rlvr_fast.train import distributed
 from rlvr_fast.train.arms import ARMS
+from rlvr_fast.train.memory_plan import PLAN_DESCRIPTION, add_plan_arguments, run_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     select.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_arguments(select)
+    plan = commands.add_parser(
+        "plan", help="size a run to a device's memory", description=PLAN_DESCRIPTION
+    )
+    add_plan_arguments(plan)
     return parser
 
 
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "verify":
             return 0 if run_verify(args) else 1
+        if args.command == "plan":
+            return run_plan(args)
         if getattr(args, "nproc", 1) != 1:
             return distributed.launch(without_nproc(argv), args.nproc)
         handlers[args.command](args)

@@ -12,6 +12,7 @@ from rlvr_fast.data.problems import MAX_PROBLEMS, DataError, load_problems
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.run.directory import check_eval_name
 from rlvr_fast.train import distributed
+from rlvr_fast.train.precision import COMPUTE_DTYPES, PRECISIONS
 
 
 # Every error a user's input can cause is a ValueError naming the input (DataError,
@@ -21,7 +22,7 @@ USER_ERRORS = (ValueError, OSError)
 
 
 # Settings with their own option: --set may not give them a second value.
-OPTION_SETTINGS = {"steps": "--steps", "seed": "--seed", "arm": "--arm"}
+OPTION_SETTINGS = {"steps": "--steps", "seed": "--seed", "arm": "--arm", "precision": "--precision"}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -100,6 +101,9 @@ def positive(what: str, value: int, most: int) -> int:
 
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+# What --dtype means for training when --precision is not given: the dtype the model computes
+# and the engine decodes in; bf16 keeps fp32 masters unless bf16-true is asked for by name.
+DTYPE_PRECISIONS = {"bf16": "bf16-mixed", "fp32": "fp32"}
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +112,8 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=list(DTYPES),
         default="auto",
-        help="weights and KV cache: auto = bf16 on CUDA (the study's), fp32 on CPU",
+        help="weights and KV cache: auto = bf16 on CUDA, fp32 on CPU; in train and sweep "
+        "bf16 means --precision bf16-mixed and fp32 --precision fp32",
     )
     parser.add_argument(
         "--no-cuda-graphs",
@@ -167,6 +172,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         help="give a tied LM head its own weights (the study's P counts it)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="fp32, bf16-mixed (fp32 master weights, gradients and moments; the default on "
+        "CUDA) or bf16-true (the study's bf16 weights); --dtype bf16 alone means bf16-mixed",
+    )
     add_device_arguments(parser)
 
 
@@ -178,10 +189,26 @@ def comma_list(text: str, kind, what: str) -> list:
 
 
 def training_overrides(args) -> dict:
-    """--set pairs, and --no-cuda-graphs and --active-steps as the TrainConfig fields they set."""
+    """--set pairs, and --no-cuda-graphs, --active-steps, --precision and --dtype as the
+    TrainConfig fields they set."""
     overrides = parse_overrides(args.set)
     if args.no_cuda_graphs:
         overrides["cuda_graphs"] = False
     if args.active_steps is not None:
         overrides["active_steps"] = args.active_steps
+    precision = training_precision(args.precision, args.dtype)
+    if precision is not None:
+        overrides["precision"] = precision
     return overrides
+
+
+def training_precision(precision: str | None, dtype: str) -> str | None:
+    """--precision, or the one --dtype implies; None (the device's default) when neither is
+    given. A --dtype other than the precision's compute dtype is refused."""
+    if dtype == "auto":
+        return precision
+    if precision is None:
+        return DTYPE_PRECISIONS[dtype]
+    if COMPUTE_DTYPES[precision] != DTYPES[dtype]:
+        raise ValueError(f"--dtype {dtype} contradicts --precision {precision}")
+    return precision

@@ -3,12 +3,19 @@ graphs.
 
 One graph per (batch bucket, greedy or sampled), captured the first time the engine decodes that
 many rows in that mode. Buckets are the powers of two below ``max_batch``, then ``max_batch``: a
-batch of R rows runs in the smallest bucket >= R, its padding rows writing their keys and values
-to the scratch slot. Every input lives in a static device buffer that a step overwrites in place
-(token ids, positions, slots and seeds in one packed copy, the block tables in another), the
-temperature and top-p are 0-d device tensors, and the block tables have the fixed width of
-``max_model_len``; the Triton decode kernel reads each row's length at run time, so a short row
-costs its own length. Prefill passes stay eager.
+batch of R rows runs in the smallest bucket >= R; its padding rows are reset on every replay to
+token 0 at position 0 with the scratch block as their whole block table, so they write their keys
+and values to the scratch slot only and attend to that one slot (not to a stale length through a
+stale table left by an earlier, larger batch). Every input lives in a static device buffer that
+a step overwrites in place (token ids, positions, slots and seeds in one packed copy, the block
+tables in another), the temperature and top-p are 0-d device tensors, and the block tables have
+the fixed width of ``max_model_len``; the Triton decode kernel reads each row's length at run
+time, so a short row costs its own length. Prefill passes stay eager. Capture and replay run
+with the storage's device made current (graphs, streams and Triton launches use the current
+device).
+
+``cuda`` is the CUDA runtime the graphs use (``torch.cuda``; the tests pass a CPU stand-in whose
+replay re-runs the captured operations on the same static buffers).
 """
 
 from __future__ import annotations
@@ -30,14 +37,26 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, model, storage: PagedKVStorage, backend: str, *, max_batch: int, table_width: int
+        self,
+        model,
+        storage: PagedKVStorage,
+        backend: str,
+        *,
+        max_batch: int,
+        table_width: int,
+        cuda=torch.cuda,
     ) -> None:
         self.model = model
         self.storage = storage
         self.backend = backend
+        self.cuda = cuda
         self.buckets = batch_buckets(max_batch)
-        device = storage.data.device
+        self.device = device = storage.data.device
         self.inputs = torch.zeros((4, max_batch), dtype=torch.long, device=device)
+        # What a padding row holds: token 0 at position 0, its one key in the scratch slot.
+        self.padding_row = torch.tensor(
+            [0, 0, storage.scratch_slot, 0], dtype=torch.long, device=device
+        )[:, None]
         self.block_tables = torch.full(
             (max_batch, table_width), storage.scratch_block, dtype=torch.int32, device=device
         )
@@ -57,20 +76,27 @@ class DecodeGraphs:
         rows = inputs.rows
         bucket = next(b for b in self.buckets if b >= rows)
         key = (bucket, params.is_greedy)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket, params.is_greedy)
+        with self.cuda.device(self.device):
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(bucket, params.is_greedy)
+            self._load(inputs, bucket, params)
+            graph, tokens = self.graphs[key]
+            with profile_range(f"graph replay b={bucket}", self.device):
+                graph.replay()
+        return tokens[:rows]
+
+    def _load(self, inputs, bucket: int, params: SamplingParams) -> None:
+        """Write one pass's inputs into the static buffers; reset the padding rows."""
+        rows = inputs.rows
         packed = torch.stack((inputs.token_ids, inputs.positions, inputs.slots, inputs.seeds))
         self.inputs[:, :rows].copy_(packed, non_blocking=True)
-        # Padding rows must not write into a slot a live sequence owns.
-        self.inputs[SLOTS, rows:bucket].fill_(self.storage.scratch_slot)
+        # Padding rows must not write into a slot a live sequence owns, nor attend further.
+        self.inputs[:, rows:bucket].copy_(self.padding_row.expand(-1, bucket - rows))
+        self.block_tables[rows:bucket].fill_(self.storage.scratch_block)
         width = inputs.block_tables.shape[1]
         self.block_tables[:rows, :width].copy_(inputs.block_tables, non_blocking=True)
         self.temperature.fill_(params.temperature)
         self.top_p.fill_(params.top_p)
-        graph, tokens = self.graphs[key]
-        with profile_range(f"graph replay b={bucket}", self.inputs.device):
-            graph.replay()
-        return tokens[:rows]
 
     def _step(self, bucket: int, greedy: bool) -> torch.Tensor:
         positions = self.inputs[POSITIONS, :bucket]
@@ -96,14 +122,15 @@ class DecodeGraphs:
         # Warm-up runs execute for real: point every row at the scratch slot first.
         self.inputs[SLOTS].fill_(self.storage.scratch_slot)
         self.inputs[POSITIONS].zero_()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        cuda = self.cuda
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
             for _ in range(2):  # compiles the Triton kernels, sizes the allocator's blocks
                 self._step(bucket, greedy)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph, pool=self.pool):
             tokens = self._step(bucket, greedy)
         self.pool = graph.pool()
         return graph, tokens

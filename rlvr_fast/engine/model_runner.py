@@ -29,6 +29,11 @@ class ModelRunner:
         self.graphs = graphs
         self.device = storage.data.device
         self.sampler = default_sampler_backend(self.device)
+        # The torch sampler gets temperature and top-p as 0-d device tensors, as the graphs
+        # hold them: on CUDA, x / float is computed as x * (1 / float), x / tensor exactly, and
+        # the two differ in the last bit, which would let graph and eager decode draw apart.
+        self.temperature = torch.ones((), device=self.device)
+        self.top_p = torch.ones((), device=self.device)
 
     def prefill(self, batch: Batch) -> torch.Tensor:
         """Run every row's pending tokens; logits [R, V] after each row's last one."""
@@ -94,8 +99,7 @@ class ModelRunner:
             logits,
             self._to_device(inputs.seeds),
             positions + 1,
-            params.temperature,
-            params.top_p,
+            *self._sampling_scalars(params),
             greedy=params.is_greedy,
             backend=self.sampler,
         )
@@ -109,11 +113,19 @@ class ModelRunner:
             logits,
             self._to_device(seeds_of(rows)),
             self._to_device(positions),
-            params.temperature,
-            params.top_p,
+            *self._sampling_scalars(params),
             greedy=params.is_greedy,
             backend=self.sampler,
         )
+
+    def _sampling_scalars(self, params: SamplingParams) -> tuple:
+        """(temperature, top_p) as the sampler backend takes them: floats for C++, else the
+        runner's 0-d device tensors, filled now."""
+        if self.sampler == "cpp" or params.is_greedy:
+            return params.temperature, params.top_p
+        self.temperature.fill_(params.temperature)
+        self.top_p.fill_(params.top_p)
+        return self.temperature, self.top_p
 
     def _tables(self, rows: list[Sequence]) -> torch.Tensor:
         return self._to_device(self.manager.block_tables([seq.block_id for seq in rows], 0))

@@ -12,6 +12,11 @@ Entry points:
   KV cache, described by a ``ForwardContext``; returns the logits of each row's last real token
   ``[R, V]``. The model holds no cache: each layer reads the context.
 
+``model.activation_checkpointing = True`` keeps only each decoder layer's input for backward and
+recomputes the layer's activations there (``torch.utils.checkpoint``, non-reentrant), in training
+forwards only: a pass with autograd recording and no KV cache. Gradients are unchanged; the
+memory saved for backward drops from every layer's activations to one hidden state per layer.
+
 Numerics follow the Hugging Face implementation: RMSNorm in fp32 (``rlvr_fast.ops.rms_norm``), RoPE
 cos/sin computed in fp32 and cast to the activation dtype, rotate-half RoPE with the config's
 theta, softmax scale 1/sqrt(D).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rlvr_fast.kernels.qk_norm_rope import apply_rope, split_heads
 from rlvr_fast.models.attention import attend_paged, dense_attention
@@ -216,12 +222,19 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings
         )
+        self.activation_checkpointing = False
 
     def forward(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(context.positions, x.dtype)
+        recompute = (
+            self.activation_checkpointing and torch.is_grad_enabled() and context.kv_cache is None
+        )
         for layer in self.layers:
-            x = layer(x, cos, sin, context)
+            if recompute:
+                x = checkpoint(layer, x, cos, sin, context, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, context)
         return self.norm(x)
 
 
@@ -232,6 +245,15 @@ class Qwen3ForCausalLM(nn.Module):
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Recompute each decoder layer in backward instead of saving its activations."""
+        return self.model.activation_checkpointing
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, enabled: bool) -> None:
+        self.model.activation_checkpointing = bool(enabled)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head when the config says so (again after

@@ -23,6 +23,7 @@ from rlvr_fast.kernels.paged_attention import (
     paged_prefill_attention_reference,
     paged_prefill_attention_triton,
 )
+from rlvr_fast.ops import launch
 from rlvr_fast.ops.backends import TRITON_DEVICES
 
 
@@ -141,7 +142,8 @@ def paged_attention(
     backend = backend or default_backend(q.device, k_cache.dtype)
     if check:
         _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend)
-    return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
+    with launch.on_device(q):
+        return BACKENDS[backend](q, k_cache, v_cache, block_tables, seq_lens)
 
 
 def paged_prefill_attention(
@@ -173,7 +175,8 @@ def paged_prefill_attention(
             context_lens.reshape(-1),
             backend,
         )
-    return PREFILL_BACKENDS[backend](q, k_cache, v_cache, block_tables, context_lens)
+    with launch.on_device(q):
+        return PREFILL_BACKENDS[backend](q, k_cache, v_cache, block_tables, context_lens)
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, backend) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.weighted_nll import weighted_nll_rows_torch, weighted_nll_rows_triton
+from rlvr_fast.ops import launch
 
 BACKENDS = {"torch": weighted_nll_rows_torch, "triton": weighted_nll_rows_triton}
 # One chunk's logits tile holds about this many elements (64 MiB in fp16/bf16, 128 MiB in fp32).
@@ -122,13 +123,14 @@ def weighted_token_nll(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     chunk = chunk_size or default_chunk_size(max(1, hidden.shape[0]), weight.shape[0])
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss, logprobs = _WeightedTokenNLL.apply(
-        hidden.contiguous(),
-        weight.contiguous(),
-        targets.contiguous(),
-        weights.contiguous(),
-        chunk,
-        backend,
-        need_grad,
-    )
+    with launch.on_device(hidden):  # the gradients are computed here, in the forward
+        loss, logprobs = _WeightedTokenNLL.apply(
+            hidden.contiguous(),
+            weight.contiguous(),
+            targets.contiguous(),
+            weights.contiguous(),
+            chunk,
+            backend,
+            need_grad,
+        )
     return (loss, logprobs) if return_logprobs else loss

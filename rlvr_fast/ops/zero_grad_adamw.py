@@ -166,6 +166,7 @@ def _fold_foreach(
     which torch steps with foreach: one call of ``fold`` (default: the Triton kernel, one launch;
     the tests also pass the emulation) over every tensor, with one scalar row per tensor."""
     from rlvr_fast.kernels.zero_grad_adamw import scalar_table, zero_grad_adamw_triton_
+    from rlvr_fast.ops import launch
 
     fold = fold or zero_grad_adamw_triton_
     states = [optimizer.state[param] for param, _, _ in members]
@@ -175,7 +176,7 @@ def _fold_foreach(
         [(1 - group["betas"][0], group["betas"][1], group["eps"]) for _, group, _ in members],
         [_step_scalars(state, group, lrs) for state, (_, group, lrs) in zip(states, members)],
     )
-    with torch.no_grad():
+    with torch.no_grad(), launch.on_device(members[0][0]):
         fold(
             [param for param, _, _ in members],
             [state["exp_avg"] for state in states],

@@ -42,6 +42,7 @@ def run_meta(
     *,
     model: str,
     trainable_parameters: int,
+    precision: str,
     world_size: int,
     at_step: int,
 ) -> dict:
@@ -54,6 +55,7 @@ def run_meta(
             "config": config,
             "model": model,
             "trainable_parameters": trainable_parameters,
+            "precision": precision,
             "versions": package_versions(),
             "git_commit": git_commit(),
             "changes": [],
@@ -70,5 +72,6 @@ def run_meta(
         **recorded,
         "rlvr_fast_run": signature,
         "config": config,
+        "precision": precision,
         "changes": [*recorded.get("changes", []), {"at_step": at_step, **change}],
     }

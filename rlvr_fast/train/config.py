@@ -16,7 +16,10 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
 - parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
   ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
   ``lambda_path``, ``judge_model``;
-- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``.
+- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``;
+- device: ``precision`` (``rlvr_fast.train.precision``), ``activation_checkpointing``, and the
+  engine's ``kv_memory_fraction``, ``kv_blocks``, ``max_model_len`` (``rlvr_fast.train.memory_plan``
+  sizes them before anything is allocated).
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
@@ -47,6 +50,7 @@ from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
 from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
+from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 
 
@@ -58,12 +62,20 @@ def setting(
     *,
     also: tuple[Callable, str] | None = None,
     only_for: tuple[str, str] | None = None,
+    written_when_set: bool = False,
 ):
     """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
     value), then ``also``, a second (check, error). ``only_for``: (the sampler the setting
-    belongs to, the error another sampler raises for a value other than the default)."""
+    belongs to, the error another sampler raises for a value other than the default).
+    ``written_when_set``: config.json (and so the resume signature) holds the setting only when
+    it is not the default, which is what runs written before the setting existed did."""
     checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
-    metadata = {"help": help, "checks": checks, "only_for": only_for}
+    metadata = {
+        "help": help,
+        "checks": checks,
+        "only_for": only_for,
+        "written_when_set": written_when_set,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -322,16 +334,53 @@ class TrainConfig:
     active_steps: int | None = setting(
         None, "end the run after this many steps with a backward pass"
     )
+    precision: str | None = setting(
+        None,
+        "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and AdamW "
+        "moments; bf16-true: bf16 weights stepped directly (the study's recipe); None: "
+        "bf16-mixed on CUDA, fp32 elsewhere",
+        lambda v: v is None or v in PRECISIONS,
+        f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}",
+        written_when_set=True,
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "recompute each decoder layer in backward instead of saving its activations (about "
+        "1/layers of the activation memory for one more forward)",
+        written_when_set=True,
+    )
+    kv_memory_fraction: float = setting(
+        0.5,
+        "share of free device memory (available memory on the CPU) the KV cache takes",
+        lambda v: 0 < v <= 1,
+        "kv_memory_fraction must be in (0, 1], got {value}",
+        written_when_set=True,
+    )
+    kv_blocks: int | None = setting(
+        None,
+        "KV cache blocks of 16 tokens (None: sized by kv_memory_fraction)",
+        lambda v: v is None or v >= 1,
+        "kv_blocks must be >= 1 or None, got {value}",
+        written_when_set=True,
+    )
+    max_model_len: int | None = setting(
+        None,
+        "the longest sequence the engine's CUDA graphs cover (None: the model's, at most "
+        "16,384); longer ones decode eagerly",
+        lambda v: v is None or v >= 1,
+        "max_model_len must be >= 1 or None, got {value}",
+        written_when_set=True,
+    )
 
     def __post_init__(self) -> None:
-        self._check_types()
+        _check_types(self)
         for f in dataclasses.fields(self):
             for check, error in f.metadata["checks"]:
                 if not check(getattr(self, f.name)):
                     raise ValueError(error.format(value=getattr(self, f.name)))
         self._check_settings_of_other_samplers()
         self._check_loss()
-        self._check_shapley()
+        _check_shapley(self)
         self._check_ablations()
         step_kind(self.sampler).check_config(self)
 
@@ -350,23 +399,6 @@ class TrainConfig:
             raise ValueError(
                 "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
                 "token_weighted"
-            )
-
-    def _check_shapley(self) -> None:
-        exact = self.shapley_permutations == 0 and self.path_credit == "shapley"
-        if exact and self.num_paths > MAX_EXACT_PLAYERS:
-            raise ValueError(
-                f"exact Shapley takes at most {MAX_EXACT_PLAYERS} paths; set "
-                f"shapley_permutations for {self.num_paths}"
-            )
-        if (
-            self.shapley_antithetic
-            and self.shapley_permutations
-            and (self.shapley_permutations < 4 or self.shapley_permutations % 2)
-        ):
-            raise ValueError(
-                "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
-                "(or shapley_antithetic false)"
             )
 
     def _check_ablations(self) -> None:
@@ -388,23 +420,6 @@ class TrainConfig:
                 f"{self.active_steps}"
             )
 
-    def _check_types(self) -> None:
-        for name, allowed in _field_types().items():
-            value = getattr(self, name)
-            if allowed is tuple:
-                if not _is_number_pair(value):
-                    raise ValueError(f"{name} has the wrong type: {value!r}")
-                value = tuple(float(b) for b in value)
-                setattr(self, name, value)
-            elif not isinstance(value, allowed) or (
-                isinstance(value, bool) and bool not in allowed
-            ):
-                raise ValueError(f"{name} has the wrong type: {value!r}")
-            # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
-            values = value if isinstance(value, tuple) else (value,)
-            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
         """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
@@ -419,12 +434,52 @@ class TrainConfig:
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """config.json's settings: every field, less those written only when set that hold
+        their default."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
+        }
 
     @property
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
+
+
+def _check_shapley(config: TrainConfig) -> None:
+    exact = config.shapley_permutations == 0 and config.path_credit == "shapley"
+    if exact and config.num_paths > MAX_EXACT_PLAYERS:
+        raise ValueError(
+            f"exact Shapley takes at most {MAX_EXACT_PLAYERS} paths; set "
+            f"shapley_permutations for {config.num_paths}"
+        )
+    if (
+        config.shapley_antithetic
+        and config.shapley_permutations
+        and (config.shapley_permutations < 4 or config.shapley_permutations % 2)
+    ):
+        raise ValueError(
+            "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
+            "(or shapley_antithetic false)"
+        )
+
+
+def _check_types(config: TrainConfig) -> None:
+    for name, allowed in _field_types().items():
+        value = getattr(config, name)
+        if allowed is tuple:
+            if not _is_number_pair(value):
+                raise ValueError(f"{name} has the wrong type: {value!r}")
+            value = tuple(float(b) for b in value)
+            setattr(config, name, value)
+        elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ValueError(f"{name} has the wrong type: {value!r}")
+        # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def help_texts() -> dict[str, str]:

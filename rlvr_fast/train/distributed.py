@@ -61,11 +61,21 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def select_device(device: str | torch.device) -> None:
+    """Make a CUDA ``device`` with an index the current device: Triton launches, CUDA-graph
+    capture and new streams use the current device, so a run on cuda:N would otherwise put
+    them on cuda:0."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 def init(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """Join the process group torchrun's environment describes (nothing without one) and return
     the device this rank uses: ``device`` on one process; cuda:LOCAL_RANK (NCCL) for "cuda" and
     the CPU (gloo) for "cpu" on several."""
     if not launched() or dist.is_initialized():
+        select_device(device)
         return device
     if timeout_s <= 0:
         raise ValueError(f"--dist-timeout must be > 0 seconds, got {timeout_s}")

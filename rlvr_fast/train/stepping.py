@@ -4,7 +4,10 @@ An active step computes the step's gradient from its loss functions (each runs o
 one backward: one per step, or on a multi-question step one per contributing question, whose
 unit gradients are averaged, ``accumulate_unit_gradients``), all-reduces it over the ranks of a
 data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step. An
-inactive step takes a zero-gradient AdamW step, through the fused kernel, or none.
+inactive step takes a zero-gradient AdamW step, through the fused kernel, or none. Under
+``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
+each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
+and clipping run on those, and the stepped masters are rounded into the model's weights.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.train import distributed
 from rlvr_fast.train.decision import StepDecision
+from rlvr_fast.train.precision import COMPUTE_DTYPES, MasterWeights
 from rlvr_fast.utils.phases import Phases
 
 
@@ -32,15 +36,22 @@ class Update:
 
 
 class OptimizerStepping:
-    """AdamW over ``model``'s trainable parameters, stepped by each step's decision."""
+    """AdamW over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
+    masters), stepped by each step's decision. The model is cast to ``precision``'s compute
+    dtype first; the masters copy its weights before the cast."""
 
-    def __init__(self, model: torch.nn.Module, config) -> None:
+    def __init__(self, model: torch.nn.Module, config, precision: str = "fp32") -> None:
         self.model = model
+        self.precision = precision
+        self.masters = MasterWeights(model) if precision == "bf16-mixed" else None
+        model.to(COMPUTE_DTYPES[precision])
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # What the optimizer steps and the gradient norm, all-reduce and clipping read.
+        self.stepped = self.masters.parameters() if self.masters is not None else self.params
         self.max_grad_norm = config.max_grad_norm
         self.fused_zero_grad_step = config.fused_zero_grad_step
         self.optimizer = torch.optim.AdamW(
-            self.params,
+            self.stepped,
             lr=config.lr,
             betas=config.betas,
             eps=config.eps,
@@ -66,15 +77,22 @@ class OptimizerStepping:
                 update.loss = self.backward(phase, loss_fn)
             if distributed.world_size() > 1:
                 with phase("all_reduce"):
-                    distributed.all_reduce_gradients(self.params)
+                    distributed.all_reduce_gradients(self.stepped)
             with phase("optimizer"):
                 update.grad_norm = self.clip_gradients()
                 self.optimizer.step()
+                self.publish()
         elif decision.optimizer_step:
             with phase("optimizer"):
                 self.zero_grad_step()
+                self.publish()
         self.optimizer.zero_grad(set_to_none=True)
         return update
+
+    def publish(self) -> None:
+        """Under bf16-mixed, the stepped masters rounded into the model's weights."""
+        if self.masters is not None:
+            self.masters.publish()
 
     def backward(self, phase: Phases, loss_fn) -> float:
         """Forward (``loss_fn``) and backward into the parameters' .grad; the loss."""
@@ -82,6 +100,8 @@ class OptimizerStepping:
             loss = loss_fn()
         with phase("backward"):
             loss.backward()
+            if self.masters is not None:
+                self.masters.take_gradients()
         return float(loss.detach())
 
     def accumulate_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
@@ -92,29 +112,29 @@ class OptimizerStepping:
         advantages, and with max_grad_norm >= 1 clipping never binds (|average| <= 1). The
         returned loss is the surrogate (1/n) sum_q L_q / |g_q| whose gradient this is; on
         several ranks this is the rank's part of the sum (zeros when it has no loss functions)."""
-        totals = [torch.zeros_like(p) for p in self.params]
+        totals = [torch.zeros_like(p) for p in self.stepped]
         update = Update(loss=0.0)
         for loss_fn in loss_fns:
             loss = self.backward(phase, loss_fn)
             with phase("backward"):
-                grads = [p.grad for p in self.params if p.grad is not None]
+                grads = [p.grad for p in self.stepped if p.grad is not None]
                 norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
                 scale = 1.0 / (questions * norm) if norm > 0 else 0.0
-                for p, total in zip(self.params, totals):
+                for p, total in zip(self.stepped, totals):
                     if p.grad is not None:
                         total.add_(p.grad, alpha=scale)
                     p.grad = None
             update.loss += scale * loss
             update.question_losses.append(loss)
             update.question_grad_norms.append(norm)
-        for p, total in zip(self.params, totals):
+        for p, total in zip(self.stepped, totals):
             p.grad = total
         return update
 
     def clip_gradients(self) -> float:
         """Total gradient norm before clipping (clipping only when max_grad_norm is set)."""
         max_norm = self.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.stepped, max_norm if max_norm else float("inf"))
         return float(norm)
 
     def zero_grad_step(self) -> None:
@@ -124,7 +144,7 @@ class OptimizerStepping:
         if self.fused_zero_grad_step:
             zero_grad_adamw_(self.optimizer, steps=1)
             return
-        for p in self.params:
+        for p in self.stepped:
             p.grad = torch.zeros_like(p)
         self.optimizer.step()
 
@@ -132,7 +152,7 @@ class OptimizerStepping:
         return self.optimizer.state_dict()
 
     def check_state(self, state: dict) -> None:
-        check_optimizer_state(state, self.params)
+        check_optimizer_state(state, self.stepped)
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)

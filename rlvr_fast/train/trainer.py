@@ -58,8 +58,10 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
+from rlvr_fast.train.memory_plan import plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
+from rlvr_fast.train.precision import resolve_precision
 from rlvr_fast.train.steps import StepResult, multi_question_step, single_question_step
 from rlvr_fast.train.stepping import OptimizerStepping
 from rlvr_fast.train.task import MathTask
@@ -106,13 +108,24 @@ class RLVRTrainer:
         self.recorder = RunRecorder(Path(out_dir)) if writes else None
         self.progress = progress and distributed.is_main()
         self.profile_steps = profile_steps
-        self.stepping = OptimizerStepping(policy.model, config)
+        # Before the engine: the stepping casts the model to the precision's compute dtype.
+        self.precision = resolve_precision(config.precision, policy.device)
+        if policy.device.type == "cuda":
+            longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
+            self.check_memory(longest)
+        self.stepping = OptimizerStepping(policy.model, config, self.precision)
         self.num_params = self.stepping.num_params
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(
-            policy, max_batch=config.max_batch, cuda_graphs=config.cuda_graphs
+            policy,
+            max_batch=config.max_batch,
+            cuda_graphs=config.cuda_graphs,
+            kv_memory_fraction=config.kv_memory_fraction,
+            kv_blocks=config.kv_blocks,
+            max_model_len=config.max_model_len,
         )
+        policy.model.model.activation_checkpointing = config.activation_checkpointing
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
             policy,
@@ -123,18 +136,18 @@ class RLVRTrainer:
             layout=self.recorder.layout if self.recorder is not None else None,
         )
         # Allocated after the engine, so that a device short of memory keeps the KV cache.
-        self.polyak = PolyakAverage(policy.model) if config.polyak_start else None
-        self.checkpointer = Checkpointer(
-            {
-                "model": policy.model,
-                "optimizer": self.stepping,
-                "generator": GeneratorState(self.generator),
-                "torch_rng": GlobalRNGState(),
-                "polyak": self.polyak,
-                "eval_before": self.evaluator,
-            },
-            steps=config.steps,
-        )
+        self.polyak = PolyakAverage(self.trained_weights) if config.polyak_start else None
+        components = {
+            "model": policy.model,
+            "optimizer": self.stepping,
+            "generator": GeneratorState(self.generator),
+            "torch_rng": GlobalRNGState(),
+            "polyak": self.polyak,
+            "eval_before": self.evaluator,
+        }
+        if self.stepping.masters is not None:
+            components["masters"] = self.stepping.masters
+        self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0
         self.active_steps = 0
         self.finished_summary = None
@@ -145,6 +158,25 @@ class RLVRTrainer:
     @property
     def optimizer(self) -> torch.optim.AdamW:
         return self.stepping.optimizer
+
+    def check_memory(self, prompt_tokens: int) -> None:
+        """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
+        printed by rank 0; PlanError, naming the largest term, when the run cannot fit."""
+        device = self.policy.device
+        free, _ = torch.cuda.mem_get_info(device)
+        usable = free + torch.cuda.memory_allocated(device)  # the weights already loaded count
+        plan = plan_for_training(
+            self.policy.config, self.config, self.precision, prompt_tokens, usable
+        )
+        if self.progress:
+            print(plan.render())
+        plan.check()
+
+    @property
+    def trained_weights(self):
+        """What the optimizer steps, by name: the model, or under bf16-mixed its fp32 masters."""
+        masters = self.stepping.masters
+        return masters if masters is not None else self.policy.model
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
@@ -178,7 +210,7 @@ class RLVRTrainer:
                 step += 1
                 bar.update()
                 if self.polyak is not None and step >= config.polyak_start:
-                    self.polyak.add(self.policy.model)
+                    self.polyak.add(self.trained_weights)
                 if self.recorder is not None and (
                     step % config.checkpoint_every == 0
                     or step == config.steps
@@ -296,6 +328,7 @@ class RLVRTrainer:
                 recorded,
                 model=str(self.policy.path),
                 trainable_parameters=self.num_params,
+                precision=self.precision,
                 world_size=distributed.world_size(),
                 at_step=self.start_step,
             )

@@ -189,6 +189,9 @@ def train_config(args: GRPOConfig, max_steps: int) -> TrainConfig:
                 "mask_truncated_completions"
             )
         settings["tree_k"] = args.num_generations // 2
+    if args.bf16 is not None:
+        # TRL's (Hugging Face Trainer's) bf16 is mixed precision over fp32 weights.
+        settings["precision"] = "bf16-mixed" if args.bf16 else "fp32"
     return TrainConfig(**settings)
 
 

@@ -61,6 +61,17 @@ def test_a_finished_run_reports_its_step_time_beside_the_study(tmp_path):
     assert "**50-step time: 150.0 s of step time** (the study: 438-530 s" in section
 
 
+def test_a_short_finished_run_reports_seconds_per_step_and_a_labelled_projection(tmp_path):
+    """12 steps of 3 s: the figure is seconds per step; 50 steps appear only as a projection
+    (step 0 + 49 x the later steps' mean), named so."""
+    section, headline = run_report.report(fake_run(tmp_path, 12, 12), 0, 60.0, 65)
+    assert headline == "baseline: 12 steps, 3.00 s per step (projected 50-step: 150 s)"
+    assert "**12 steps: 36.0 s of step time, 3.00 s per step**" in section
+    projection = "50-step projection, not a measurement: step 0 + 49 x the mean of steps 1-11"
+    assert f"{projection} = 150 s" in section
+    assert "50-step time" not in section
+
+
 def test_every_step_ran_before_a_kill_during_the_final_checkpoint(tmp_path):
     section, headline = run_report.report(fake_run(tmp_path, 50, 50), 124, 141.0, 140)
     assert "while writing the final checkpoint" in section

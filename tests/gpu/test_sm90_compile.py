@@ -1,7 +1,8 @@
 """Every Triton kernel compiled ahead of time for an H100 / H200 (sm_90) at Qwen3-0.6B's shapes,
 without a GPU (``aot_sm90``): it builds to a binary with the bundled ptxas, spills no register,
-and its PTX holds the roundings the kernel means (and the 16-byte memory accesses where the
-layout allows them)."""
+its PTX holds the roundings the kernel means (and the 16-byte memory accesses where the layout
+allows them), and every address offset scaled by a program id or a loaded index is computed in
+64 bits (checked to catch the 32-bit kind on control kernels)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ NOT_NEAREST_BF16 = r"cvt\.(?!rn\.)[a-z0-9.]*bf16(x2)?\.f32"
 def assert_builds_without_spills(compiled) -> None:
     assert compiled.cubin_bytes > 0
     assert compiled.spill_stores == compiled.spill_loads == 0, compiled
+    assert compiled.narrow_offsets() == [], "32-bit address offsets"
+
+
+@pytest.mark.parametrize("width", ["narrow", "wide"])
+def test_the_64_bit_offset_check_catches_32_bit_offsets(width):
+    """A row copy whose row offset and loaded block index scale in int32 has two 32-bit
+    products in its addresses; cast to int64 first, none."""
+    pointers = dict(p_x="*fp32", p_blocks="*i32", p_out="*fp32")
+    compiled = compile_for_sm90(
+        "offset_control_kernels",
+        f"_{width}_copy_kernel",
+        {**pointers, "stride_row": "i32"},
+        dict(BLOCK=128),
+        divisible=(*pointers, "stride_row"),
+    )
+    narrow = compiled.narrow_offsets()
+    if width == "wide":
+        assert narrow == []
+    else:
+        assert len(narrow) == 2 and all(line.startswith("mul.lo.s32") for line in narrow), narrow
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

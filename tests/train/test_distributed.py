@@ -333,3 +333,17 @@ def test_gradient_buckets_keep_order_and_split_by_size_and_dtype():
     buckets = distributed._buckets(grads, bucket_bytes=40)
     assert [[g.numel() for g in b] for b in buckets] == [[4, 4], [8], [2]]
     assert all(a is b for a, b in zip([g for b in buckets for g in b], grads, strict=True))
+
+
+@pytest.mark.parametrize(
+    "device, current", [("cuda:1", [torch.device("cuda", 1)]), ("cuda", []), ("cpu", [])]
+)
+def test_one_process_on_cuda_n_makes_that_device_current(monkeypatch, device, current):
+    """Outside torchrun, init sets the current device to cuda:N (Triton launches and CUDA-graph
+    capture use it); a bare "cuda" or the CPU leave it. torch.cuda is mocked: no GPU here."""
+    for name in distributed.TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    assert distributed.init(device) == device
+    assert calls == current

@@ -1,0 +1,585 @@
+"""The memory plan: what one GRPO run holds on one device, term by term, computed from the model's
+shape and the run's settings before anything is allocated, and the KV cache sized from what is
+left (instead of half of whatever is free when the engine starts, which leaves no room for the
+first backward).
+
+Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
+- weights P*e: what the forward runs on and the rollout engine decodes from (under bf16-mixed the
+  bf16 copy of the fp32 masters that the engine's CUDA graphs hold);
+- fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
+  bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
+  (the unit-gradient average keeps it beside each question's gradient);
+- activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
+  decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
+  by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
+  final norm and RoPE tables, plus backward's working set (``backward_bytes_per_token``); with
+  activation checkpointing one hidden state per layer instead, plus one layer recomputed.
+  Verified on the meta device at Qwen3 shapes (tests/train/test_memory_plan.py);
+- the fused loss: one [chunk, V] logits tile, dW accumulated in fp32 [V, H] with the chunk's
+  [V, H] product and its fp32 cast beside it, the hidden states and their gradient [N, H];
+  or, with ``eager_loss`` (the baseline arm), the [N, V] logits, their fp32 copy, the saved
+  log-softmax and the logits' gradients;
+- the decode working set: the sampler's temporaries at ``max_batch`` rows of V logits
+  (``SAMPLER_BYTES_PER_LOGIT``, measured), which the CUDA graphs' private pool keeps;
+- a judge model's weights and its own engine's KV cache;
+- an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
+- the KV cache: ``kv_blocks`` if given, else ``kv_memory_fraction`` of what is left, at most what
+  ``max_batch`` rows of ``max_model_len`` tokens could use (the engine's own cap).
+
+The plan fails (``PlanError``, one line naming the largest term) when the terms leave no room for
+one full-length row in the KV cache.
+
+    python -m rlvr_fast.train.memory_plan --model DIR|config.json --device-memory 24GiB [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlvr_fast.models.config import ConfigError, ModelConfig
+
+GIB = 1 << 30
+RUNTIME_ALLOWANCE = 1 * GIB
+# Peak bytes of ``sample_tokens``' temporaries per logit of a sampled draw (softmax, sort values
+# and int64 ids, cumulative mass, the kept mask, the int64 hash of the noise, its uniform and
+# exponential): measured on the meta device at V = 151,936 (36-37 B; tests check it).
+SAMPLER_BYTES_PER_LOGIT = 37
+DEFAULT_MAX_MODEL_LEN = 16384  # the engine's default cap on max_position_embeddings
+UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+    "TIB": 1 << 40,
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each copy a precision keeps (0: no such copy)."""
+
+    compute: int
+    master: int
+    gradient: int
+    moment: int
+
+
+PRECISIONS = {
+    "fp32": Precision(compute=4, master=0, gradient=4, moment=4),
+    "bf16-mixed": Precision(compute=2, master=4, gradient=4, moment=4),
+    "bf16-true": Precision(compute=2, master=0, gradient=2, moment=2),
+}
+
+
+class PlanError(ValueError):
+    """The run cannot fit the device; the message names the largest term."""
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    how: str
+    counted: bool = True
+
+
+@dataclass
+class MemoryPlan:
+    device_memory: int
+    terms: list[Term]
+    kv_blocks: int
+    block_bytes: int
+    row_blocks: int
+    rows_wanted: int
+    header: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(term.bytes for term in self.terms if term.counted)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_blocks * self.block_bytes
+
+    @property
+    def rows_at_full_length(self) -> int:
+        """Rollout rows of prompt + completion tokens the KV cache holds at once."""
+        return self.kv_blocks // self.row_blocks
+
+    @property
+    def fits(self) -> bool:
+        return self.rows_at_full_length >= 1 and self.fixed_bytes + self.kv_bytes <= (
+            self.device_memory
+        )
+
+    def check(self) -> "MemoryPlan":
+        """The plan itself, or ``PlanError`` naming the largest term when it does not fit."""
+        if self.fits:
+            return self
+        largest = max((t for t in self.terms if t.counted), key=lambda t: t.bytes)
+        need = self.fixed_bytes + self.row_blocks * self.block_bytes
+        raise PlanError(
+            f"does not fit in {gib(self.device_memory)} GiB: {gib(need)} GiB needed with one "
+            f"row in the KV cache; the largest term is {largest.name}, {gib(largest.bytes)} GiB"
+            + _advice(self.terms, largest)
+        )
+
+    def render(self) -> str:
+        """The plan as a Markdown table."""
+        lines = [self.header, "", "| term | GiB | how |", "|---|---:|---|"]
+        for term in self.terms:
+            size = gib(term.bytes) if term.counted else f"({gib(term.bytes)})"
+            lines.append(f"| {term.name} | {size} | {term.how} |")
+        lines.append(f"| **before the KV cache** | **{gib(self.fixed_bytes)}** | |")
+        lines.append(
+            f"| KV cache | {gib(self.kv_bytes)} | {self.kv_blocks:,} blocks of "
+            f"{self.block_bytes / (1 << 20):.2f} MiB: {self.rows_at_full_length:,} rows at full "
+            f"length ({self.rows_wanted:,} sampled at once) |"
+        )
+        total = self.fixed_bytes + self.kv_bytes
+        lines.append(
+            f"| **total** | **{gib(total)}** | of {gib(self.device_memory)} GiB, "
+            f"{gib(self.device_memory - total)} GiB free |"
+        )
+        return "\n".join(lines + [""] + self.notes)
+
+
+def gib(size: int) -> str:
+    return f"{size / GIB:.2f}"
+
+
+def _advice(terms: list[Term], largest: Term) -> str:
+    if largest.name.startswith("activations") and "no checkpointing" in largest.name:
+        other = next(t for t in terms if not t.counted and t.name.startswith("activations"))
+        return f" (activation checkpointing would make it {gib(other.bytes)} GiB)"
+    return ""
+
+
+# ---------------------------------------------------------------------- the terms' formulas
+
+
+def _widths(config: ModelConfig) -> tuple[int, int, int, int]:
+    """Hidden, MLP, query and key/value widths."""
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    return config.hidden_size, config.intermediate_size, q, kv
+
+
+def _norm_saved(width: int, rows: int, e: int) -> int:
+    """RMSNorm (``rms_norm_reference``) over ``width`` per token, ``rows`` normalised rows: the
+    fp32 input (the input itself in fp32, a cast otherwise), its inverse RMS, the normalised
+    value in the compute dtype and the weighted output (kept by the next linear layer)."""
+    return 4 * width + 4 * rows + 2 * e * width
+
+
+def saved_bytes_per_token_layer(config: ModelConfig, e: int) -> int:
+    """Bytes one decoder layer keeps for backward per token, compute dtype size ``e``."""
+    h, i, q, kv = _widths(config)
+    heads = config.num_attention_heads
+    saved = 2 * _norm_saved(h, 1, e)  # input_layernorm, post_attention_layernorm
+    saved += e * (q + 2 * kv)  # qkv_proj's output: v (and, in fp32, the q / k norm's input)
+    if config.qk_norm:
+        qk, rows = q + kv, heads + config.num_key_value_heads
+        # No weighted output kept (RoPE's multiplies keep only cos / sin); no fp32 cast in fp32.
+        saved += (4 * qk if e < 4 else 0) + 4 * rows + e * qk
+    saved += e * (q + kv)  # RoPE's output: attention's q and k
+    saved += e * q + 4 * heads  # attention's output (o_proj's input) and its log-sum-exp
+    saved += 4 * e * i  # gate_up_proj's output, silu(gate), silu(gate) * up
+    return saved
+
+
+def tail_bytes_per_token(config: ModelConfig, e: int) -> int:
+    """Kept outside the layers per token: the final norm, the RoPE cos / sin tables."""
+    return _norm_saved(config.hidden_size, 1, e) + 2 * e * config.head_dim
+
+
+def backward_bytes_per_token(config: ModelConfig, e: int) -> int:
+    """Backward's working set beyond what is saved, per token: the gradients in flight through
+    one layer's MLP (three [T, I] wide), and in bf16 one more hidden state (the fp32 norm input's
+    gradient, cast back); as measured on the meta device, where this is exact without
+    checkpointing."""
+    return e * 3 * config.intermediate_size + (4 - e) * config.hidden_size
+
+
+def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool) -> int:
+    """Peak activation memory of one forward + backward over ``tokens`` tokens."""
+    layer = saved_bytes_per_token_layer(config, e)
+    per_token = tail_bytes_per_token(config, e) + backward_bytes_per_token(config, e)
+    if checkpointing:
+        per_token += config.num_hidden_layers * e * config.hidden_size + layer
+    else:
+        per_token += config.num_hidden_layers * layer
+    return tokens * per_token
+
+
+def fused_loss_bytes(config: ModelConfig, e: int, tokens: int, chunk: int) -> int:
+    """``weighted_token_nll`` on CUDA (the row kernel works in place)."""
+    vh = config.vocab_size * config.hidden_size
+    product = (e + 4) * vh if e < 4 else 0  # a chunk's dW in e, then cast to fp32
+    return 4 * vh + product + chunk * config.vocab_size * e + 2 * tokens * config.hidden_size * e
+
+
+def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
+    """Logits [N, V], their fp32 copy, log-softmax kept for backward, and in backward the
+    gradients of both."""
+    return tokens * config.vocab_size * (2 * e + 12)
+
+
+def sampler_bytes(config: ModelConfig, e: int, rows: int) -> int:
+    return rows * config.vocab_size * (e + SAMPLER_BYTES_PER_LOGIT)
+
+
+def kv_block_bytes(config: ModelConfig, block_size: int, e: int) -> int:
+    return (
+        config.num_hidden_layers
+        * 2
+        * block_size
+        * config.num_key_value_heads
+        * (config.head_dim * e)
+    )
+
+
+# ---------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The run settings the plan reads (TrainConfig's names)."""
+
+    precision: str = "bf16-mixed"
+    group_size: int = 8
+    questions_per_step: int = 1
+    prompt_tokens: int = 200
+    max_new_tokens: int = 512
+    max_batch: int = 256
+    activation_checkpointing: bool = False
+    kv_memory_fraction: float = 0.9
+    kv_blocks: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    loss_chunk_tokens: int | None = None
+    eager_loss: bool = False
+    untied: bool = False
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}"),
+            (self.group_size >= 1, "group_size must be >= 1"),
+            (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
+            (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.max_batch >= 1, "max_batch must be >= 1"),
+            (0 < self.kv_memory_fraction <= 1, "kv_memory_fraction must be in (0, 1]"),
+            (self.kv_blocks is None or self.kv_blocks >= 1, "kv_blocks must be >= 1"),
+            (self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1"),
+            (self.block_size >= 1, "block_size must be >= 1"),
+            (
+                self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
+                "loss_chunk_tokens must be >= 1",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"memory plan: {message}")
+
+    @property
+    def row_tokens(self) -> int:
+        return self.prompt_tokens + self.max_new_tokens
+
+    @property
+    def backward_tokens(self) -> int:
+        """The largest backward: one question's G rows, right-padded to the longest."""
+        return self.group_size * self.row_tokens
+
+
+def plan_memory(
+    config: ModelConfig,
+    device_memory: int,
+    run: RunShape = RunShape(),
+    *,
+    judge: ModelConfig | None = None,
+    runtime_allowance: int = RUNTIME_ALLOWANCE,
+) -> MemoryPlan:
+    """Every term of a run of ``config`` on a device with ``device_memory`` bytes (see the module
+    docstring); ``plan.check()`` raises when it does not fit."""
+    if device_memory < 1:
+        raise ValueError(f"memory plan: device_memory must be >= 1 byte, got {device_memory}")
+    precision = PRECISIONS[run.precision]
+    e = precision.compute
+    terms = training_terms(config, run) + engine_terms(config, run)
+    if judge is not None:
+        terms.append(
+            Term(
+                "judge weights", judge.num_parameters(untied=False) * e, f"{_count(judge)} x {e} B"
+            )
+        )
+    terms.append(Term("CUDA context, workspaces, allocator slack", runtime_allowance, "allowance"))
+    block_bytes = kv_block_bytes(config, run.block_size, e)
+    row_blocks = -(-run.row_tokens // run.block_size)
+    fixed = sum(t.bytes for t in terms if t.counted)
+    left = max(0, device_memory - fixed)
+    kv_blocks = run.kv_blocks or _kv_blocks(config, run, left, block_bytes)
+    if judge is not None:
+        judge_block = kv_block_bytes(judge, run.block_size, e)
+        judge_kv = int((left - kv_blocks * block_bytes) * run.kv_memory_fraction)
+        judge_kv -= judge_kv % judge_block
+        terms.append(Term("judge KV cache", judge_kv, "kv_memory_fraction of what is left"))
+    plan = MemoryPlan(
+        device_memory,
+        terms,
+        kv_blocks,
+        block_bytes,
+        row_blocks,
+        run.group_size * run.questions_per_step,
+        header=_header(config, run, device_memory),
+    )
+    return plan
+
+
+def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
+    precision = PRECISIONS[run.precision]
+    e = precision.compute
+    params = config.num_parameters(untied=run.untied)
+    count = _count(config, run.untied)
+    terms = [Term(f"weights ({_dtype(e)})", params * e, f"{count} x {e} B")]
+    if precision.master:
+        terms.append(Term("fp32 master weights", params * 4, f"{count} x 4 B"))
+    terms.append(
+        Term(
+            f"AdamW moments ({_dtype(precision.moment)})",
+            2 * params * precision.moment,
+            f"2 x {count} x {precision.moment} B",
+        )
+    )
+    terms.append(
+        Term(
+            f"gradients ({_dtype(precision.gradient)})",
+            params * precision.gradient,
+            f"{count} x {precision.gradient} B",
+        )
+    )
+    if run.questions_per_step > 1:
+        terms.append(
+            Term(
+                "unit-gradient sum",
+                params * precision.gradient,
+                f"questions_per_step {run.questions_per_step}",
+            )
+        )
+    terms += activation_terms(config, run)
+    terms.append(loss_term(config, run))
+    return terms
+
+
+def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
+    """The activations with and without checkpointing; the one the run uses is counted."""
+    e = PRECISIONS[run.precision].compute
+    tokens = run.backward_tokens
+    how = (
+        f"{run.group_size} x {run.row_tokens} tokens x {config.num_hidden_layers} layers, "
+        f"{saved_bytes_per_token_layer(config, e) / 1024:.1f} KiB per token per layer"
+    )
+    with_ckpt = Term(
+        "activations, largest backward (checkpointing)",
+        activation_bytes(config, e, tokens, True),
+        f"{run.group_size} x {run.row_tokens} tokens: one hidden state per layer, one layer "
+        "recomputed",
+        counted=run.activation_checkpointing,
+    )
+    without = Term(
+        "activations, largest backward (no checkpointing)",
+        activation_bytes(config, e, tokens, False),
+        how,
+        counted=not run.activation_checkpointing,
+    )
+    return [with_ckpt, without] if run.activation_checkpointing else [without, with_ckpt]
+
+
+def loss_term(config: ModelConfig, run: RunShape) -> Term:
+    from rlvr_fast.ops.weighted_nll import default_chunk_size
+
+    e = PRECISIONS[run.precision].compute
+    tokens = run.group_size * run.max_new_tokens
+    if run.eager_loss:
+        return Term(
+            "eager loss (logits)",
+            eager_loss_bytes(config, e, tokens),
+            f"{tokens:,} x {config.vocab_size:,} logits",
+        )
+    chunk = run.loss_chunk_tokens or default_chunk_size(tokens, config.vocab_size)
+    return Term(
+        "fused loss",
+        fused_loss_bytes(config, e, tokens, min(chunk, tokens)),
+        f"{min(chunk, tokens)}-token chunks, fp32 dW [{config.vocab_size:,}, "
+        f"{config.hidden_size:,}]",
+    )
+
+
+def engine_terms(config: ModelConfig, run: RunShape) -> list[Term]:
+    e = PRECISIONS[run.precision].compute
+    if not run.cuda_graphs:
+        return []  # freed after each pass; backward reuses the allocator's blocks
+    return [
+        Term(
+            "decode working set (CUDA-graph pool)",
+            sampler_bytes(config, e, run.max_batch),
+            f"{run.max_batch} rows x {config.vocab_size:,} logits x "
+            f"{e + SAMPLER_BYTES_PER_LOGIT} B",
+        )
+    ]
+
+
+def _kv_blocks(config: ModelConfig, run: RunShape, left: int, block_bytes: int) -> int:
+    max_model_len = run.max_model_len or min(config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    most = run.max_batch * (-(-max_model_len // run.block_size) + 1)
+    return min(int(left * run.kv_memory_fraction) // block_bytes, most)
+
+
+def _count(config: ModelConfig, untied: bool = False) -> str:
+    return f"{config.num_parameters(untied=untied) / 1e6:,.1f}M"
+
+
+def _dtype(size: int) -> str:
+    return {2: "bf16", 4: "fp32"}[size]
+
+
+def _header(config: ModelConfig, run: RunShape, device_memory: int) -> str:
+    return (
+        f"Memory plan: {config.model_type}, {config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, {_count(config, run.untied)} parameters, {run.precision}, "
+        f"G = {run.group_size} x Q = {run.questions_per_step}, {run.prompt_tokens} + "
+        f"{run.max_new_tokens} tokens, max_batch {run.max_batch}, on "
+        f"{gib(device_memory)} GiB"
+    )
+
+
+def plan_for_training(
+    model_config: ModelConfig, config, precision: str, prompt_tokens: int, device_memory: int
+) -> MemoryPlan:
+    """The plan of a run of ``config`` (a ``TrainConfig``, read by its field names) in
+    ``precision``, whose longest prompt has ``prompt_tokens`` tokens, on ``device_memory``
+    bytes: what the trainer checks on CUDA before the engine is made."""
+    run = RunShape(
+        precision=precision,
+        group_size=config.group_size,
+        questions_per_step=config.questions_per_step,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=config.max_new_tokens,
+        max_batch=config.max_batch,
+        activation_checkpointing=config.activation_checkpointing,
+        kv_memory_fraction=config.kv_memory_fraction,
+        kv_blocks=config.kv_blocks,
+        max_model_len=config.max_model_len,
+        eager_loss=config.loss_order == "sum_then_scale",
+        untied=not model_config.tie_word_embeddings,
+        cuda_graphs=config.cuda_graphs,
+    )
+    return plan_memory(model_config, device_memory, run)
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '141GB', '80 GiB', '1e9' (bytes) -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text, re.I)
+    unit = match and (match.group(2).upper() or "B")
+    if not match or unit not in UNITS:
+        raise ValueError(
+            f"a size is a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}"
+        )
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def read_config(path: str) -> ModelConfig:
+    """A checkpoint directory's config.json, or a config.json itself."""
+    where = Path(path)
+    return ModelConfig.from_file(where / "config.json" if where.is_dir() else where)
+
+
+PLAN_DESCRIPTION = "What a GRPO run holds on one device, term by term; exit 2 if it cannot fit."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlvr_fast.train.memory_plan", description=PLAN_DESCRIPTION
+    )
+    add_plan_arguments(parser)
+    return parser
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan's options (``rlvr-fast plan`` and ``python -m rlvr_fast.train.memory_plan``)."""
+    defaults = RunShape()
+    parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
+    parser.add_argument("--device-memory", required=True, type=parse_size, help="e.g. 80GiB")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
+    for name, help_text in (
+        ("group_size", "rollouts per question (G)"),
+        ("questions_per_step", "questions per step (Q)"),
+        ("prompt_tokens", "the longest prompt's tokens"),
+        ("max_new_tokens", "completion cap"),
+        ("max_batch", "engine rows per pass"),
+        ("kv_blocks", "KV cache blocks (default: sized from what is left)"),
+        ("max_model_len", "the longest sequence the engine's graphs cover"),
+        ("loss_chunk_tokens", "tokens per fused-loss chunk (default: about 2^25 logits)"),
+    ):
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(defaults, name), help=help_text)
+    parser.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=defaults.kv_memory_fraction,
+        help="share of what is left that the KV cache takes",
+    )
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--eager-loss", action="store_true", help="the baseline arm's loss")
+    parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_plan(build_parser().parse_args(argv))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the plan's table (exit status 0), or one line naming why it cannot fit (2)."""
+    try:
+        run = RunShape(
+            precision=args.precision,
+            group_size=args.group_size,
+            questions_per_step=args.questions_per_step,
+            prompt_tokens=args.prompt_tokens,
+            max_new_tokens=args.max_new_tokens,
+            max_batch=args.max_batch,
+            activation_checkpointing=args.activation_checkpointing,
+            kv_memory_fraction=args.kv_memory_fraction,
+            kv_blocks=args.kv_blocks,
+            max_model_len=args.max_model_len,
+            loss_chunk_tokens=args.loss_chunk_tokens,
+            eager_loss=args.eager_loss,
+            untied=args.untie,
+            cuda_graphs=not args.no_cuda_graphs,
+        )
+        judge = read_config(args.judge_model) if args.judge_model else None
+        plan = plan_memory(read_config(args.model), args.device_memory, run, judge=judge)
+        print(plan.check().render())
+    except (PlanError, ConfigError, ValueError) as err:
+        print(f"rlvr-fast plan: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

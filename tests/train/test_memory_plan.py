@@ -1,0 +1,265 @@
+"""The memory plan (``rlvr_fast.train.memory_plan``) against measurements, then on four cards.
+
+Measured on the meta device (shapes, no compute) at Qwen3-0.6B / 1.7B / 4B shapes, one real
+backward of 8 rows x 712 tokens: every storage an operation makes is tracked until it is freed
+(``LiveBytes``). Attention runs as CUDA runs it for bf16 causal rows: flash attention, which keeps
+q, k, v, its output and log-sum-exp (meta's own SDPA takes the math path and keeps the T x T
+scores). What the forward keeps for backward matches the plan's per-token formula within 1%; the
+peak of forward + backward, net of parameter gradients (a plan term of their own), lies within
+[measured, measured + 8%]. The embedding is frozen there: its gradient is born whole, [V, H],
+before it becomes ``.grad`` (the plan's gradients term). The sampler's temporaries per logit are
+measured the same way. Then the plan sizes or refuses every model x card x checkpointing case.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from rlvr_fast.cli.main import main as rlvr_fast_main
+from rlvr_fast.engine.token_sampler import sample_tokens
+from rlvr_fast.models import attention
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
+from rlvr_fast.train import memory_plan
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.memory_plan import (
+    SAMPLER_BYTES_PER_LOGIT,
+    PlanError,
+    RunShape,
+    activation_bytes,
+    plan_for_training,
+    plan_memory,
+    saved_bytes_per_token_layer,
+    tail_bytes_per_token,
+)
+
+CONFIGS = Path(memory_plan.__file__).parents[1] / "assets" / "configs"
+MODELS = {name: CONFIGS / f"qwen3-{name}-base.json" for name in ("0.6b", "1.7b", "4b")}
+MIB = 1 << 20
+# Total memory as nvidia-smi reports it: RTX 4090, A100 40GB, H100 80GB, H200.
+CARDS = {"24GB": 24564 * MIB, "40GB": 40960 * MIB, "80GB": 81559 * MIB, "141GB": 143771 * MIB}
+ROWS, ROW_TOKENS = 8, 712
+
+
+def config(name: str) -> ModelConfig:
+    return ModelConfig.from_file(MODELS[name])
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages that operations made and that are still alive; ``peak`` of that
+    total minus ``discount()`` over every operation."""
+
+    def __init__(self, ignore=(), discount=lambda: 0) -> None:
+        super().__init__()
+        self.ignore = {t.untyped_storage()._cdata for t in ignore}
+        self.discount = discount
+        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.peak = 0
+
+    def live(self) -> int:
+        self.storages = {k: v for k, v in self.storages.items() if not v[0].expired()}
+        return sum(size for _, size in self.storages.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                known = self.storages.get(key)
+                if key not in self.ignore and (known is None or known[0].expired()):
+                    self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.peak = max(self.peak, self.live() - self.discount())
+        return out
+
+
+def flash_attention(q, k, v, mask):
+    """What SDPA runs on CUDA for causal bf16 rows with no mask (GQA included)."""
+    assert mask is None
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+
+
+def measure_backward(monkeypatch, name: str, dtype, checkpointing: bool) -> tuple[int, int]:
+    """(bytes kept after the forward, peak bytes net of gradients) of one forward + backward of
+    ROWS x ROW_TOKENS tokens on the meta device."""
+    monkeypatch.setattr(attention, "dense_attention", flash_attention)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config(name)).to(dtype)
+    model.activation_checkpointing = checkpointing
+    model.model.embed_tokens.weight.requires_grad_(False)
+    params = list(model.parameters())
+
+    def gradients() -> int:
+        return sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
+
+    tracker = LiveBytes(ignore=params, discount=gradients)
+    ids = torch.zeros(ROWS, ROW_TOKENS, dtype=torch.long, device="meta")
+    with tracker:
+        hidden = model(ids, return_hidden=True)
+        kept = tracker.live()
+        hidden.backward(torch.empty_like(hidden))
+    return kept, tracker.peak
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize(
+    "name, dtype", [(name, torch.bfloat16) for name in MODELS] + [("0.6b", torch.float32)]
+)
+def test_activations_match_a_meta_device_measurement(monkeypatch, name, dtype, checkpointing):
+    cfg, e = config(name), dtype.itemsize
+    tokens = ROWS * ROW_TOKENS
+    kept, peak = measure_backward(monkeypatch, name, dtype, checkpointing)
+    per_layer = e * cfg.hidden_size if checkpointing else saved_bytes_per_token_layer(cfg, e)
+    planned_kept = tokens * (cfg.num_hidden_layers * per_layer + tail_bytes_per_token(cfg, e))
+    assert planned_kept == pytest.approx(kept, rel=0.01)
+    planned_peak = activation_bytes(cfg, e, tokens, checkpointing)
+    assert peak <= planned_peak <= 1.08 * peak, (peak / tokens, planned_peak / tokens)
+
+
+def test_the_sampler_constant_is_what_the_sampler_takes():
+    vocab, rows = 151_936, 16
+    logits = torch.empty(rows, vocab, dtype=torch.bfloat16, device="meta")
+    seeds = torch.zeros(rows, dtype=torch.long, device="meta")
+    scalar = torch.ones((), device="meta")
+    tracker = LiveBytes(ignore=(logits, seeds, scalar))
+    with torch.inference_mode(), tracker:
+        sample_tokens(logits, seeds, seeds + 1, scalar, scalar, greedy=False)
+    measured = tracker.peak / (rows * vocab)
+    assert SAMPLER_BYTES_PER_LOGIT - 2 <= measured <= SAMPLER_BYTES_PER_LOGIT, measured
+
+
+# (model, precision, checkpointing) -> the cards it fits, of 24, 40, 80 and 141 GB.
+FITS = {
+    ("0.6b", "bf16-mixed", False): {"40GB", "80GB", "141GB"},
+    ("0.6b", "bf16-mixed", True): {"24GB", "40GB", "80GB", "141GB"},
+    ("0.6b", "bf16-true", False): {"24GB", "40GB", "80GB", "141GB"},
+    ("1.7b", "bf16-mixed", False): {"80GB", "141GB"},
+    ("1.7b", "bf16-mixed", True): {"40GB", "80GB", "141GB"},
+    ("1.7b", "bf16-true", True): {"24GB", "40GB", "80GB", "141GB"},
+    ("4b", "bf16-mixed", False): {"141GB"},
+    ("4b", "bf16-mixed", True): {"80GB", "141GB"},
+    ("4b", "bf16-true", True): {"40GB", "80GB", "141GB"},
+    ("4b", "fp32", True): {"80GB", "141GB"},
+}
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("case", FITS, ids=lambda case: "-".join(map(str, case)))
+def test_the_plan_sizes_or_refuses_each_card(case, card):
+    name, precision, checkpointing = case
+    run = RunShape(precision=precision, activation_checkpointing=checkpointing)
+    plan = plan_memory(config(name), CARDS[card], run)
+    if card in FITS[case]:
+        assert plan.check() is plan
+        assert plan.rows_at_full_length >= 1
+        assert plan.fixed_bytes + plan.kv_bytes <= CARDS[card]
+        assert plan.kv_bytes <= run.kv_memory_fraction * (CARDS[card] - plan.fixed_bytes)
+    else:
+        largest = max((t for t in plan.terms if t.counted), key=lambda t: t.bytes)
+        with pytest.raises(PlanError, match=re.escape(f"largest term is {largest.name}")):
+            plan.check()
+
+
+def test_precisions_keep_the_copies_they_name():
+    cfg = config("0.6b")
+    params = cfg.num_parameters(untied=False)
+
+    def terms(precision):
+        plan = plan_memory(cfg, CARDS["141GB"], RunShape(precision=precision))
+        return {t.name: t.bytes for t in plan.terms}
+
+    mixed, true, fp32 = terms("bf16-mixed"), terms("bf16-true"), terms("fp32")
+    assert mixed["weights (bf16)"] == 2 * params and mixed["fp32 master weights"] == 4 * params
+    assert mixed["AdamW moments (fp32)"] == 8 * params and mixed["gradients (fp32)"] == 4 * params
+    assert "fp32 master weights" not in true and true["AdamW moments (bf16)"] == 4 * params
+    assert "fp32 master weights" not in fp32 and fp32["weights (fp32)"] == 4 * params
+
+
+def test_the_kv_cache_takes_what_is_left_or_what_it_is_told():
+    cfg = config("0.6b")
+    sized = plan_memory(cfg, CARDS["80GB"], RunShape(activation_checkpointing=True))
+    told = plan_memory(cfg, CARDS["80GB"], RunShape(activation_checkpointing=True, kv_blocks=500))
+    assert told.kv_blocks == 500 and told.fixed_bytes == sized.fixed_bytes
+    judged = plan_memory(cfg, CARDS["80GB"], RunShape(activation_checkpointing=True), judge=cfg)
+    names = {t.name for t in judged.terms}
+    assert {"judge weights", "judge KV cache"} <= names and judged.kv_blocks < sized.kv_blocks
+    assert judged.check() is judged
+    too_many = plan_memory(cfg, CARDS["24GB"], RunShape(kv_blocks=10**6))
+    with pytest.raises(PlanError, match="does not fit"):
+        too_many.check()
+
+
+def test_more_questions_per_step_add_a_gradient_sum_and_rows():
+    cfg = config("0.6b")
+    one = plan_memory(cfg, CARDS["80GB"], RunShape())
+    four = plan_memory(cfg, CARDS["80GB"], RunShape(questions_per_step=4))
+    gradient = cfg.num_parameters(untied=False) * 4
+    assert four.fixed_bytes - one.fixed_bytes == gradient
+    assert four.rows_wanted == 4 * one.rows_wanted
+
+
+def test_the_eager_loss_costs_the_full_logits():
+    cfg = config("0.6b")
+    eager = plan_memory(cfg, CARDS["141GB"], RunShape(eager_loss=True))
+    fused = plan_memory(cfg, CARDS["141GB"], RunShape())
+    loss = {t.name: t.bytes for t in eager.terms}["eager loss (logits)"]
+    assert loss == ROWS * 512 * cfg.vocab_size * 16
+    assert eager.fixed_bytes > fused.fixed_bytes
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("24GiB", 24 << 30), ("141GB", 141 * 10**9), ("80 GiB", 80 << 30), ("1e9", 10**9)],
+)
+def test_sizes_parse(text, size):
+    assert memory_plan.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["24G", "lots", "-1GB", ""])
+def test_bad_sizes_are_refused(text):
+    with pytest.raises(ValueError, match="a size is a number and a unit"):
+        memory_plan.parse_size(text)
+
+
+def test_the_command_prints_the_table_or_one_line(capsys):
+    """rlvr-fast plan, and python -m rlvr_fast.train.memory_plan, its module's own."""
+    model = str(MODELS["0.6b"])
+    assert rlvr_fast_main(["plan", "--model", model, "--device-memory", "141GB"]) == 0
+    table = capsys.readouterr().out
+    assert "| KV cache |" in table and "| **total** |" in table
+    assert rlvr_fast_main(["plan", "--model", model, "--device-memory", "24564MiB"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert "largest term is activations, largest backward (no checkpointing)" in captured.err
+    assert "activation checkpointing would make it" in captured.err
+    args = ["--model", model, "--device-memory", "24564MiB", "--activation-checkpointing"]
+    assert memory_plan.main(args) == 0
+
+
+def test_the_command_reads_a_checkpoint_directory(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(MODELS["0.6b"].read_text())
+    assert memory_plan.main(["--model", str(tmp_path), "--device-memory", "80GB"]) == 0
+    assert memory_plan.main(["--model", str(tmp_path / "none"), "--device-memory", "80GB"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_the_trainer_plans_from_its_settings():
+    """What a CUDA run checks before its engine is made: a TrainConfig's settings, the study's
+    untied Qwen3-0.6B on a 24 GB card, which fits with activation checkpointing alone."""
+    config = ModelConfig.from_file(MODELS["0.6b"])
+    config.tie_word_embeddings = False
+    settings = dict(max_new_tokens=512, loss_order="token_weighted")
+    with pytest.raises(PlanError, match="largest term is activations"):
+        plan_for_training(config, TrainConfig(**settings), "bf16-mixed", 200, CARDS["24GB"]).check()
+    checkpointed = TrainConfig(activation_checkpointing=True, kv_blocks=500, **settings)
+    plan = plan_for_training(config, checkpointed, "bf16-mixed", 200, CARDS["24GB"]).check()
+    assert plan.kv_blocks == 500
+    assert plan_for_training(config, checkpointed, "fp32", 200, CARDS["141GB"]).fits
