@@ -48,6 +48,7 @@ from rlvr_fast.train.arms import ARMS, arm_settings
 from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.kinds import KINDS, step_kind
+from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 
 
 def setting(
@@ -58,12 +59,20 @@ def setting(
     *,
     also: tuple[Callable, str] | None = None,
     only_for: str | None = None,
+    written_when_set: bool = False,
 ):
     """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
     value), then ``also``, a second (check, error). ``only_for``: the sampler the setting
-    belongs to; another sampler refuses a value other than the default."""
+    belongs to; another sampler refuses a value other than the default. ``written_when_set``:
+    config.json holds the field only at a value other than its default, so that runs written
+    before the field existed keep their config.json and resume signature byte for byte."""
     checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
-    metadata = {"help": help, "checks": checks, "only_for": only_for}
+    metadata = {
+        "help": help,
+        "checks": checks,
+        "only_for": only_for,
+        "written_when_set": written_when_set,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -77,8 +86,10 @@ def _valid(name: str, valid: tuple[str, ...]) -> str:
 
 SAMPLERS = tuple(KINDS)
 FLAT_LOSS_MESSAGE = (
-    "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat arms only"
+    "loss_type, scale_rewards, tempered_logprobs, mask_truncated and advantage_std apply to flat "
+    "arms only"
 )
+ADVANTAGE_STDS = ("group", "batch")
 
 
 @dataclass
@@ -320,6 +331,25 @@ class TrainConfig:
     active_steps: int | None = setting(
         None, "end the run after this many steps with a backward pass"
     )
+    combine_questions: str = setting(
+        "unit_norm",
+        "how a multi-question step combines its questions: unit_norm averages their gradients "
+        "scaled to unit norm (accum4); pooled is TRL's several prompts per step, one loss over "
+        "all the step's completions normalised as loss_type says (dapo: by the step's tokens; "
+        "grpo, dr_grpo and sum: by its completions)",
+        one_of(QUESTION_COMBINATIONS),
+        _valid("combine_questions", QUESTION_COMBINATIONS),
+        written_when_set=True,
+    )
+    advantage_std: str = setting(
+        "group",
+        "the std advantages are divided by: each group's (the study's), or that of all the "
+        "step's rewards on every rank (TRL's scale_rewards='batch'); the mean is the group's",
+        one_of(ADVANTAGE_STDS),
+        _valid("advantage_std", ADVANTAGE_STDS),
+        only_for="flat",
+        written_when_set=True,
+    )
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -375,6 +405,10 @@ class TrainConfig:
             )
         if self.questions_per_step > 1 and self.loss_order != "token_weighted":
             raise ValueError("questions_per_step > 1 needs loss_order token_weighted")
+        if self.questions_per_step == 1 and self.combine_questions != "unit_norm":
+            raise ValueError("combine_questions combines the questions of questions_per_step > 1")
+        if self.advantage_std == "batch" and not self.scale_rewards:
+            raise ValueError("advantage_std batch scales rewards: it needs scale_rewards")
         if not 0 <= self.polyak_start <= self.steps:
             raise ValueError(
                 f"polyak_start must be in [0, steps = {self.steps}] (0: no Polyak average), got "
@@ -417,7 +451,12 @@ class TrainConfig:
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings as config.json holds them (``written_when_set`` fields only when set)."""
+        settings = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if f.metadata["written_when_set"] and settings[f.name] == f.default:
+                del settings[f.name]
+        return settings
 
     @property
     def questions_needed(self) -> int:
