@@ -2,7 +2,7 @@
 
 A checkpoint holds the model as a Hugging Face directory (loadable by ``from_pretrained`` and
 ``rlvr_fast.load_policy``), the processing class, ``trainer_state.json`` (transformers'
-``TrainerState``) and, unless ``save_only_model``, ``rlvr_fast_state.safetensors``: every
+``TrainerState``) and, unless ``save_only_model``, ``rlvr_fast/state.safetensors``: every
 component the next step reads (weights, AdamW moments, the sampling generator, torch's RNG),
 written by the run's ``rlvr_fast.run.checkpoint.Checkpointer``. Resuming loads that state and
 replays what is a function of the step alone (the learning-rate schedule, the prompts' order),
@@ -19,7 +19,8 @@ from pathlib import Path
 from rlvr_fast.utils.files import replaced_directory
 
 PREFIX = "checkpoint-"
-STATE_FILE = "rlvr_fast_state.safetensors"
+# In a folder of its own: checkpoint loaders read every *.safetensors beside config.json.
+STATE_FILE = "rlvr_fast/state.safetensors"
 TRAINER_STATE = "trainer_state.json"
 
 
@@ -61,6 +62,7 @@ def write_checkpoint(output_dir: Path, step: int, write_model, write_state, stat
     with replaced_directory(directory) as staging:
         write_model(staging)
         if write_state is not None:
+            (staging / STATE_FILE).parent.mkdir()
             write_state(staging / STATE_FILE)
         state.save_to_json(str(staging / TRAINER_STATE))
     return directory
