@@ -34,11 +34,7 @@ SETTINGS = dict(
 def trainer_for(tmp_path, rows=ROWS, callbacks=None, **settings):
     args = GRPOConfig(output_dir=str(tmp_path), **{**SETTINGS, **settings})
     return GRPOTrainer(
-        model=MODEL,
-        reward_funcs=varied_reward,
-        args=args,
-        train_dataset=rows,
-        callbacks=callbacks,
+        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=rows, callbacks=callbacks
     )
 
 
@@ -101,9 +97,7 @@ def test_save_strategy_epoch_and_save_only_model(tmp_path):
     assert not list(tmp_path.glob("checkpoint-*"))
     trainer = trainer_for(tmp_path / "two", rows=ROWS[:2], save_strategy="epoch")
     trainer.train()
-    assert sorted(p.name for p in (tmp_path / "two").glob("checkpoint-*")) == [
-        "checkpoint-2"
-    ]
+    assert sorted(p.name for p in (tmp_path / "two").glob("checkpoint-*")) == ["checkpoint-2"]
     assert (tmp_path / "two" / "checkpoint-2" / "trainer_state.json").is_file()
 
 

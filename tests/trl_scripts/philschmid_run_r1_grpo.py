@@ -7,7 +7,8 @@ repositories.
 Adapted: the dataset is the local TRL_SCRIPT_DATA with Countdown-Tasks-3to4's columns (target,
 nums), smaller than the 50,000 rows the script selects; the random sample files of the format
 reward are not written. philschmid_recipe.yaml is the recipe ported to TRL 1.16 (dtype for
-torch_dtype; no warmup_ratio, max_prompt_length or vllm_device, which 1.16 does not have) and
+torch_dtype; no warmup_ratio, max_prompt_length or vllm_device, which 1.16 does not have;
+trust_remote_code read from GRPOConfig, where 1.16 moved it from ModelConfig) and
 to an offline CPU (no flash attention or tf32, no vLLM, tensorboard or Hub push, two steps).
 """
 
@@ -40,7 +41,9 @@ def format_reward_func(completions, target, **kwargs):
     for completion, gt in zip(completions, target):
         try:
             completion = "<think>" + completion
-            regex = r"^<think>([^<]*(?:<(?!/?think>)[^<]*)*)<\/think>\n<answer>([\s\S]*?)<\/answer>$"
+            regex = (
+                r"^<think>([^<]*(?:<(?!/?think>)[^<]*)*)<\/think>\n<answer>([\s\S]*?)<\/answer>$"
+            )
             match = re.search(regex, completion, re.DOTALL)
             rewards.append(0.0 if match is None or len(match.groups()) != 2 else 1.0)
         except Exception:
@@ -84,7 +87,7 @@ def grpo_function(model_args: ModelConfig, script_args: ScriptArguments, trainin
     tokenizer = AutoTokenizer.from_pretrained(
         script_args.tokenizer_name_or_path or model_args.model_name_or_path,
         revision=model_args.model_revision,
-        trust_remote_code=model_args.trust_remote_code,
+        trust_remote_code=training_args.trust_remote_code,
     )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -157,9 +157,9 @@ def test_published_script_runs_with_only_its_import_changed(name, tmp_path):
     assert theirs.returncode == 0, f"TRL failed on {script}:\n{theirs.stderr[-3000:]}"
     if expected != "runs":
         assert ours.returncode != 0
-        assert any(
-            re.search(expected, line) for line in ours.stderr.splitlines()
-        ), ours.stderr[-3000:]
+        assert any(re.search(expected, line) for line in ours.stderr.splitlines()), ours.stderr[
+            -3000:
+        ]
         return
     assert ours.returncode == 0, f"rlvr_fast failed on {script}:\n{ours.stderr[-3000:]}"
     their_logs = printed_logs(theirs.stdout + theirs.stderr)
