@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def format_reward_func(completions, target, **kwargs):
     rewards = []
-    for completion, gt in zip(completions, target):
+    for completion, gt in zip(completions, target):  # noqa: B007 (as published)
         try:
             completion = "<think>" + completion
             regex = (
