@@ -12,7 +12,9 @@ for plain-text prompts and message lists for conversational ones (a completion i
 function (several are awaited together), returns one float, or None, per completion; a reward
 model (a path, or a loaded sequence-classification model) scores prompt + completion in one
 batch, as TRL does. Rewards are weighted by ``reward_weights`` and summed with None read as
-missing (a completion every function leaves unscored gets NaN, and no advantage).
+missing (a completion every function leaves unscored gets NaN, and no advantage); with
+``normalize_each`` (TRL's multi_objective_aggregation="normalize_then_sum") each function's
+rewards are first standardised within their group, (r - mean) / (std + 1e-4).
 """
 
 from __future__ import annotations
@@ -119,8 +121,9 @@ class RewardFunctionsTask:
         trainer_state,
         log_metric,
         log_extra,
+        normalize_each: bool = False,
     ) -> None:
-        self.rows, self.reward_funcs = rows, reward_funcs
+        self.rows, self.reward_funcs, self.normalize_each = rows, reward_funcs, normalize_each
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.encode, self.gate_min_chars = encode, gate_min_chars
         self.trainer_state, self.log_metric, self.log_extra = trainer_state, log_metric, log_extra
@@ -161,7 +164,11 @@ class RewardFunctionsTask:
                 if key not in ("prompt", "completion", "completion_ids"):
                     columns.setdefault(key, []).extend([row[key]] * len(group_texts))
         per_function = self.call_functions(prompts, answers, ids, columns)
-        rewards = (per_function * self.weights).nansum(dim=1)
+        summed = per_function
+        if self.normalize_each:
+            sizes = [len(group_texts) for group_texts in texts]
+            summed = torch.cat([standardised_columns(g) for g in per_function.split(sizes)])
+        rewards = (summed * self.weights).nansum(dim=1)
         rewards[per_function.isnan().all(dim=1)] = float("nan")
         if self.gate_min_chars is not None:
             # The study's derivation gate (an arm's gate_min_chars) on the summed reward.
@@ -218,6 +225,16 @@ class RewardFunctionsTask:
                 [float("nan") if r is None else float(r) for r in out], dtype=torch.float32
             )
         return per_function
+
+
+def standardised_columns(values: torch.Tensor) -> torch.Tensor:
+    """Each column of one group's [G, F] rewards as (r - mean) / (std + 1e-4), NaN left out of
+    the mean and the Bessel-corrected std (NaN with fewer than two), as TRL's nanstd."""
+    mean = values.nanmean(dim=0, keepdim=True)
+    count = (~values.isnan()).sum(dim=0, keepdim=True)
+    variance = ((values - mean) ** 2).nanmean(dim=0, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, float("nan")))
+    return (values - mean) / (std + 1e-4)
 
 
 async def gather(coroutines: list) -> list:

@@ -59,6 +59,11 @@ def eval_datasets(eval_dataset, remove_unused_columns: bool) -> dict[str, list[d
 def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
     study_loss = args.loss_type == "sum"
+    # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
+    # (step std + 1e-4) is the group-centred advantage over the step's std.
+    step_std = args.scale_rewards == "batch" or args.multi_objective_aggregation != (
+        "sum_then_normalize"
+    )
     settings = dict(
         steps=max_steps,
         seed=args.seed,
@@ -73,8 +78,8 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
         loss_type="dapo" if args.loss_type == "bnpo" else args.loss_type,
-        scale_rewards=args.scale_rewards != "none",
-        advantage_std="batch" if args.scale_rewards == "batch" else "group",
+        scale_rewards=step_std or args.scale_rewards != "none",
+        advantage_std="batch" if step_std else "group",
         tempered_logprobs=not study_loss,
         mask_truncated=args.mask_truncated_completions,
         skip_zero_var=args.skip_zero_variance_backward,
@@ -109,10 +114,11 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
             sampler="tree", bifurcate_after_active=settings.get("bifurcate_after_active", 0)
         )
     if settings.get("sampler") == "tree":
-        if not study_loss or args.scale_rewards != "group" or args.mask_truncated_completions:
+        if not study_loss or step_std or args.mask_truncated_completions:
             raise ValueError(
                 "GRPOConfig: tree rollouts weight tokens by TreeRL credit; set "
-                "loss_type='sum' with scale_rewards='group' and no "
+                "loss_type='sum' with scale_rewards='group', "
+                "multi_objective_aggregation='sum_then_normalize' and no "
                 "mask_truncated_completions"
             )
         settings["tree_k"] = args.num_generations // 2

@@ -80,6 +80,7 @@ HONOURED = {
     "delta": f"the two-sided clip (above 1), which never binds: {ON_POLICY}",
     "importance_sampling_level": f"token or sequence ratio, the same gradient: {ON_POLICY}",
     "reward_weights": "weighted sum of the reward functions",
+    "multi_objective_aggregation": "sum then standardise, or standardise each function then sum",
     "scale_rewards": "advantages divided by the group's std, the step's, or not",
     "loss_type": "TRL's normalisation of the loss over the step's completions or tokens",
     "mask_truncated_completions": "completions cut at the cap leave the loss",
@@ -223,7 +224,6 @@ REFUSED = {
     "beta": "the KL penalty against a reference model",
     "sync_ref_model": "a reference model",
     "num_iterations": f"several optimizer passes per generation batch ({ON_POLICY})",
-    "multi_objective_aggregation": "normalising each reward function before summing",
     "top_entropy_quantile": "masking tokens by their entropy",
     "entropy_coef": "an entropy bonus",
     "use_adaptive_entropy": "an entropy bonus",
@@ -243,6 +243,10 @@ VALUE_LIMITS = {
         f"rlvr_fast trains the loss types {', '.join(map(str, LOSS_TYPES))}",
     ),
     "scale_rewards": (lambda v: v in SCALE_REWARDS, "group, batch, none, True or False"),
+    "multi_objective_aggregation": (
+        lambda v: v in ("sum_then_normalize", "normalize_then_sum"),
+        "sum_then_normalize or normalize_then_sum",
+    ),
     "importance_sampling_level": (lambda v: v in ("token", "sequence"), "token or sequence"),
     "delta": (lambda v: v is None or v > 1, f"a clip at or below 1 binds ({ON_POLICY})"),
     "report_to": (

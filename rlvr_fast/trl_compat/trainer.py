@@ -198,6 +198,7 @@ class GRPOTrainer:
             trainer_state=self.state,
             log_metric=self._record,
             log_extra=lambda column, values: None,
+            normalize_each=self.args.multi_objective_aggregation == "normalize_then_sum",
         )
 
     def _scheduler(self, max_steps: int):
