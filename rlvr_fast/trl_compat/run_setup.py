@@ -10,6 +10,12 @@ from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
 
 
+# TRL's loss types that are ours under another name: bnpo normalises by the step's tokens as dapo
+# does; luspo sums each completion's tokens and averages over completions, as the study's sum
+# (on TRL's tempered log-probabilities).
+LOSS_TYPE_OF = {"bnpo": "dapo", "luspo": "sum"}
+
+
 def refuse_unsupported_arguments(**arguments) -> None:
     """GRPOTrainer arguments rlvr_fast does not implement, refused by name when given."""
     reasons = {
@@ -77,7 +83,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
-        loss_type="dapo" if args.loss_type == "bnpo" else args.loss_type,
+        loss_type=LOSS_TYPE_OF.get(args.loss_type, args.loss_type),
         scale_rewards=step_std or args.scale_rewards != "none",
         advantage_std="batch" if step_std else "group",
         tempered_logprobs=not study_loss,

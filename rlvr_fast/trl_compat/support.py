@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import Enum
 
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "sum")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")

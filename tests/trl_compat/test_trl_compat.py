@@ -151,6 +151,7 @@ def our_gradient(tmp_path, **settings):
         dict(loss_type="bnpo", **TWO_PROMPTS),
         dict(loss_type="dapo", scale_rewards="batch", **TWO_PROMPTS),
         dict(loss_type="grpo", multi_objective_aggregation="normalize_then_sum", **TWO_PROMPTS),
+        dict(loss_type="luspo", importance_sampling_level="sequence", **TWO_MICRO_BATCHES),
         dict(loss_type="dapo", mask_truncated_completions=True, **TWO_MICRO_BATCHES),
         dict(loss_type="grpo", importance_sampling_level="sequence", **TWO_PROMPTS),
     ],
