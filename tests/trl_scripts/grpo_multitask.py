@@ -4,7 +4,7 @@ Source: huggingface/trl, docs/source/grpo_trainer.md, "Example 4: Multi-task rew
 (a dataset of math and coding prompts with a "task" column; each reward function returns None
 for the other task), with its math check written out (the docs leave check_math_solution and
 test_code_solution to the reader).
-Adapted: the model is TRL_SCRIPT_MODEL; args for a CPU and a two-step budget.
+Adapted: the model is TRL_SCRIPT_MODEL; args for a CPU and a one-step budget.
 """
 
 import os
@@ -61,7 +61,7 @@ trainer = GRPOTrainer(
     args=GRPOConfig(
         output_dir=os.environ["TRL_SCRIPT_OUT"],
         use_cpu=True,
-        max_steps=2,
+        max_steps=1,
         max_completion_length=32,
         per_device_train_batch_size=4,
         num_generations=4,

@@ -4,7 +4,7 @@ Source: huggingface/trl, docs/source/grpo_trainer.md, "Quick start" (train_grpo.
 prompts, trl.rewards.accuracy_reward, Qwen2.5-0.5B-Instruct).
 Adapted: the model is TRL_SCRIPT_MODEL (the embedded model with a chat template), the dataset the
 local directory TRL_SCRIPT_DATA with DeepMath-103K's columns (a conversational "prompt" and a
-"solution"); args are added for a CPU and a two-step budget (TRL's defaults need a bf16 GPU).
+"solution"); args are added for a CPU and a one-step budget (TRL's defaults need a bf16 GPU).
 The import line marked below is the one the tests change to rlvr_fast's.
 """
 
@@ -24,7 +24,7 @@ trainer = GRPOTrainer(
     args=GRPOConfig(
         output_dir=os.environ["TRL_SCRIPT_OUT"],
         use_cpu=True,
-        max_steps=2,
+        max_steps=1,
         max_completion_length=32,
         logging_steps=1,
         report_to="none",

@@ -90,7 +90,7 @@ SCRIPTS = {
         + ["--importance_sampling_level", "sequence", "--epsilon", "3e-4"]
         + ["--epsilon_high", "4e-4", "--beta", "0.0", "--loss_type", "grpo"]
         + ["--gradient_accumulation_steps", "2", "--steps_per_generation", "8"]
-        + ["--use_cpu", "--max_steps", "2", "--report_to", "none", "--logging_steps", "1"],
+        + ["--use_cpu", "--max_steps", "1", "--report_to", "none", "--logging_steps", "1"],
         r"steps_per_generation \(8\) must equal gradient_accumulation_steps \(2\)",
     ),
     "community_willccbb_gsm8k": ("willccbb_grpo_demo.py", gsm8k, [], "runs"),

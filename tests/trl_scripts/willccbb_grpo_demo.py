@@ -9,7 +9,7 @@ Ported to TRL 1.16 (which TRL itself needs): warmup_ratio becomes warmup_steps=0
 max_prompt_length goes (1.16 has neither; rlvr_fast would take both), num_generations 16 becomes
 4 (1.16 counts per_device_train_batch_size in completions). Adapted: TRL_SCRIPT_MODEL and the
 local TRL_SCRIPT_DATA (GSM8K's question / answer columns); a CPU (use_cpu, the default attention,
-no .to("cuda")), report_to "none" (wandb is not installed), a two-step budget; the unused
+no .to("cuda")), report_to "none" (wandb is not installed), a one-step budget; the unused
 LoraConfig import goes (peft is not installed).
 """
 
@@ -130,7 +130,7 @@ training_args = GRPOConfig(
     num_generations=4,
     max_completion_length=32,
     num_train_epochs=1,
-    max_steps=2,
+    max_steps=1,
     save_steps=100,
     max_grad_norm=0.1,
     report_to="none",
