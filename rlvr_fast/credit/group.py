@@ -18,11 +18,13 @@ def group_stats(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def standardised_advantages(
-    rewards: list[float], *, scale: bool = True
+    rewards: list[float], *, scale: bool = True, scale_std: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, float]:
     """A_i = (R_i - mean R) / (std R + 1e-4), or R_i - mean R without ``scale``, and std R.
-    NaN rewards (no reward function scored the completion) are left out of the mean and std and
-    get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
+    ``scale_std``: divide by (scale_std + 1e-4) instead, a std taken over more rewards than the
+    group's (TRL's scale_rewards="batch": ``scored_std`` of a whole step); std R is still the
+    group's. NaN rewards (no reward function scored the completion) are left out of the mean and
+    std and get A_i = 0, as TRL does; fewer than two scored rewards give every A_i = 0."""
     r = torch.tensor(rewards, dtype=torch.float32)
     scored = r[~r.isnan()]
     if scored.numel() < 2:
@@ -30,5 +32,12 @@ def standardised_advantages(
     mean, sigma = group_stats(scored)
     advantages = r - mean
     if scale:
-        advantages = advantages / (sigma + ADVANTAGE_EPS)
+        advantages = advantages / ((sigma if scale_std is None else scale_std) + ADVANTAGE_EPS)
     return advantages.nan_to_num(0.0), float(sigma)
+
+
+def scored_std(rewards: list[float]) -> torch.Tensor:
+    """Bessel-corrected std of the non-NaN ``rewards`` (float32; 0 with fewer than two)."""
+    r = torch.tensor(rewards, dtype=torch.float32)
+    scored = r[~r.isnan()]
+    return group_stats(scored)[1] if scored.numel() > 1 else torch.zeros(())

@@ -52,6 +52,7 @@ from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
+from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 
 
 def setting(
@@ -91,8 +92,10 @@ SAMPLERS = tuple(KINDS)
 TREE_ONLY = ("tree", "zero_cont_mass centres tree continuations: it needs sampler tree")
 FLAT_ONLY = (
     "flat",
-    "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat arms only",
+    "loss_type, scale_rewards, tempered_logprobs, mask_truncated and advantage_std apply to flat "
+    "arms only",
 )
+ADVANTAGE_STDS = ("group", "batch")
 
 
 @dataclass
@@ -371,6 +374,25 @@ class TrainConfig:
         "max_model_len must be >= 1 or None, got {value}",
         written_when_set=True,
     )
+    combine_questions: str = setting(
+        "unit_norm",
+        "how a multi-question step combines its questions: unit_norm averages their gradients "
+        "scaled to unit norm (accum4); pooled is TRL's several prompts per step, one loss over "
+        "all the step's completions normalised as loss_type says (dapo: by the step's tokens; "
+        "grpo, dr_grpo and sum: by its completions)",
+        one_of(QUESTION_COMBINATIONS),
+        _valid("combine_questions", QUESTION_COMBINATIONS),
+        written_when_set=True,
+    )
+    advantage_std: str = setting(
+        "group",
+        "the std advantages are divided by: each group's (the study's), or that of all the "
+        "step's rewards on every rank (TRL's scale_rewards='batch'); the mean is the group's",
+        one_of(ADVANTAGE_STDS),
+        _valid("advantage_std", ADVANTAGE_STDS),
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -409,6 +431,10 @@ class TrainConfig:
             )
         if self.questions_per_step > 1 and self.loss_order != "token_weighted":
             raise ValueError("questions_per_step > 1 needs loss_order token_weighted")
+        if self.questions_per_step == 1 and self.combine_questions != "unit_norm":
+            raise ValueError("combine_questions combines the questions of questions_per_step > 1")
+        if self.advantage_std == "batch" and not self.scale_rewards:
+            raise ValueError("advantage_std batch scales rewards: it needs scale_rewards")
         if not 0 <= self.polyak_start <= self.steps:
             raise ValueError(
                 f"polyak_start must be in [0, steps = {self.steps}] (0: no Polyak average), got "

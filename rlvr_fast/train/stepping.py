@@ -1,11 +1,12 @@
 """Optimizer stepping: what a step does with its ``StepDecision`` (``rlvr_fast.train.decision``).
 
 An active step computes the step's gradient from its loss functions (each runs one forward and
-one backward: one per step, or on a multi-question step one per contributing question, whose
-unit gradients are averaged, ``accumulate_unit_gradients``), all-reduces it over the ranks of a
-data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step. An
-inactive step takes a zero-gradient AdamW step, through the fused kernel, or none. Under
-``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
+one backward: one per step, or on a multi-question step one per contributing question, combined
+as ``rlvr_fast.train.steps`` says: unit gradients averaged, ``accumulate_unit_gradients``, or
+losses pooled with their weights, ``accumulate_pooled_gradients``), all-reduces it over the ranks
+of a data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step.
+An inactive step takes a zero-gradient AdamW step, through the fused kernel, or none.
+Under ``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
 each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
 and clipping run on those, and the stepped masters are rounded into the model's weights.
 """
@@ -27,12 +28,13 @@ from rlvr_fast.utils.phases import Phases
 class Update:
     """What a step's update did: the loss and the gradient norm before clipping (None when no
     backward ran); on multi-question steps, each contributing question's loss and gradient norm
-    before unit scaling."""
+    before the combination (the norm only under unit_norm: a pooled step never forms one
+    question's gradient alone)."""
 
     loss: float | None = None
     grad_norm: float | None = None
     question_losses: list[float] = field(default_factory=list)
-    question_grad_norms: list[float] = field(default_factory=list)
+    question_grad_norms: list[float | None] = field(default_factory=list)
 
 
 class OptimizerStepping:
@@ -63,15 +65,24 @@ class OptimizerStepping:
         return sum(p.numel() for p in self.params)
 
     def update(
-        self, phase: Phases, decision: StepDecision, loss_fns, *, unit_gradients: bool
+        self,
+        phase: Phases,
+        decision: StepDecision,
+        loss_fns,
+        *,
+        combination: str | None = None,
+        weights: list[float] | None = None,
     ) -> Update:
-        """Step on ``decision``: ``loss_fns`` (one, or with ``unit_gradients`` one per
-        contributing question of this rank) run only on an active step."""
+        """Step on ``decision``: ``loss_fns`` (one, or with a ``combination`` one per
+        contributing question of this rank: "unit_norm", or "pooled" with ``weights``) run only
+        on an active step."""
         update = Update()
         if decision.active:
             self.model.train()
-            if unit_gradients:
+            if combination == "unit_norm":
                 update = self.accumulate_unit_gradients(phase, loss_fns, decision.contributing)
+            elif combination == "pooled":
+                update = self.accumulate_pooled_gradients(phase, loss_fns, weights)
             else:
                 (loss_fn,) = loss_fns
                 update.loss = self.backward(phase, loss_fn)
@@ -129,6 +140,27 @@ class OptimizerStepping:
             update.question_grad_norms.append(norm)
         for p, total in zip(self.stepped, totals):
             p.grad = total
+        return update
+
+    def accumulate_pooled_gradients(self, phase: Phases, loss_fns, weights: list[float]) -> Update:
+        """p.grad = sum_q c_q grad L_q, the gradient of the step's one loss sum_q c_q L_q
+        (``weights`` c_q), one forward and backward per question accumulating into .grad; the
+        returned loss is that sum (on several ranks this rank's part). A parameter no loss
+        reached gets a zero gradient (every rank then joins the all_reduce, and AdamW steps
+        every parameter, as on a backward of TRL's one loss)."""
+        update = Update(loss=0.0)
+        for loss_fn, weight in zip(loss_fns, weights, strict=True):
+            with phase("forward"):
+                loss = loss_fn()
+            with phase("backward"):
+                (loss * weight).backward()
+            value = float(loss.detach())
+            update.loss += weight * value
+            update.question_losses.append(value)
+            update.question_grad_norms.append(None)
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         return update
 
     def clip_gradients(self) -> float:

@@ -1,9 +1,20 @@
-"""How a step's questions become its ledger and rollouts lines, forward (the trainer) and back
-(``verify``). A step of one question is its kind's record; a multi-question step
-(``questions_per_step`` Q > 1, the accum4 ablation) is not a kind of its own but a combination:
-one ``MultiQuestionRecord`` holding each question's record (its loss and gradient norm before
-unit scaling, no timings or engine counts: the Q questions are sampled in one batch, whose work
-is the step's), gathered over the ranks of a data-parallel run in question order."""
+"""How a step's questions are combined into its update and become its ledger and rollouts lines,
+forward (the trainer) and back (``verify``). A step of one question is its kind's record; a
+multi-question step (``questions_per_step`` Q > 1) is not a kind of its own but a combination,
+``combine_questions``:
+- ``unit_norm`` (the accum4 ablation): each contributing question's gradient scaled to unit L2
+  norm, the Q averaged (``OptimizerStepping.accumulate_unit_gradients``);
+- ``pooled`` (TRL's several prompts per optimizer step): one loss over all the step's
+  completions, sum_q c_q L_q with c_q = n_q / sum_r n_r (``pooled_weights``), n_q what question
+  q's own loss L_q averages over (``kind.loss_count``: its tokens under dapo, else its
+  completions), summed over every question of the step on every rank, zero-variance ones
+  included (they add tokens to dapo's count but no gradient, so they run no backward).
+  Under dapo that is TRL's sum over the step's tokens over their number, under grpo and dr_grpo
+  its mean over the step's completions.
+Either way one ``MultiQuestionRecord`` holds each question's record (its loss, and under
+unit_norm its gradient norm, before the combination; no timings or engine counts: the Q
+questions are sampled in one batch, whose work is the step's), gathered over the ranks of a
+data-parallel run in question order."""
 
 from __future__ import annotations
 
@@ -17,6 +28,16 @@ from rlvr_fast.train import distributed
 from rlvr_fast.train.decision import StepDecision, decide_step
 from rlvr_fast.train.kinds import Question, RecordInputs, StepKind
 from rlvr_fast.train.stepping import Update
+
+
+QUESTION_COMBINATIONS = ("unit_norm", "pooled")
+
+
+def pooled_weights(kind: StepKind, questions: list[Question], contributing: list[Question]):
+    """c_q = n_q / sum n of each ``contributing`` question (of this rank), the sum over every
+    question of the step on every rank (an all_reduce)."""
+    total = distributed.sum_over_ranks(sum(kind.loss_count(q) for q in questions))
+    return [kind.loss_count(q) / max(total, 1) for q in contributing]
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The study's task: a question in the study's prompt template; reward 1 when the last boxed
 answer grades correct against the problem's answer (with the derivation gate: and starts at or
-after ``gate_min_chars`` characters). A trainer asks its task for a step's prompt ids and
-rewards; ``rlvr_fast.trl_compat`` supplies TRL's reward functions instead."""
+after ``gate_min_chars`` characters). A trainer asks its task for each question's prompt ids
+and, once per step, for the rewards of all the step's questions (a task scoring in batches, as
+TRL's reward functions and reward models do, sees the whole step); ``rlvr_fast.trl_compat``
+supplies TRL's reward functions instead."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ class MathTask:
         return self.tokenizer.encode(render_prompt(problem.question))
 
     def rewards(
-        self, problem: Problem, texts: list[str], completions: list[list[int]]
-    ) -> list[float]:
+        self, problems: list[Problem], texts: list[list[str]], completions: list[list[list[int]]]
+    ) -> list[list[float]]:
+        """Each question's rewards: ``texts[q]`` and ``completions[q]`` are problem q's rollouts."""
+        return [self.question_rewards(p, t) for p, t in zip(problems, texts, strict=True)]
+
+    def question_rewards(self, problem: Problem, texts: list[str]) -> list[float]:
         answers = [final_answer(t, min_chars=self.gate_min_chars) for t in texts]
         return [float(ok) for ok in grade_many(answers, [problem.answer] * len(answers))]

@@ -14,7 +14,8 @@ Per step, for the next ``questions_per_step`` training questions (one by default
   4. the update (``rlvr_fast.train.stepping``): each question's loss (the kind's: the study's
      -(1/G) sum_i sum_t w_it log pi(y_t), eager sum-then-scale on arm 1, else the fused
      ``weighted_token_nll``), backward, clipping, AdamW; several questions average their unit
-     gradients (the accum4 ablation);
+     gradients (the accum4 ablation) or pool their losses over the step (TRL's several prompts
+     per step), as ``combine_questions`` says (``rlvr_fast.train.steps``);
   5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
      ``rlvr_fast.run.recorder``).
 Every ``checkpoint_every`` steps the components (weights, optimizer, RNG states, Polyak sums,
@@ -62,7 +63,12 @@ from rlvr_fast.train.memory_plan import plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
-from rlvr_fast.train.steps import StepResult, multi_question_step, single_question_step
+from rlvr_fast.train.steps import (
+    StepResult,
+    multi_question_step,
+    pooled_weights,
+    single_question_step,
+)
 from rlvr_fast.train.stepping import OptimizerStepping
 from rlvr_fast.train.task import MathTask
 from rlvr_fast.utils.phases import Phases, StepProfiler
@@ -265,7 +271,13 @@ class RLVRTrainer:
             zero_var_step=config.zero_var_step,
         )
         losses = [functools.partial(kind.loss, q) for q in (contributing if multi else questions)]
-        update = self.stepping.update(phase, decision, losses, unit_gradients=multi)
+        combination = config.combine_questions if multi else None
+        weights = None
+        if combination == "pooled":
+            weights = pooled_weights(kind, questions, contributing)
+        update = self.stepping.update(
+            phase, decision, losses, combination=combination, weights=weights
+        )
         self.active_steps += decision.active
         if multi:
             result = multi_question_step(kind, questions, step, decision, update, phase.seconds)

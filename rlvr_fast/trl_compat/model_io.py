@@ -1,6 +1,14 @@
-"""The policy a TRL script hands over: a local checkpoint path, or a ``transformers`` model whose
-weights are copied into our engine's model and copied back into it after training (so the
-caller's object is the trained one), and the tokenizer, ours or the caller's processing class."""
+"""The model and tokenizer a TRL script hands over, taken as TRL takes them.
+
+``model`` is a local checkpoint path (or "tiny") or a loaded ``transformers`` causal LM of an
+architecture rlvr_fast runs (Qwen3, Qwen2, Llama). Its weights go into rlvr_fast's model, which
+trains; ``trainer.model`` is a ``transformers`` model as TRL's is: the caller's, or for a path
+one built on the meta device (its config is there from the start, e.g. for a model card) and
+given real, trained weights whenever the policy is synced back (end of ``train()``,
+``save_model``). Without ``processing_class`` the tokenizer and its chat template are loaded
+from the model's directory, as TRL does, with the end-of-sequence token as pad token when the
+tokenizer has none.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,10 @@ import torch
 
 from rlvr_fast.models.checkpoint import build_model, packed_to_hf
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.policy import Policy, default_dtype, load_policy
+from rlvr_fast.models.policy import Policy, load_policy, resolve_model_path
 from rlvr_fast.models.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def is_transformers_model(model) -> bool:
@@ -22,14 +32,54 @@ def is_transformers_model(model) -> bool:
     )
 
 
-def load_trl_policy(model, processing_class, *, device: torch.device, bf16: bool | None) -> Policy:
-    """``model``: a path (or "tiny") or a ``transformers`` causal LM of a supported architecture
-    (Qwen3, Qwen2, Llama). ``bf16`` None picks bfloat16 on CUDA and float32 elsewhere."""
-    dtype = default_dtype(device) if bf16 is None else (torch.bfloat16 if bf16 else torch.float32)
+def policy_dtype(args, device: torch.device) -> torch.dtype:
+    """``model_init_kwargs["dtype"]`` when it names one, else bfloat16 on CUDA under bf16 and
+    float32 otherwise (the CPU computes in float32)."""
+    requested = (
+        (args.model_init_kwargs or {}).get("dtype")
+        if isinstance(args.model_init_kwargs, dict)
+        else None
+    )
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested not in (None, "auto"):
+        if requested not in DTYPES:
+            raise ValueError(f"model_init_kwargs dtype {requested!r}: use one of {list(DTYPES)}")
+        return DTYPES[requested]
+    return torch.bfloat16 if args.bf16 and device.type == "cuda" else torch.float32
+
+
+def model_directory(model) -> Path | None:
+    """The local directory a model path or a loaded model's config names, if any."""
+    if isinstance(model, (str, Path)):
+        return resolve_model_path(model)
+    name = getattr(model.config, "_name_or_path", "")
+    return Path(name) if name and Path(name).is_dir() else None
+
+
+def load_processing_class(model, processing_class):
+    """The caller's processing class, else ``AutoTokenizer`` over the model's directory."""
+    if processing_class is not None:
+        return processing_class
+    directory = model_directory(model)
+    if directory is None:
+        raise ValueError(
+            "processing_class is required for a model whose config names no local directory"
+        )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_trl_policy(model, processing_class, *, device: torch.device, dtype) -> Policy:
+    """rlvr_fast's policy from ``model`` (see the module docstring), with ``processing_class``'s
+    tokenizer."""
     if isinstance(model, (str, Path)):
         policy = load_policy(model, device=device, dtype=dtype)
-        if processing_class is not None:
-            policy.tokenizer = tokenizer_of(processing_class, policy.tokenizer.eos_token_ids)
+        policy.tokenizer = tokenizer_of(processing_class, policy.tokenizer.eos_token_ids)
         return policy
     if not is_transformers_model(model):
         raise TypeError(
@@ -38,23 +88,15 @@ def load_trl_policy(model, processing_class, *, device: torch.device, bf16: bool
     config = ModelConfig.from_hf_dict(model.config.to_dict())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     ours = build_model(config, dict(model.state_dict()), device=device, dtype=dtype, source=name)
-    if processing_class is None:
-        if not Path(name).is_dir():
-            raise ValueError(
-                "a transformers model needs processing_class (its tokenizer) unless "
-                "its config names a local checkpoint directory"
-            )
-        tokenizer = Tokenizer.from_directory(name)
-    else:
-        eos = (
-            model.generation_config.eos_token_id
-            if getattr(model, "generation_config", None)
-            else None
-        )
-        tokenizer = tokenizer_of(
-            processing_class, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        )
-    return Policy(model=ours, tokenizer=tokenizer, config=config, path=Path(name))
+    generation = getattr(model, "generation_config", None)
+    eos = generation.eos_token_id if generation is not None else None
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return Policy(
+        model=ours,
+        tokenizer=tokenizer_of(processing_class, eos_ids),
+        config=config,
+        path=Path(name),
+    )
 
 
 def tokenizer_of(processing_class, eos_token_ids: list[int]) -> Tokenizer:
@@ -68,6 +110,27 @@ def tokenizer_of(processing_class, eos_token_ids: list[int]) -> Tokenizer:
         eos.insert(0, processing_class.eos_token_id)
     pad = processing_class.pad_token_id
     return Tokenizer(backend, eos, eos[0] if pad is None else pad)
+
+
+def meta_transformers_model(directory: Path):
+    """A ``transformers`` model of the checkpoint's config with no weights (meta device)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def synced_transformers_model(policy: Policy, hf_model, directory: Path | None):
+    """``hf_model`` holding the policy's weights: copied in, after loading the checkpoint's
+    weights (buffers and all) when ``hf_model`` is still on the meta device."""
+    if next(hf_model.parameters()).device.type == "meta":
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=policy.dtype)
+        hf_model.to(policy.device)
+    copy_weights_to(policy, hf_model)
+    return hf_model
 
 
 def copy_weights_to(policy: Policy, hf_model) -> None:

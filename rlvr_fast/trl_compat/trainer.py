@@ -1,452 +1,417 @@
-"""``GRPOTrainer``: TRL's constructor, ``train()``, ``save_model()``, ``state.log_history`` and
-callbacks, on rlvr_fast's engine and trainer (``rlvr_fast.train.trainer.RLVRTrainer``).
+"""``GRPOTrainer``: TRL's constructor and the ``Trainer`` surface scripts use, on rlvr_fast's
+engine and trainer (``rlvr_fast.train.trainer.RLVRTrainer``, driven a step at a time through
+``step_on``).
 
-Each optimizer step takes the next prompt (TRL's order: a ``torch.randperm`` per epoch from a
-generator seeded with ``seed``), samples ``num_generations`` completions on the rollout engine
-(the prompt prefilled once and forked), scores them with the reward functions, and steps with
-TRL's loss at one update per generation, where the clipped ratio is exactly 1:
+Each optimizer step takes the next ``args.prompts_per_step`` prompts (TRL's order: a
+``torch.randperm`` per epoch from a generator seeded with ``seed``, cut into steps, an
+incomplete last step dropped), samples ``num_generations`` completions of each on the rollout
+engine in one batch (each prompt prefilled once and forked), scores them with the reward
+functions in one call, and steps with TRL's loss at one update per generation, where the
+clipped ratio is exactly 1:
 
-    loss = -sum_i sum_t A_i s_i log pi_T(y_it) / G,   pi_T = softmax(logits / temperature)
+    loss = -sum_q c_q sum_i sum_t A_i s_i log pi_T(y_it) / G,   pi_T = softmax(logits / T)
 
-with s_i the normaliser of ``loss_type`` (``rlvr_fast.train.losses.sequence_scales``: grpo 1/|o_i|,
-dapo and bnpo G / sum_j |o_j|, dr_grpo 1/max_completion_length) and A_i TRL's advantages
-(``scale_rewards``). ``loss_type="sum"`` is the study's loss instead: s_i = 1 on untempered
-log-probabilities. Zero-variance groups (every A_i = 0, so TRL's gradient is exactly zero) skip
-the forward and backward and take the zero-gradient AdamW step, the same update bit for bit
-(``skip_zero_variance_backward=False`` runs TRL's backward instead). ``arm=`` applies a study
-arm's preset (its gate, stepping rule and sampler) on top.
+with s_i the normaliser of ``loss_type`` (``rlvr_fast.train.losses.sequence_scales``) and c_q
+the pooling of the step's prompts (``rlvr_fast.train.steps.pooled_weights``): dapo divides by
+all the step's tokens, grpo and dr_grpo average over all its completions, as TRL over a
+generation batch. A_i are TRL's advantages (``scale_rewards`` group, batch or none).
+``loss_type="sum"`` is the study's loss instead: s_i = 1 on untempered log-probabilities.
+Zero-variance groups (every A_i = 0, so TRL's gradient from them is exactly zero) run no
+forward or backward; a step whose groups all agree takes the zero-gradient AdamW step, the same
+update bit for bit. ``arm=`` applies a study arm's preset (its gate, stepping rule and sampler).
 
-Logged as TRL logs them (means over the logging window): loss (TRL's surrogate value,
--sum_it w_it), grad_norm, learning_rate, num_tokens, completions/*, rewards/NAME/mean|std,
-reward, reward_std, frac_reward_zero_std, entropy, clip_ratio/* (0: the ratio is 1),
-step_time, epoch; at the end train_runtime, train_samples_per_second,
-train_steps_per_second, total_flos (the study's Full FLOPs), train_loss. ``entropy`` is logged
-as None (TRL's value for a metric without data): the fused loss never forms the per-token
-distribution, and computing it would cost a second pass over the LM head.
+The loop is transformers' (``TrainerState``, ``TrainerControl``, ``DefaultFlowCallback`` deciding
+when to log, evaluate and save, ``ProgressCallback`` / ``PrinterCallback`` printing the logs,
+the ``report_to`` integrations, the caller's callbacks); metrics are TRL's
+(``rlvr_fast.trl_compat.reporting``), evaluations TRL's (``...evaluation``), checkpoints
+transformers' ``checkpoint-N`` (``...checkpoints``), resumed bit for bit.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
-from tqdm import tqdm
 
-from rlvr_fast.train.arms import arm_settings
-from rlvr_fast.utils.files import files_into, replaced_directory
+from rlvr_fast.train import distributed
 from rlvr_fast.train.trainer import RLVRTrainer
-from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.losses import sequence_scales
-from rlvr_fast.credit.group import standardised_advantages
+from rlvr_fast.trl_compat import checkpoints
+from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
-from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
-from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
-
-CLIP_RATIO_KEYS = (
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_max",
+from rlvr_fast.trl_compat.evaluation import evaluate_dataset
+from rlvr_fast.trl_compat.model_io import (
+    is_transformers_model,
+    load_processing_class,
+    load_trl_policy,
+    meta_transformers_model,
+    model_directory,
+    policy_dtype,
+    synced_transformers_model,
+)
+from rlvr_fast.trl_compat.reporting import (
+    CompletionsLog,
+    group_advantages,
+    step_metrics,
+    window_means,
+)
+from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, RewardModel, callable_name
+from rlvr_fast.utils.files import files_into
+from rlvr_fast.trl_compat.run_setup import (
+    dataset_rows,
+    eval_datasets,
+    model_card,
+    refuse_unsupported_arguments,
+    train_config,
 )
 
 
-@dataclass
-class TrainerState:
-    """The fields of ``transformers.TrainerState`` callbacks and scripts read."""
-
-    global_step: int = 0
-    max_steps: int = 0
-    epoch: float = 0.0
-    num_train_epochs: float = 0.0
-    logging_steps: int = 0
-    save_steps: int = 0
-    train_batch_size: int = 0
-    num_input_tokens_seen: int = 0
-    total_flos: float = 0.0
-    log_history: list[dict] = field(default_factory=list)
-    is_world_process_zero: bool = True
-    is_local_process_zero: bool = True
-
-
-@dataclass
-class TrainerControl:
-    """``transformers.TrainerControl``: callbacks set these to steer the loop."""
-
-    should_training_stop: bool = False
-    should_epoch_stop: bool = False
-    should_save: bool = False
-    should_evaluate: bool = False
-    should_log: bool = False
-
-
-class TrainOutput(NamedTuple):
-    global_step: int
-    training_loss: float
-    metrics: dict
-
-
-class LRSchedule:
-    """transformers' schedulers of these names (linear, constant, constant_with_warmup,
-    cosine), setting each group's lr before a step. Not a torch LRScheduler: those count
-    ``optimizer.step()`` calls, and zero-gradient steps advance AdamW without one."""
-
-    def __init__(self, optimizer, kind: str, warmup: int, total: int) -> None:
-        self.optimizer, self.kind, self.warmup, self.total = optimizer, kind, warmup, total
-        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
-        self.last_step = 0
-        self._apply()
-
-    def factor(self, step: int) -> float:
-        if step < self.warmup:
-            return step / max(1, self.warmup)
-        if self.kind in ("constant", "constant_with_warmup"):
-            return 1.0
-        progress = (step - self.warmup) / max(1, self.total - self.warmup)
-        if self.kind == "linear":
-            return max(0.0, 1.0 - progress)
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-    def step(self) -> None:
-        self.last_step += 1
-        self._apply()
-
-    def get_last_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
-
-    def _apply(self) -> None:
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * self.factor(self.last_step)
-
-
-def dataset_rows(dataset, remove_unused_columns: bool) -> list[dict]:
-    """Rows of a ``datasets.Dataset`` or a list of dicts, each with a ``prompt``."""
-    if dataset is None:
-        raise ValueError("train_dataset is required")
-    rows = [dict(row) for row in dataset]
-    if not rows:
-        raise ValueError("train_dataset is empty")
-    for index, row in enumerate(rows):
-        if "prompt" not in row:
-            raise ValueError(f"train_dataset row {index} has no 'prompt' column")
-    if remove_unused_columns:
-        rows = [{"prompt": row["prompt"]} for row in rows]
-    return rows
-
-
-def train_config(args: GRPOConfig, max_steps: int) -> TrainConfig:
-    """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
-    study_loss = args.loss_type == "sum"
-    settings = dict(
-        steps=max_steps,
-        seed=args.seed,
-        group_size=args.num_generations,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_completion_length,
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm or None,
-        loss_order="token_weighted",
-        loss_type="dapo" if args.loss_type == "bnpo" else args.loss_type,
-        scale_rewards=args.scale_rewards != "none",
-        tempered_logprobs=not study_loss,
-        mask_truncated=args.mask_truncated_completions,
-        skip_zero_var=args.skip_zero_variance_backward,
-        zero_var_step="zero_grad",
-        fused_zero_grad_step=args.fused_zero_grad_step,
-        eval_before=False,
-        t_min=args.tree_t_min,
-        t_max=args.tree_t_max,
-    )
-    if args.arm is not None:
-        preset = arm_settings(args.arm)
-        if preset.get("sampler") == "parallel":
-            raise ValueError(
-                f"GRPOConfig: arm {args.arm!r} votes on graded answers; reward "
-                "functions cannot drive parallel-path arms"
-            )
-        if not study_loss:
-            # TRL's loss types weight every token; the arm's sum-then-scale order is the study's.
-            preset.pop("loss_order", None)
-        settings.update(preset)
-    if args.tree:
-        settings.update(
-            sampler="tree", bifurcate_after_active=settings.get("bifurcate_after_active", 0)
-        )
-    if settings.get("sampler") == "tree":
-        if not study_loss or args.scale_rewards == "none" or args.mask_truncated_completions:
-            raise ValueError(
-                "GRPOConfig: tree rollouts weight tokens by TreeRL credit; set "
-                "loss_type='sum' with scale_rewards on and no "
-                "mask_truncated_completions"
-            )
-        settings["tree_k"] = args.num_generations // 2
-    if args.bf16 is not None:
-        # TRL's (Hugging Face Trainer's) bf16 is mixed precision over fp32 weights.
-        settings["precision"] = "bf16-mixed" if args.bf16 else "fp32"
-    return TrainConfig(**settings)
-
-
 class GRPOTrainer:
-    """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset,
-    processing_class, callbacks)`` on rlvr_fast (see the module docstring)."""
+    """TRL 1.16's ``GRPOTrainer`` on rlvr_fast (see the module docstring)."""
 
     def __init__(
         self,
         model,
-        reward_funcs,
+        reward_funcs=None,
         args: GRPOConfig | None = None,
         train_dataset=None,
         eval_dataset=None,
         processing_class=None,
+        reward_processing_classes=None,
         callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
     ) -> None:
+        from transformers import TrainerControl, TrainerState
+
+        refuse_unsupported_arguments(
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
         if args is None:
-            name = Path(str(model)).name if isinstance(model, (str, Path)) else type(model).__name__
-            args = GRPOConfig(f"{name}-GRPO")
-        self.args = args
-        self.hf_model = model if is_transformers_model(model) else None
-        self.processing_class = processing_class
-        self.eval_dataset = eval_dataset
-        self.callbacks = list(callbacks or [])
+            name = str(model) if isinstance(model, (str, Path)) else model.config._name_or_path
+            args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+        if not isinstance(args, GRPOConfig):
+            raise TypeError(f"args must be rlvr_fast's GRPOConfig, got {type(args).__name__}")
+        self.args, self.hub_model_id = args, args.hub_model_id
         device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
-        self.policy = load_trl_policy(model, processing_class, device=device, bf16=args.bf16)
-        self.model = self.hf_model if self.hf_model is not None else self.policy.model
+        self.accelerator = Accelerator(device)
+        self.processing_class = load_processing_class(model, processing_class)
+        self.policy = load_trl_policy(
+            model, self.processing_class, device=device, dtype=policy_dtype(args, device)
+        )
+        self.model_dir = model_directory(model)
+        self.model = model if is_transformers_model(model) else None
+        if self.model is None:
+            self.model = meta_transformers_model(self.model_dir)
 
         funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        if not funcs or not all(callable(f) for f in funcs):
-            raise TypeError("reward_funcs must be a callable or a list of callables")
-        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(funcs)
-        if len(weights) != len(funcs):
+        processors = reward_processing_classes
+        processors = processors if isinstance(processors, list) else [processors] * len(funcs)
+        self.reward_funcs = [
+            f if callable(f) and not is_transformers_model(f) else RewardModel(f, p, device)
+            for f, p in zip(funcs, processors)
+        ]
+        if not self.reward_funcs or reward_funcs is None:
+            raise ValueError("reward_funcs is required: a callable, a model path, or a list")
+        weights = args.reward_weights or [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
             raise ValueError(
                 f"number of reward weights ({len(weights)}) must match number of "
-                f"reward functions ({len(funcs)})"
+                f"reward functions ({len(self.reward_funcs)})"
             )
-        self.reward_func_names = [callable_name(f) for f in funcs]
+        self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
 
-        self.rows = dataset_rows(train_dataset, args.remove_unused_columns)
-        self.steps_per_epoch = len(self.rows)
-        max_steps = (
-            args.max_steps
-            if args.max_steps > 0
-            else math.ceil(args.num_train_epochs * self.steps_per_epoch)
-        )
+        self.rows = dataset_rows(train_dataset, args.remove_unused_columns, "train_dataset")
+        self.prompts_per_step = args.prompts_per_step
+        self.steps_per_epoch = len(self.rows) // self.prompts_per_step
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"train_dataset has {len(self.rows)} prompts, fewer than one step's "
+                f"{self.prompts_per_step} (generation_batch_size / num_generations)"
+            )
+        max_steps = args.max_steps
+        if max_steps <= 0:
+            max_steps = math.ceil(args.num_train_epochs * self.steps_per_epoch)
         self.state = TrainerState(
             max_steps=max_steps,
             num_train_epochs=math.ceil(max_steps / self.steps_per_epoch),
             train_batch_size=args.per_device_train_batch_size,
             logging_steps=args.resolve_steps(args.logging_steps, max_steps),
+            eval_steps=args.resolve_steps(args.eval_steps or args.logging_steps, max_steps),
             save_steps=args.resolve_steps(args.save_steps, max_steps),
+            is_world_process_zero=distributed.is_main(),
+            is_local_process_zero=distributed.is_main(),
         )
         self.control = TrainerControl()
         self._metrics: dict[str, list] = {}
-        config = train_config(args, max_steps)
-        self.task = RewardFunctionsTask(
-            self.rows,
-            funcs,
-            weights,
-            self._encode_prompt,
-            gate_min_chars=config.gate_min_chars,
-            trainer_state=self.state,
-            log_metric=self._record,
-        )
+        config = train_config(args, max_steps, self.prompts_per_step)
+        self.task = self._task(self.rows, config.gate_min_chars)
+        self.eval_tasks = {
+            name: (self._task(rows, config.gate_min_chars), len(rows))
+            for name, rows in eval_datasets(eval_dataset, args.remove_unused_columns).items()
+        }
+        if args.strategy("eval_strategy") != "no" and not self.eval_tasks:
+            raise ValueError(f"eval_strategy={args.strategy('eval_strategy')!r} needs eval_dataset")
         # The ledger is a run directory of its own, which save_model never writes into.
-        out_dir = Path(args.output_dir) / "ledger" if args.ledger else None
+        ledger_dir = Path(args.output_dir) / "ledger" if args.ledger else None
         self.trainer = RLVRTrainer(
             self.policy,
             config,
             self.task.problems(),
-            out_dir=out_dir,
+            out_dir=ledger_dir,
             progress=False,
             task=self.task,
         )
         self.optimizer = self.trainer.optimizer
-        self.lr_scheduler = LRSchedule(
-            self.optimizer, args.lr_scheduler_type, args.warmup(max_steps), max_steps
+        self.lr_scheduler = self._scheduler(max_steps)
+        self.completions_log = (
+            CompletionsLog(
+                Path(args.output_dir) / "completions",
+                self.reward_func_names,
+                args.num_completions_to_print,
+                args.log_unique_prompts,
+            )
+            if args.log_completions
+            else None
         )
-        self.order = torch.Generator().manual_seed(args.seed)
-        self._tensorboard = self._open_tensorboard() if "tensorboard" in args.report_to else None
-        self._callback("on_init_end")
+        self.callback_handler = self._callback_handler(callbacks)
+        self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+
+    def _task(self, rows: list[dict], gate_min_chars) -> RewardFunctionsTask:
+        return RewardFunctionsTask(
+            rows,
+            self.reward_funcs,
+            self.args.reward_weights or [1.0] * len(self.reward_funcs),
+            self._encode_prompt,
+            gate_min_chars=gate_min_chars,
+            trainer_state=self.state,
+            log_metric=self._record,
+            log_extra=lambda column, values: None,
+            normalize_each=self.args.multi_objective_aggregation == "normalize_then_sum",
+        )
+
+    def _scheduler(self, max_steps: int):
+        from transformers import get_scheduler
+
+        return get_scheduler(
+            self.args.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=self.args.warmup(max_steps),
+            num_training_steps=max_steps,
+            scheduler_specific_kwargs=self.args.lr_scheduler_kwargs or {},
+        )
+
+    def _callback_handler(self, callbacks):
+        from transformers.integrations import get_reporting_integration_callbacks
+        from transformers.trainer_callback import (
+            CallbackHandler,
+            DefaultFlowCallback,
+            PrinterCallback,
+            ProgressCallback,
+        )
+
+        reporting = get_reporting_integration_callbacks(self.args.report_to)
+        handler = CallbackHandler(
+            [DefaultFlowCallback, *reporting, *(callbacks or [])],
+            self.model,
+            self.processing_class,
+            self.optimizer,
+            self.lr_scheduler,
+        )
+        handler.add_callback(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
+        return handler
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
 
     # ------------------------------------------------------------------ the loop
-    def train(self) -> TrainOutput:
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """transformers' loop: on_train_begin, per step on_step_begin, one rlvr_fast step,
+        on_step_end, then log / evaluate / save as the flow callback says (and at each epoch's
+        end); finally the train metrics and on_train_end."""
+        from transformers.trainer_utils import TrainOutput, speed_metrics
+
         args, state = self.args, self.state
-        started = time.perf_counter()
-        losses, flops = [], 0.0
-        self._callback("on_train_begin")
-        order: list[int] = []
-        progress = tqdm(
-            total=state.max_steps, desc="train", unit="step", disable=bool(args.disable_tqdm)
-        )
+        checkpoint = checkpoints.resolve_checkpoint(resume_from_checkpoint, Path(args.output_dir))
+        if checkpoint is not None:
+            self._resume(checkpoint)
+        first_step, started = state.global_step, time.time()
+        self._loss_total, self._last_logged = 0.0, state.global_step
+        self.control = self.callback_handler.on_train_begin(args, state, self.control)
+        if args.eval_on_start and self.eval_tasks:
+            self.evaluate()
         while state.global_step < state.max_steps and not self.control.should_training_stop:
-            if not order:
-                order = self._epoch_order()
-            index = order.pop(0)
-            self._callback("on_step_begin")
-            step_started = time.perf_counter()
-            lr = self.optimizer.param_groups[0]["lr"]
-            result = self.trainer.step_on(state.global_step, [self.trainer.train_data[index]])
-            self.lr_scheduler.step()
-            loss = self._record_step(result.record, time.perf_counter() - step_started)
-            losses.append(loss)
-            flops += result.record["flops_full"]
-            state.global_step += 1
-            state.epoch = state.global_step / self.steps_per_epoch
-            progress.update(1)
-            self._callback("on_step_end")
-            if self._should_log():
-                self._log({**self._window_means(), "learning_rate": lr})
-            if args.save_strategy == "steps" and state.global_step % state.save_steps == 0:
-                self._save_checkpoint()
-        progress.close()
-        runtime = time.perf_counter() - started
-        state.total_flos = flops
-        metrics = {
-            "train_runtime": round(runtime, 4),
-            "train_samples_per_second": round(
-                state.global_step * args.num_generations / runtime, 3
-            ),
-            "train_steps_per_second": round(state.global_step / runtime, 3),
-            "total_flos": flops,
-            "train_loss": sum(losses) / max(1, len(losses)),
-        }
-        self._log(dict(metrics))
+            position = state.global_step % self.steps_per_epoch
+            if position == 0:
+                self.control = self.callback_handler.on_epoch_begin(args, state, self.control)
+            self._train_step()
+            self.control = self.callback_handler.on_step_end(args, state, self.control)
+            self._maybe_log_save_evaluate()
+            if position + 1 == self.steps_per_epoch:
+                self.control = self.callback_handler.on_epoch_end(args, state, self.control)
+                self._maybe_log_save_evaluate()
+        steps = state.global_step - first_step
+        metrics = speed_metrics(
+            "train",
+            started,
+            num_samples=steps * self.prompts_per_step * args.num_generations,
+            num_steps=steps,
+        )
+        metrics["total_flos"] = state.total_flos
+        metrics["train_loss"] = self._loss_total / max(steps, 0.001)
+        self.log(dict(metrics))
         self.trainer.close()
-        if self.hf_model is not None:
-            copy_weights_to(self.policy, self.hf_model)
-        self._callback("on_train_end")
+        self._sync_model()
+        self.control = self.callback_handler.on_train_end(args, state, self.control)
         return TrainOutput(state.global_step, metrics["train_loss"], metrics)
 
-    def _epoch_order(self) -> list[int]:
+    def _train_step(self) -> None:
+        state = self.state
+        self.control = self.callback_handler.on_step_begin(self.args, state, self.control)
+        started = time.perf_counter()
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        result = self.trainer.step_on(state.global_step, self._step_problems(state.global_step))
+        with warnings.catch_warnings():
+            # torch warns when a schedule steps before optimizer.step(); zero-gradient AdamW
+            # steps (the fused kernel) advance the moments without calling it.
+            warnings.simplefilter("ignore", UserWarning)
+            self.lr_scheduler.step()
+        state.global_step += 1
+        state.epoch = state.global_step / self.steps_per_epoch
+        state.total_flos += result.record["flops_full"]
+        self._record_step(time.perf_counter() - started)
+        self._grad_norm = result.record["grad_norm"] or 0.0
+        self._learning_rate = learning_rate
+
+    def _step_problems(self, step: int) -> list:
+        """The prompts of optimizer step ``step``: its slice of its epoch's order."""
+        epoch, position = divmod(step, self.steps_per_epoch)
+        order = self._epoch_order(epoch)
+        first = position * self.prompts_per_step
+        return [self.trainer.train_data[i] for i in order[first : first + self.prompts_per_step]]
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s prompt order: TRL's RepeatSampler draws one randperm per epoch from
+        one generator seeded with ``seed`` (replayed here, so a resumed run reads the same)."""
         if not self.args.shuffle_dataset:
             return list(range(len(self.rows)))
-        return torch.randperm(len(self.rows), generator=self.order).tolist()
+        cached = getattr(self, "_order", None)
+        if cached is None or cached[0] != epoch:
+            generator = torch.Generator().manual_seed(self.args.seed)
+            for _ in range(epoch + 1):
+                order = torch.randperm(len(self.rows), generator=generator).tolist()
+            self._order = (epoch, order)
+        return self._order[1]
 
-    def _should_log(self) -> bool:
-        if self.args.logging_strategy == "no":
-            return False
-        step = self.state.global_step
-        return (
-            step % self.state.logging_steps == 0
-            or step == self.state.max_steps
-            or (step == 1 and self.args.logging_first_step)
-        )
+    def _maybe_log_save_evaluate(self) -> None:
+        control, state = self.control, self.state
+        if control.should_log and state.global_step > self._last_logged:
+            logs = self._window()
+            self._last_logged = state.global_step
+            self.log(
+                {
+                    "loss": logs.pop("loss"),
+                    "grad_norm": self._grad_norm,
+                    "learning_rate": self._learning_rate,
+                    **logs,
+                }
+            )
+        if control.should_evaluate:
+            self.evaluate()
+        if control.should_save:
+            self._save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, state, self.control)
 
-    # ------------------------------------------------------------------ metrics
+    # ------------------------------------------------------------------ metrics and logs
     def _record(self, name: str, value) -> None:
         self._metrics.setdefault(name, []).append(value)
 
-    def _record_step(self, record: dict, seconds: float) -> float:
-        """Record one step's TRL metrics; returns its loss as TRL logs it."""
-        scored = self.task.last
-        lengths = [len(ids) for ids in scored.completion_ids]
-        eos = set(self.policy.tokenizer.eos_token_ids) | {self.policy.tokenizer.pad_token_id}
-        truncated = [ids[-1] not in eos for ids in scored.completion_ids]
-        terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
-        self.state.num_input_tokens_seen += record["prompt_len"] * len(lengths) + sum(lengths)
+    def _record_step(self, seconds: float) -> None:
+        groups = self.task.groups
         config = self.trainer.config
-        advantages, sigma = standardised_advantages(
-            scored.rewards.tolist(), scale=config.scale_rewards
+        self.state.num_input_tokens_seen += sum(
+            len(self.task.encoded[g.row]) * len(g.completion_ids)
+            + sum(len(c) for c in g.completion_ids)
+            for g in groups
         )
-        scales = sequence_scales(
-            lengths,
-            config.loss_type,
-            config.max_new_tokens,
-            truncated if config.mask_truncated else None,
+        values = step_metrics(
+            groups,
+            config,
+            self._eos_ids(),
+            self.reward_func_names,
+            self.state.num_input_tokens_seen,
         )
-        # TRL's loss value: the surrogate -sum_it A_i s_i / G at ratio 1.
-        loss = -float((advantages * scales * torch.tensor(lengths)).sum()) / len(lengths)
-        values = {
-            "loss": loss,
-            "grad_norm": record["grad_norm"] or 0.0,
-            "num_tokens": float(self.state.num_input_tokens_seen),
-            "completions/mean_length": sum(lengths) / len(lengths),
-            "completions/min_length": float(min(lengths)),
-            "completions/max_length": float(max(lengths)),
-            "completions/clipped_ratio": sum(truncated) / len(truncated),
-            "completions/mean_terminated_length": sum(terminated) / len(terminated),
-            "completions/min_terminated_length": float(min(terminated)),
-            "completions/max_terminated_length": float(max(terminated)),
-        }
-        for index, name in enumerate(self.reward_func_names):
-            column = scored.per_function[:, index]
-            values[f"rewards/{name}/mean"] = nan_mean(column)
-            values[f"rewards/{name}/std"] = nan_std(column)
-        values.update(
-            {
-                "reward": nan_mean(scored.rewards),
-                "reward_std": nan_std(scored.rewards),
-                "frac_reward_zero_std": float(sigma == 0.0),
-                "entropy": None,
-            }
-        )
-        values.update({key: 0.0 for key in CLIP_RATIO_KEYS})
+        self._loss_total += values["loss"]
         values["step_time"] = seconds
         for name, value in values.items():
             self._record(name, value)
-        return loss
-
-    def _window_means(self) -> dict:
-        """The window's metrics as TRL logs them: means over steps (None and NaN left out; a
-        metric with no value is None), num_tokens the running total."""
-        logs = {}
-        for name, values in self._metrics.items():
-            valid = [v for v in values if v is not None and not math.isnan(v)]
-            logs[name] = (
-                (valid[-1] if name == "num_tokens" else sum(valid) / len(valid)) if valid else None
+        if self.completions_log is not None:
+            self.completions_log.add(
+                self.state.global_step, groups, group_advantages(groups, config)
             )
+
+    def _eos_ids(self) -> set[int]:
+        tokenizer = self.policy.tokenizer
+        return set(tokenizer.eos_token_ids) | {tokenizer.pad_token_id}
+
+    def _window(self) -> dict:
+        logs = window_means(self._metrics)
         self._metrics = {}
         return logs
 
-    def _log(self, logs: dict) -> None:
-        logs = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
-        self.state.log_history.append(logs)
-        if self._tensorboard is not None:
-            for name, value in logs.items():
-                if isinstance(value, (int, float)) and name != "step":
-                    self._tensorboard.add_scalar(f"train/{name}", value, self.state.global_step)
-        self._callback("on_log", logs=logs)
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        """transformers' ``Trainer.log``: epoch and step added, appended to log_history, handed
+        to the callbacks (which print and report it); the completions table after it."""
+        logs = {**logs, "epoch": self.state.epoch}
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+        if self.completions_log is not None and distributed.is_main():
+            self.completions_log.flush(self.state.global_step)
 
-    def _open_tensorboard(self):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:
-            raise ImportError("report_to='tensorboard' needs the tensorboard package") from err
-        return SummaryWriter(str(Path(self.args.output_dir) / "runs"))
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """Evaluate every eval dataset (``rlvr_fast.trl_compat.evaluation``), log and return the
+        metrics (a dict of eval datasets adds their names to the prefix, as transformers)."""
+        if eval_dataset is not None:
+            rows = eval_datasets(eval_dataset, self.args.remove_unused_columns)
+            tasks = {k: (self._task(v, self.task.gate_min_chars), len(v)) for k, v in rows.items()}
+        else:
+            tasks = self.eval_tasks
+        if not tasks:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        metrics = {}
+        for name, (task, rows) in tasks.items():
+            prefix = metric_key_prefix if name == "" else f"{metric_key_prefix}_{name}"
+            metrics.update(evaluate_dataset(self, task, rows, prefix, self.state.global_step))
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics=metrics
+        )
+        return metrics
 
-    def _callback(self, event: str, **kwargs) -> None:
-        for callback in self.callbacks:
-            hook = getattr(callback, event, None)
-            if hook is not None:
-                hook(
-                    self.args,
-                    self.state,
-                    self.control,
-                    model=self.model,
-                    processing_class=self.processing_class,
-                    optimizer=self.optimizer,
-                    lr_scheduler=self.lr_scheduler,
-                    **kwargs,
-                )
-
-    # ------------------------------------------------------------------ prompts and saving
+    # ------------------------------------------------------------------ prompts
     def _encode_prompt(self, prompt) -> list[int]:
         """Prompt ids as TRL makes them: the processing class's chat template for a message
-        list, its tokenizer (else ours) for text; the last max_prompt_length kept."""
+        list, its tokenizer for text; the last max_prompt_length kept."""
+        from rlvr_fast.trl_compat.rewards import is_conversational
+
         if is_conversational(prompt):
-            if self.processing_class is None:
-                raise ValueError(
-                    "conversational prompts need processing_class (a tokenizer "
-                    "with a chat template)"
-                )
             ids = self.processing_class.apply_chat_template(
                 [prompt],
                 add_generation_prompt=True,
@@ -454,47 +419,108 @@ class GRPOTrainer:
                 return_dict=True,
                 **(self.args.chat_template_kwargs or {}),
             )["input_ids"][0]
-        elif self.processing_class is not None:
-            ids = self.processing_class(text=prompt)["input_ids"]
         else:
-            ids = self.policy.tokenizer.encode(prompt)
+            ids = self.processing_class(text=prompt)["input_ids"]
         ids = list(ids)
         if self.args.max_prompt_length is not None:
             ids = ids[-self.args.max_prompt_length :]
         return ids
 
-    def save_model(self, output_dir: str | None = None) -> None:
-        """The trained weights as a Hugging Face directory (config, safetensors, tokenizer),
+    # ------------------------------------------------------------------ saving and resuming
+    def _sync_model(self) -> None:
+        """Give ``self.model`` (a transformers model) the policy's weights."""
+        self.model = synced_transformers_model(self.policy, self.model, self.model_dir)
+        self.callback_handler.model = self.model
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The trained model as a Hugging Face directory (config, safetensors, tokenizer),
         written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
         whole."""
+        if not distributed.is_main():
+            return
         with files_into(Path(output_dir or self.args.output_dir)) as staging:
             self._write_model(staging)
 
     def _write_model(self, directory: Path) -> None:
-        if self.hf_model is not None:
-            copy_weights_to(self.policy, self.hf_model)
-            self.hf_model.save_pretrained(directory)
-        else:
-            self.policy.write_files(directory)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(directory)
+        self._sync_model()
+        self.model.save_pretrained(directory)
+        self.processing_class.save_pretrained(directory)
 
     def _save_checkpoint(self) -> None:
-        """OUTPUT_DIR/checkpoint-STEP: the model and trainer_state.json, swapped in whole."""
-        directory = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
-        with replaced_directory(directory) as staging:
-            self._write_model(staging)
-            (staging / "trainer_state.json").write_text(
-                json.dumps(asdict(self.state), indent=2) + "\n", encoding="utf-8"
+        if not distributed.is_main():
+            return
+        write_state = None
+        if not self.args.save_only_model:
+            step, world = self.state.global_step, distributed.world_size()
+
+            def write_state(path: Path) -> None:
+                self.trainer.checkpointer.save(path, step, world)
+
+        output_dir = Path(self.args.output_dir)
+        checkpoints.write_checkpoint(
+            output_dir, self.state.global_step, self._write_model, write_state, self.state
+        )
+        checkpoints.rotate(output_dir, self.args.save_total_limit)
+
+    def _resume(self, checkpoint: Path) -> None:
+        """Continue from ``checkpoint``: the trainer state, every component's state, and the
+        schedule stepped to the checkpoint's step."""
+        from transformers import TrainerState
+
+        if self.args.ledger:
+            raise ValueError(
+                "resume_from_checkpoint: a run with ledger=True resumes through its ledger "
+                "directory (rlvr-fast train --resume), not from checkpoint-N"
             )
-        self._callback("on_save")
+        saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
+        step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
+        if step != saved.global_step:
+            raise ValueError(
+                f"{checkpoint}: state of step {step}, trainer state of step {saved.global_step}"
+            )
+        for name in ("global_step", "epoch", "log_history", "num_input_tokens_seen", "total_flos"):
+            setattr(self.state, name, getattr(saved, name))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(step):
+                self.lr_scheduler.step()
 
+    # ------------------------------------------------------------------ the Trainer surface
+    def is_world_process_zero(self) -> bool:
+        return distributed.is_main()
 
-def nan_mean(values: torch.Tensor) -> float:
-    return float(values.nanmean())
+    def is_local_process_zero(self) -> bool:
+        return distributed.is_main()
 
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        from transformers.trainer_pt_utils import log_metrics
 
-def nan_std(values: torch.Tensor) -> float:
-    """Bessel-corrected std of the non-NaN values (NaN with fewer than two), as TRL's nanstd."""
-    valid = values[~values.isnan()]
-    return float(valid.std()) if valid.numel() > 1 else float("nan")
+        log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        from transformers.trainer_pt_utils import save_metrics
+
+        save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> None:
+        from transformers.trainer_pt_utils import save_state
+
+        save_state(self)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs) -> None:
+        """A README.md model card in output_dir: base model, datasets, tags, the settings."""
+        if not distributed.is_main():
+            return
+        path = Path(self.args.output_dir) / "README.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(model_card(self, model_name, dataset_name, tags), encoding="utf-8")
+
+    def push_to_hub(self, *args, **kwargs):
+        raise RuntimeError(
+            "push_to_hub: rlvr_fast never contacts the Hub; save_model(DIR) writes a Hugging "
+            "Face directory to upload with huggingface_hub"
+        )
+
+    def end(self) -> None:
+        """TRL's ``trainer.end()``: finish the trackers and destroy the process group."""
+        self.accelerator.end_training()

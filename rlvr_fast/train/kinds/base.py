@@ -8,6 +8,7 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.credit(questions, phase)                    # question.credit: rewards and weights
     kind.contributes(question)                       # its rewards vary: its gradient counts
     kind.loss(question)                              # the forward pass of its loss
+    kind.loss_count(question)                        # what that loss averages over
     kind.record(step, question, ...)                 # its ledger record (checked)
     kind.rollouts_line(step, question)               # what verify re-derives the record from
     Kind.rederive(line, recorded, config, params, active_steps)   # verify's record
@@ -74,6 +75,8 @@ class StepKind(Protocol):
     def contributes(self, question: Question) -> bool: ...
 
     def loss(self, question: Question) -> torch.Tensor: ...
+
+    def loss_count(self, question: Question) -> int: ...
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord: ...
 

@@ -10,12 +10,13 @@ from typing import ClassVar
 
 import torch
 
-from rlvr_fast.credit.group import group_stats, standardised_advantages
+from rlvr_fast.credit.group import group_stats, scored_std, standardised_advantages
 from rlvr_fast.engine import EngineCounters, SamplingParams
 from rlvr_fast.ledger.records import StepRecord, flat_step_record
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.rollouts.trees import TreeRollout
+from rlvr_fast.train import distributed
 from rlvr_fast.train.kinds.base import (
     Question,
     RecordInputs,
@@ -86,34 +87,58 @@ class FlatKind:
             question.rollouts = Rollouts(tokens, out.counters)
 
     def credit(self, questions: list[Question], phase: Phases) -> None:
+        """Every question's rewards from one call of the task (the whole step's rollouts), then
+        its credit; with ``advantage_std`` batch every group is scaled by the std of all the
+        step's rewards, over every rank."""
         with phase("reward"):
-            for question in questions:
-                question.credit = self.question_credit(question)
+            texts = [self.policy.tokenizer.decode_batch(q.rollouts.completions) for q in questions]
+            rewards = self.task.rewards(
+                [q.problem for q in questions], texts, [q.rollouts.completions for q in questions]
+            )
+            step_std = None
+            if self.config.advantage_std == "batch":
+                step_std = scored_std(
+                    [r for rank in distributed.all_gather(rewards) for q in rank for r in q]
+                )
+            for question, question_texts, question_rewards in zip(questions, texts, rewards):
+                question.credit = self.question_credit(
+                    question, question_texts, question_rewards, step_std
+                )
 
-    def graded(self, question: Question) -> tuple[list[str], list[float], list[int]]:
-        """Texts, rewards (the task's: the study's grading with the arm's derivation gate by
-        default) and lengths of a question's rollouts."""
-        completions = question.rollouts.completions
-        texts = self.policy.tokenizer.decode_batch(completions)
-        rewards = self.task.rewards(question.problem, texts, completions)
-        return texts, rewards, [len(c) for c in completions]
-
-    def question_credit(self, question: Question) -> QuestionCredit:
-        """The standardised advantage on every token of the group, scaled per sequence as
-        ``loss_type`` says."""
+    def question_credit(
+        self, question: Question, texts: list[str], rewards: list[float], step_std=None
+    ) -> QuestionCredit:
+        """The standardised advantage on every token of the group (scaled by ``step_std``, the
+        step's std, when given), scaled per sequence as ``loss_type`` says."""
         config = self.config
-        texts, rewards, lengths = self.graded(question)
-        advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
-        eos = self.policy.tokenizer.eos_token_ids
-        truncated = [c[-1] not in eos for c in question.rollouts.completions]
+        lengths = [len(c) for c in question.rollouts.completions]
+        advantages, sigma = standardised_advantages(
+            rewards, scale=config.scale_rewards, scale_std=step_std
+        )
         scales = sequence_scales(
             lengths,
             config.loss_type,
             config.max_new_tokens,
-            truncated if config.mask_truncated else None,
+            self.truncated(question) if config.mask_truncated else None,
         )
         weights = [(a * s).expand(n) for a, s, n in zip(advantages, scales, lengths)]
         return QuestionCredit(texts, rewards, lengths, sigma, advantages, weights)
+
+    def truncated(self, question: Question) -> list[bool]:
+        """Which completions were cut at the cap (they end on no end-of-sequence token)."""
+        eos = self.policy.tokenizer.eos_token_ids
+        return [c[-1] not in eos for c in question.rollouts.completions]
+
+    def loss_count(self, question: Question) -> int:
+        """What the question's loss is an average over, which a pooled multi-question step
+        re-normalises over the whole step (``rlvr_fast.train.steps.pooled_weights``): under
+        dapo its tokens (those of truncated completions left out with ``mask_truncated``), else
+        its completions."""
+        completions = question.rollouts.completions
+        if self.config.loss_type != "dapo":
+            return len(completions)
+        cut = self.truncated(question) if self.config.mask_truncated else [False] * len(completions)
+        return sum(len(c) for c, masked in zip(completions, cut) if not masked)
 
     def contributes(self, question: Question) -> bool:
         return question.credit.sigma != 0

@@ -162,6 +162,11 @@ class ParallelKind:
             step_credit.summary_weights,
         )
 
+    def loss_count(self, question: Question) -> int:
+        """The sequences ``parallel_grpo_loss`` averages over: paths and summaries."""
+        rollout: ParallelRollout = question.rollouts
+        return len(rollout.paths) + len(rollout.summaries)
+
     def stats(self, question: Question) -> ParallelStats:
         config, rollout = self.config, question.rollouts
         credit: ParallelCredit = question.credit.credit

@@ -63,12 +63,14 @@ class TreeKind(FlatKind):
         for question, tree in zip(questions, trees):
             question.rollouts = Rollouts(tree.leaves, tree.executed, tree)
 
-    def question_credit(self, question: Question) -> QuestionCredit:
+    def question_credit(
+        self, question: Question, texts: list[str], rewards: list[float], step_std=None
+    ) -> QuestionCredit:
         tree = question.rollouts.tree
         if tree is None:
-            return super().question_credit(question)
+            return super().question_credit(question, texts, rewards, step_std)
         config = self.config
-        texts, rewards, lengths = self.graded(question)
+        lengths = [len(c) for c in question.rollouts.completions]
         credit = tree_credit(
             [rewards[2 * k : 2 * k + 2] for k in range(len(tree.pairs))],
             tree.prefix_lens,

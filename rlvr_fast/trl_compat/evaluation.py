@@ -1,0 +1,60 @@
+"""TRL's evaluation of ``eval_dataset``: every eval prompt once, in TRL's order (a permutation
+from a generator seeded with ``seed``, the same at every evaluation), ``num_generations_eval``
+completions each, sampled as in training on the run's engine, in batches of
+per_device_eval_batch_size x world size completions; scored by the reward functions. Metrics
+carry TRL's names with the ``eval_`` prefix: eval_loss (the batches' mean of TRL's loss at ratio
+1), eval_runtime, eval_samples_per_second, eval_steps_per_second and the training metrics of
+``rlvr_fast.trl_compat.reporting`` (means over the batches). Evaluation draws from a generator
+of its own (seeded with ``seed`` and the step), so it leaves the training's sampling unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlvr_fast.engine import SamplingParams
+from rlvr_fast.rollouts.generation import sample_groups
+from rlvr_fast.trl_compat.reporting import step_metrics, window_means
+
+
+def eval_order(rows: int, seed: int) -> list[int]:
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def evaluate_dataset(
+    trainer, task, rows: int, prefix: str = "eval", step: int = 0
+) -> dict[str, float]:
+    """``prefix``_* metrics of one evaluation of ``task``'s ``rows`` prompts (module docstring)."""
+    args, policy, config = trainer.args, trainer.policy, trainer.trainer.config
+    group = args.num_generations_eval or args.num_generations
+    per_batch = max(1, args.per_device_eval_batch_size * args.world_size // group)
+    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+    generator = torch.Generator(device=policy.device).manual_seed(args.seed + step)
+    problems = task.problems()
+    order = eval_order(rows, args.seed)
+    started, batches, losses, metrics = time.perf_counter(), 0, [], {}
+    policy.model.eval()
+    eos = set(policy.tokenizer.eos_token_ids) | {policy.tokenizer.pad_token_id}
+    for start in range(0, rows, per_batch):
+        batch = [problems[i] for i in order[start : start + per_batch]]
+        prompts = [task.prompt_ids(p) for p in batch]
+        out = sample_groups(trainer.trainer.engine, prompts, group, sampling, generator=generator)
+        completions = [out.tokens[q * group : (q + 1) * group] for q in range(len(batch))]
+        texts = [policy.tokenizer.decode_batch(c) for c in completions]
+        task.rewards(batch, texts, completions)
+        values = step_metrics(
+            task.groups, config, eos, trainer.reward_func_names, trainer.state.num_input_tokens_seen
+        )
+        losses.append(values.pop("loss"))
+        for name, value in values.items():
+            metrics.setdefault(name, []).append(value)
+        batches += 1
+    runtime = time.perf_counter() - started
+    logs = {f"{prefix}_{name}": value for name, value in window_means(metrics).items()}
+    logs[f"{prefix}_loss"] = sum(losses) / len(losses)
+    logs[f"{prefix}_runtime"] = round(runtime, 4)
+    logs[f"{prefix}_samples_per_second"] = round(rows * group / runtime, 3)
+    logs[f"{prefix}_steps_per_second"] = round(batches / runtime, 3)
+    return logs

@@ -1,0 +1,184 @@
+"""TRL's metrics of a step, from its scored groups, and TRL's completions log.
+
+Per step (``step_metrics``), over all the step's completions as TRL computes them over a
+generation batch: loss (TRL's surrogate at ratio 1, the step's one loss as ``loss_type``
+normalises it: ``train_loss``), num_tokens (prompt and completion tokens so far),
+completions/* (lengths, clipped ratio, terminated lengths), rewards/NAME/mean|std, reward,
+reward_std, frac_reward_zero_std, entropy (None: the fused loss never forms the per-token
+distribution, and computing it would cost a second pass over the LM head), clip_ratio/* (0: the
+ratio is 1). ``window_means`` averages a logging window as TRL does. ``CompletionsLog`` is TRL's
+``log_completions``: a table printed at each log and saved as
+``output_dir/completions/completions_STEP.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from rlvr_fast.credit.group import scored_std, standardised_advantages
+from rlvr_fast.train.losses import sequence_scales
+from rlvr_fast.trl_compat.rewards import ScoredGroup
+
+CLIP_RATIO_KEYS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
+
+
+def group_advantages(groups: list[ScoredGroup], config) -> list[torch.Tensor]:
+    """Each group's advantages as the flat kind computes them (scale_rewards, advantage_std)."""
+    step_std = None
+    if config.advantage_std == "batch":
+        step_std = scored_std([r for g in groups for r in g.rewards.tolist()])
+    return [
+        standardised_advantages(g.rewards.tolist(), scale=config.scale_rewards, scale_std=step_std)[
+            0
+        ]
+        for g in groups
+    ]
+
+
+def step_loss(groups, advantages, truncated, config) -> float:
+    """TRL's loss of the step at ratio 1: -sum_q c_q (1/G) sum_i A_i s_i |o_i| (c_q the pooled
+    weights of ``rlvr_fast.train.steps``: 1 on a step of one prompt)."""
+    counts, values = [], []
+    for group, adv, cut in zip(groups, advantages, truncated):
+        lengths = [len(ids) for ids in group.completion_ids]
+        masked = cut if config.mask_truncated else None
+        scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens, masked)
+        values.append(-float((adv * scales * torch.tensor(lengths)).sum()) / len(lengths))
+        kept = [n for n, m in zip(lengths, masked or [False] * len(lengths)) if not m]
+        counts.append(sum(kept) if config.loss_type == "dapo" else len(lengths))
+    if len(groups) == 1:
+        return values[0]
+    total = max(sum(counts), 1)
+    return sum(n / total * v for n, v in zip(counts, values))
+
+
+def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int) -> dict:
+    """One step's TRL metrics (module docstring); ``num_tokens`` the running total."""
+    ids = [c for g in groups for c in g.completion_ids]
+    lengths = [len(c) for c in ids]
+    truncated = [[c[-1] not in eos_ids for c in g.completion_ids] for g in groups]
+    cut = [t for group in truncated for t in group]
+    terminated = [n for n, c in zip(lengths, cut) if not c] or [0]
+    advantages = group_advantages(groups, config)
+    per_function = torch.cat([g.per_function for g in groups])
+    rewards = torch.cat([g.rewards for g in groups])
+    stds = group_stds(groups, config)
+    values = {
+        "loss": step_loss(groups, advantages, truncated, config),
+        "num_tokens": float(num_tokens),
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": sum(cut) / len(cut),
+        "completions/mean_terminated_length": sum(terminated) / len(terminated),
+        "completions/min_terminated_length": float(min(terminated)),
+        "completions/max_terminated_length": float(max(terminated)),
+    }
+    for index, name in enumerate(names):
+        values[f"rewards/{name}/mean"] = nan_mean(per_function[:, index])
+        values[f"rewards/{name}/std"] = nan_std(per_function[:, index])
+    values.update(
+        reward=nan_mean(rewards),
+        reward_std=nan_std(rewards),
+        frac_reward_zero_std=sum(s == 0.0 for s in stds) / len(stds),
+        entropy=None,
+    )
+    values.update({key: 0.0 for key in CLIP_RATIO_KEYS})
+    return values
+
+
+def group_stds(groups, config) -> list[float]:
+    """The std each completion's advantage was scaled by (TRL's frac_reward_zero_std counts
+    completions whose std is 0)."""
+    if config.advantage_std == "batch":
+        std = float(scored_std([r for g in groups for r in g.rewards.tolist()]))
+        return [std for g in groups for _ in g.completion_ids]
+    return [float(scored_std(g.rewards.tolist())) for g in groups for _ in g.completion_ids]
+
+
+def window_means(metrics: dict[str, list]) -> dict:
+    """A logging window's metrics as TRL logs them: means over steps (None and NaN left out; a
+    metric with no value is None), num_tokens the running total."""
+    logs = {}
+    for name, values in metrics.items():
+        valid = [v for v in values if v is not None and not math.isnan(v)]
+        if not valid:
+            logs[name] = None
+        else:
+            logs[name] = valid[-1] if name == "num_tokens" else sum(valid) / len(valid)
+    return logs
+
+
+def nan_mean(values: torch.Tensor) -> float:
+    return float(values.nanmean())
+
+
+def nan_std(values: torch.Tensor) -> float:
+    """Bessel-corrected std of the non-NaN values (NaN with fewer than two), as TRL's nanstd."""
+    valid = values[~values.isnan()]
+    return float(valid.std()) if valid.numel() > 1 else float("nan")
+
+
+class CompletionsLog:
+    """TRL's log_completions: the completions since the last log, printed as a table of
+    ``rows`` rows (None: all) and saved as JSONL under ``directory``."""
+
+    def __init__(self, directory: Path, names: list[str], rows: int | None, unique: bool):
+        self.directory, self.names, self.rows, self.unique = directory, names, rows, unique
+        self.entries: list[dict] = []
+
+    def add(self, step: int, groups: list[ScoredGroup], advantages: list[torch.Tensor]) -> None:
+        for group, adv in zip(groups, advantages):
+            for i, (prompt, completion) in enumerate(zip(group.prompts, group.completions)):
+                entry = {"step": step, "prompt": prompt, "completion": completion}
+                for index, name in enumerate(self.names):
+                    value = float(group.per_function[i, index])
+                    entry[name] = None if math.isnan(value) else value
+                entry["advantage"] = float(adv[i])
+                self.entries.append(entry)
+
+    def flush(self, step: int) -> None:
+        if not self.entries:
+            return
+        entries = self.entries
+        if self.unique:
+            seen, entries = set(), []
+            for entry in self.entries:
+                key = json.dumps(entry["prompt"], sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    entries.append(entry)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"completions_{step:05d}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+        print(completions_table(entries[: self.rows] if self.rows else entries, self.names, step))
+        self.entries = []
+
+
+def completions_table(entries: list[dict], names: list[str], step: int) -> str:
+    """A plain-text table of prompts, completions, rewards and advantages."""
+    header = ["prompt", "completion", *names, "advantage"]
+    lines = [f"completions at step {step}", " | ".join(header)]
+    for entry in entries:
+        cells = [text_of(entry["prompt"]), text_of(entry["completion"])]
+        cells += [f"{entry[n]:.2f}" if entry[n] is not None else "None" for n in names]
+        cells.append(f"{entry['advantage']:.2f}")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def text_of(value) -> str:
+    """A prompt or completion on one line (a conversation's last message)."""
+    if isinstance(value, list):
+        value = value[-1]["content"] if value else ""
+    return " ".join(str(value).split())[:80]

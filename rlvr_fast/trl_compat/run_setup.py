@@ -1,0 +1,173 @@
+"""What ``GRPOTrainer`` builds before its first step: the dataset rows, the rlvr_fast settings of
+a ``GRPOConfig``, the refusal of constructor arguments rlvr_fast does not implement, and the
+model card."""
+
+from __future__ import annotations
+
+import json
+
+from rlvr_fast.train.arms import arm_settings
+from rlvr_fast.train.config import TrainConfig
+
+
+# TRL's loss types that are ours under another name: bnpo normalises by the step's tokens as dapo
+# does; luspo sums each completion's tokens and averages over completions, as the study's sum
+# (on TRL's tempered log-probabilities).
+LOSS_TYPE_OF = {"bnpo": "dapo", "luspo": "sum"}
+
+
+def refuse_unsupported_arguments(**arguments) -> None:
+    """GRPOTrainer arguments rlvr_fast does not implement, refused by name when given."""
+    reasons = {
+        "optimizers": "rlvr_fast steps its own AdamW (with the zero-gradient step)",
+        "quantization_config": "quantized models",
+        "peft_config": "LoRA and other adapters train on issue 27's branch, not here",
+        "tools": "tool calling",
+        "rollout_func": "custom rollouts",
+        "environment_factory": "environments",
+    }
+    for name, value in arguments.items():
+        empty = value in (None, (None, None)) if name == "optimizers" else value is None
+        if not empty:
+            raise ValueError(
+                f"GRPOTrainer: {name}={type(value).__name__} is not supported by rlvr_fast: "
+                f"{reasons[name]} (pass {name}=None)"
+            )
+
+
+def dataset_rows(dataset, remove_unused_columns: bool, what: str) -> list[dict]:
+    """Rows of a ``datasets.Dataset`` or a list of dicts, each with a ``prompt``."""
+    if dataset is None:
+        raise ValueError(f"{what} is required")
+    rows = [dict(row) for row in dataset]
+    if not rows:
+        raise ValueError(f"{what} is empty")
+    for index, row in enumerate(rows):
+        if "prompt" not in row:
+            raise ValueError(f"{what} row {index} has no 'prompt' column")
+    if remove_unused_columns:
+        rows = [{"prompt": row["prompt"]} for row in rows]
+    return rows
+
+
+def eval_datasets(eval_dataset, remove_unused_columns: bool) -> dict[str, list[dict]]:
+    """Eval rows by name: "" for one dataset, each name of a dict (or DatasetDict)."""
+    if eval_dataset is None:
+        return {}
+    if isinstance(eval_dataset, dict):
+        return {
+            name: dataset_rows(d, remove_unused_columns, f"eval_dataset[{name!r}]")
+            for name, d in eval_dataset.items()
+        }
+    return {"": dataset_rows(eval_dataset, remove_unused_columns, "eval_dataset")}
+
+
+def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
+    """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
+    study_loss = args.loss_type == "sum"
+    # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
+    # (step std + 1e-4) is the group-centred advantage over the step's std.
+    step_std = args.scale_rewards == "batch" or args.multi_objective_aggregation != (
+        "sum_then_normalize"
+    )
+    settings = dict(
+        steps=max_steps,
+        seed=args.seed,
+        group_size=args.num_generations,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_completion_length,
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm or None,
+        loss_order="token_weighted",
+        loss_type=LOSS_TYPE_OF.get(args.loss_type, args.loss_type),
+        scale_rewards=step_std or args.scale_rewards != "none",
+        advantage_std="batch" if step_std else "group",
+        tempered_logprobs=not study_loss,
+        mask_truncated=args.mask_truncated_completions,
+        skip_zero_var=args.skip_zero_variance_backward,
+        zero_var_step="zero_grad",
+        fused_zero_grad_step=args.fused_zero_grad_step,
+        eval_before=False,
+        t_min=args.tree_t_min,
+        t_max=args.tree_t_max,
+        questions_per_step=prompts_per_step,
+    )
+    if prompts_per_step > 1:
+        if not args.skip_zero_variance_backward:
+            raise ValueError(
+                "GRPOConfig: skip_zero_variance_backward=False takes one prompt per step "
+                f"(this one has {prompts_per_step}); zero-variance groups add no gradient either way"
+            )
+        settings["combine_questions"] = "pooled"
+    if args.arm is not None:
+        preset = arm_settings(args.arm)
+        if preset.get("sampler") == "parallel":
+            raise ValueError(
+                f"GRPOConfig: arm {args.arm!r} votes on graded answers; reward "
+                "functions cannot drive parallel-path arms"
+            )
+        if not study_loss:
+            # TRL's loss types weight every token; the arm's sum-then-scale order is the study's.
+            preset.pop("loss_order", None)
+        preset.pop("questions_per_step", None)
+        settings.update(preset)
+    if args.tree:
+        settings.update(
+            sampler="tree", bifurcate_after_active=settings.get("bifurcate_after_active", 0)
+        )
+    if settings.get("sampler") == "tree":
+        if not study_loss or step_std or args.mask_truncated_completions:
+            raise ValueError(
+                "GRPOConfig: tree rollouts weight tokens by TreeRL credit; set "
+                "loss_type='sum' with scale_rewards='group', "
+                "multi_objective_aggregation='sum_then_normalize' and no "
+                "mask_truncated_completions"
+            )
+        settings["tree_k"] = args.num_generations // 2
+        settings.pop("advantage_std")
+    if args.bf16 is False:
+        settings["precision"] = "fp32"
+    # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
+    # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.
+    return TrainConfig(**settings)
+
+
+def model_card(trainer, model_name, dataset_name, tags) -> str:
+    """A model card: what was trained from what, how, with which settings."""
+    args = trainer.args
+    base = str(trainer.model_dir) if trainer.model_dir is not None else "a transformers model"
+    tags = [tags] if isinstance(tags, str) else list(tags or [])
+    settings = {
+        name: getattr(args, name)
+        for name in (
+            "learning_rate",
+            "num_generations",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "max_completion_length",
+            "temperature",
+            "loss_type",
+            "scale_rewards",
+            "seed",
+        )
+    }
+    lines = [
+        "---",
+        f"tags: {json.dumps(['rlvr_fast', 'grpo', *tags])}",
+        "---",
+        f"# {model_name or args.output_dir}",
+        "",
+        f"Trained from {base} with GRPO on rlvr_fast's drop-in for TRL's GRPOTrainer"
+        + (f", on {dataset_name}." if dataset_name else "."),
+        "",
+        f"Steps: {trainer.state.global_step}. Reward functions: "
+        f"{', '.join(trainer.reward_func_names)}.",
+        "",
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        "",
+    ]
+    return "\n".join(lines)
