@@ -182,15 +182,17 @@ def open_regular(path: str | os.PathLike, limit: int, what: str) -> Iterator:
         raise UnreadableFileError(f"{path}: no such file") from None
     except OSError as err:
         raise UnreadableFileError(f"{path}: cannot open ({reason(err)})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UnreadableFileError(
+            f"{path}: not a regular file ({file_kind(info.st_mode)}); a {what} must be one"
+        )
+    if info.st_size > limit:
+        os.close(fd)
+        raise UnreadableFileError(too_large(path, info.st_size, limit, what))
+    os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnreadableFileError(
-                f"{path}: not a regular file ({file_kind(info.st_mode)}); a {what} must be one"
-            )
-        if info.st_size > limit:
-            raise UnreadableFileError(too_large(path, info.st_size, limit, what))
-        os.set_blocking(fd, True)
         try:
             yield file
         except OSError as err:
