@@ -259,7 +259,8 @@ def regular_file_inside(directory: Path, name: str, *, roots: Iterable[Path] = (
     """``directory / name`` when it is a regular file, None when it does not exist. A symlink
     is resolved and accepted only when its target lies inside ``directory`` or one of
     ``roots``; anything else (a link out, a FIFO, a device, a directory) is refused: a model
-    directory is copied into a run, so a link out of it would copy a stranger's file."""
+    directory is copied into a run, so a link out of it would copy a stranger's file. The path
+    returned is the one asked for (errors then name it), not the link's target."""
     path = directory / name
     if not os.path.lexists(path):
         return None
@@ -271,7 +272,16 @@ def regular_file_inside(directory: Path, name: str, *, roots: Iterable[Path] = (
     if info is None or not stat.S_ISREG(info.st_mode):
         kind = "a dangling symlink" if info is None else file_kind(info.st_mode)
         raise UnreadableFileError(f"{path}: not a regular file ({kind})")
-    return target
+    return path
+
+
+def model_file(directory: Path, name: str) -> Path | None:
+    """``regular_file_inside`` for a model directory: inside a Hugging Face cache snapshot
+    (``models--ORG--NAME/snapshots/REVISION/``, whose files link to ``../../blobs/``) the
+    repository's blobs/ count as inside."""
+    resolved = directory.resolve()
+    roots = [resolved.parent.parent / "blobs"] if resolved.parent.name == "snapshots" else []
+    return regular_file_inside(directory, name, roots=roots)
 
 
 # ------------------------------------------------------------------ atomic writes

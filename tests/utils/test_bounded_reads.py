@@ -92,8 +92,8 @@ def test_model_files_may_link_inside_the_directory_only(tmp_path):
     os.symlink(outside, model / "vocab.json")
     os.symlink(model / "missing", model / "merges.txt")
     os.mkfifo(model / "special_tokens_map.json")
-    assert regular_file_inside(model, "tokenizer.json") == (model / "tokenizer.json").resolve()
-    assert regular_file_inside(model, "alias.json") == (model / "tokenizer.json").resolve()
+    assert regular_file_inside(model, "tokenizer.json") == model / "tokenizer.json"
+    assert regular_file_inside(model, "alias.json") == model / "alias.json"
     assert regular_file_inside(model, "absent.json") is None
     with pytest.raises(
         UnreadableFileError, match="vocab.json: a symlink to .*secret.txt, outside the directory"
@@ -105,4 +105,4 @@ def test_model_files_may_link_inside_the_directory_only(tmp_path):
         regular_file_inside(model, "merges.txt")
     with pytest.raises(UnreadableFileError, match="not a regular file \\(a FIFO\\)"):
         regular_file_inside(model, "special_tokens_map.json")
-    assert regular_file_inside(model, "vocab.json", roots=[tmp_path]) == outside.resolve()
+    assert regular_file_inside(model, "vocab.json", roots=[tmp_path]) == model / "vocab.json"
