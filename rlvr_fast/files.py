@@ -164,7 +164,12 @@ def read_bytes(path: str | os.PathLike, limit: int, what: str) -> bytes:
     line before reading when it is not a regular file (a FIFO would block forever, a device
     never ends) or holds more than ``limit`` bytes."""
     with open_regular(path, limit, what) as file:
-        data = file.read(limit + 1)
+        # Sized by the file, not the cap (read(n) allocates n bytes); a file that grew since
+        # its fstat is read on, to one byte past the cap.
+        expected = os.fstat(file.fileno()).st_size
+        data = file.read(expected + 1)
+        if len(data) > expected:
+            data += file.read(limit + 1 - len(data))
     if len(data) > limit:
         raise UnreadableFileError(too_large(Path(path), len(data), limit, what))
     return data
