@@ -159,9 +159,13 @@ def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
 
 
 def verify_run(path: Path) -> RunVerification:
-    """All checks of one run directory (``RunDirError`` if it has no readable config.json)."""
+    """All checks of one run directory; one whose config.json cannot be read (a FIFO, a list,
+    invalid JSON) fails its config check."""
     started = time.perf_counter()
-    run = Run.open(path)
+    try:
+        run = Run.open(path)
+    except RunDirError as err:
+        return RunVerification(path, [Check("config", failures=[str(err)])], 0.0)
     config_check, config = check_config(run)
     checks = [config_check]
     if config is not None:
