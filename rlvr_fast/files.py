@@ -67,15 +67,17 @@ class DirectoryLockedError(ValueError):
 
 # ------------------------------------------------------------------ the directory lock
 class DirectoryLock:
-    """An advisory ``flock`` on ``DIRECTORY/.rlvr_fast.lock``, which holds the holder's pid.
+    """An advisory ``flock`` on a lock file (``DIRECTORY/.rlvr_fast.lock``, or ``.NAME.lock``
+    beside an output file), which holds the holder's pid.
 
     The kernel drops the lock when the holder's last file descriptor closes, so a killed
-    holder leaves a lock file that the next writer takes over. Taken with ``lock_directory``;
-    a process holds one lock per directory (taking it again returns the same lock)."""
+    holder leaves a lock file that the next writer takes over. Taken with ``lock_directory``
+    or ``lock_output``; a process holds one lock per lock file (taking it again returns the same
+    lock)."""
 
-    def __init__(self, directory: Path, fd: int) -> None:
-        self.directory = directory
-        self.path = directory / LOCK_NAME
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.directory = path.parent
         self.fd: int | None = fd
 
     @property
@@ -86,7 +88,8 @@ class DirectoryLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        _HELD.pop(self.directory, None)
+        if _HELD.get(self.path) is self:
+            del _HELD[self.path]
 
     def __enter__(self) -> "DirectoryLock":
         return self
@@ -102,27 +105,37 @@ def lock_directory(directory: str | os.PathLike) -> DirectoryLock:
     """Take ``directory``'s lock before writing anything into it; held until ``release`` or
     the process ends. Raises ``DirectoryLockedError`` naming the pid of a live holder."""
     directory = Path(directory).resolve()
-    held = _HELD.get(directory)
+    return take_lock_file(directory / LOCK_NAME, directory)
+
+
+def lock_output(path: str | os.PathLike) -> DirectoryLock:
+    """The lock of one output file (``.NAME.lock`` beside it), as ``lock_directory``."""
+    path = Path(path).resolve()
+    return take_lock_file(path.with_name(f".{path.name}.lock"), path)
+
+
+def take_lock_file(path: Path, guarded: Path) -> DirectoryLock:
+    """Lock ``path``, the lock file of ``guarded`` (what an error names)."""
+    held = _HELD.get(path)
     if held is not None and held.held:
         return held
     if held is not None:
-        held.release()  # the directory was removed and made again since
-    path = directory / LOCK_NAME
+        held.release()  # the lock file was removed and made again since
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as err:
         raise DirectoryLockedError(f"{path}: cannot open the lock file ({reason(err)})") from None
     try:
-        take_lock(fd, path)
+        take_lock(fd, path, guarded)
     except BaseException:
         os.close(fd)
         raise
-    lock = DirectoryLock(directory, fd)
-    _HELD[directory] = lock
+    lock = DirectoryLock(path, fd)
+    _HELD[path] = lock
     return lock
 
 
-def take_lock(fd: int, path: Path) -> None:
+def take_lock(fd: int, path: Path, guarded: Path) -> None:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise DirectoryLockedError(f"{path}: the lock file is not a regular file")
     try:
@@ -130,7 +143,7 @@ def take_lock(fd: int, path: Path) -> None:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
         raise DirectoryLockedError(
-            f"{path.parent}: in use by process {holder} (it holds {path.name}); wait for it "
+            f"{guarded}: in use by process {holder} (it holds {path.name}); wait for it "
             "to finish or stop it"
         ) from None
     except OSError as err:
@@ -483,7 +496,7 @@ def remove_stale_files(lock: DirectoryLock, swapped: Iterable[str]) -> list[Path
     ``swapped`` directories (names relative to the locked directory) was cut between its
     renames, move ``.NAME.old`` back to ``NAME``, or delete it when ``NAME`` is in place.
     Nothing else is touched. Returns what was removed or restored."""
-    if not lock.held:
+    if not lock.held or lock.path.name != LOCK_NAME:
         raise DirectoryLockedError(f"{lock.directory}: cleaning needs the directory's lock")
     root = lock.directory
     olds = {old_directory(root / name) for name in swapped}
