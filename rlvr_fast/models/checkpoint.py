@@ -192,17 +192,27 @@ def empty_model(config: ModelConfig) -> Qwen3ForCausalLM:
     return model
 
 
-def filled(model: Qwen3ForCausalLM, device, tensors: Iterator[tuple[str, torch.Tensor]], layout):
+def filled(
+    model: Qwen3ForCausalLM,
+    device,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    layout: dict[str, Slot],
+    source: str,
+) -> Qwen3ForCausalLM:
     """``model`` (on meta) made real on ``device`` and filled tensor by tensor: one tensor is
-    in memory beside the model at a time, never the whole checkpoint."""
+    in memory beside the model at a time, never the whole checkpoint. A weight holding NaN or
+    infinity is refused: such a model evaluates to 0% and trains to NaN without a word."""
     model.to_empty(device=device)
     model.tie_weights()
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in tensors:
-            if name in layout:
-                slot = layout[name]
-                params[slot.param][slot.start : slot.start + slot.shape[0]].copy_(tensor)
+            if name not in layout:
+                continue
+            if not bool(torch.isfinite(tensor).all()):
+                raise CheckpointError(f"{source}: {name} holds NaN or infinite values")
+            slot = layout[name]
+            params[slot.param][slot.start : slot.start + slot.shape[0]].copy_(tensor)
     return model
 
 
@@ -244,7 +254,8 @@ def load_model(
     layout = hf_layout(model)
     shapes = {name: entry.shape for name, entry in index.items()}
     check_tensors(shapes, layout, config.tie_word_embeddings, str(directory))
-    return filled(model, device, shard_tensors(index, layout), layout).to(dtype).eval()
+    tensors = shard_tensors(index, layout)
+    return filled(model, device, tensors, layout, str(directory)).to(dtype).eval()
 
 
 def shard_tensors(
@@ -275,7 +286,7 @@ def build_model(
     layout = hf_layout(model)
     shapes = {name: tuple(tensor.shape) for name, tensor in hf_tensors.items()}
     check_tensors(shapes, layout, config.tie_word_embeddings, source)
-    return filled(model, device, iter(hf_tensors.items()), layout).to(dtype).eval()
+    return filled(model, device, iter(hf_tensors.items()), layout, source).to(dtype).eval()
 
 
 def save_model(model: Qwen3ForCausalLM, directory: str | os.PathLike) -> None:

@@ -228,3 +228,12 @@ def test_a_config_json_over_its_cap_is_refused_unread(tiny_copy):
         pytest.raises(ConfigError, match="over the 16,777,216-byte limit of a model config"),
     ):
         load_model(tiny_copy)
+
+
+def test_a_weight_holding_nan_is_refused_at_load(tiny_copy):
+    """Regression: a model with NaN weights evaluated to 0% with exit 0."""
+    tensors = load_file(tiny_copy / "model.safetensors")
+    tensors["model.norm.weight"][3] = float("nan")
+    save_file(tensors, str(tiny_copy / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="model.norm.weight holds NaN or infinite values"):
+        load_model(tiny_copy)
