@@ -22,13 +22,14 @@ import torch
 
 import rlvr_fast
 from benchmarks.harness import mark
-from rlvr_fast.data import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
-from rlvr_fast.evaluation import evaluate
-from rlvr_fast.generation import generate, sample_group
+from rlvr_fast.rollouts.evaluation import evaluate
+from rlvr_fast.rollouts.generation import generate, sample_group
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
-from rlvr_fast.policy import TINY_MODEL_DIR, load_policy
+from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 
 CUDA = torch.cuda.is_available()
 ROWS = 8

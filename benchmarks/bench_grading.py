@@ -21,7 +21,7 @@ import os
 import pytest
 
 from benchmarks.harness import mark
-from rlvr_fast.data import synthetic_problems, worked_solution
+from rlvr_fast.data.synthetic import synthetic_problems, worked_solution
 from rlvr_fast.grading import final_answer, grade, grade_many, grade_response
 from rlvr_fast.grading.normalisation import normalize
 from rlvr_fast.grading.pool import POOL

@@ -8,7 +8,7 @@
 2. ``GenerativeJudge`` on the tiny model, K = 4 and 6 paths of sampled text: all 2^K coalitions
    scored in batched prefill passes from one shared prefix vs one coalition at a time (each
    prompt prefilled whole); coalitions/s.
-Correctness is asserted in ``tests/test_shapley.py`` and ``tests/test_parallel.py``.
+Correctness is asserted in ``tests/credit/test_shapley.py`` and ``tests/rollouts/test_parallel.py``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import pytest
 import torch
 
 from benchmarks.harness import mark
-from rlvr_fast.data import render_prompt, synthetic_problems
-from rlvr_fast.engine import SamplingParams
-from rlvr_fast.generation import sample_group
-from rlvr_fast.judge import GenerativeJudge
-from rlvr_fast.policy import load_policy
-from rlvr_fast.shapley import MajorityVote, shapley_exact, shapley_naive
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.rollouts.generation import sample_group
+from rlvr_fast.credit.judge import GenerativeJudge
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.credit.shapley import MajorityVote, shapley_exact, shapley_naive
 
 
 def vote_paths(n: int) -> tuple[list[str], list[bool]]:
@@ -83,7 +84,11 @@ def test_judge_coalitions(benchmark, tiny, paths, role):
     problem = synthetic_problems("test", 1)[0]
     prompt = tiny.tokenizer.encode(render_prompt(problem.question))
     rollouts = sample_group(
-        tiny.engine(), prompt, paths, SamplingParams(64), generator=torch.Generator().manual_seed(0)
+        RolloutEngine.shared(tiny),
+        prompt,
+        paths,
+        SamplingParams(64),
+        generator=torch.Generator().manual_seed(0),
     )
     game = GenerativeJudge(tiny).game(
         problem.question, problem.answer, tiny.tokenizer.decode_batch(rollouts.tokens)

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from benchmarks.harness import mark
-from rlvr_fast.data import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine, SamplingParams
-from rlvr_fast.generation import sample_group
-from rlvr_fast.policy import load_policy
-from rlvr_fast.rollout import sample_tree_ids
+from rlvr_fast.rollouts.generation import sample_group
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.rollouts.trees import sample_tree_ids
 
 K, B, SPLIT, CAP = 4, 2, 128, 512
 

@@ -25,9 +25,10 @@ import time
 import pytest
 
 from benchmarks.harness import mark
-from rlvr_fast.data import render_prompt, synthetic_problems
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.grading import grade_response
-from rlvr_fast.policy import TINY_MODEL_DIR
+from rlvr_fast.models.policy import TINY_MODEL_DIR
 
 GROUP = 8
 MAX_COMPLETION = 256

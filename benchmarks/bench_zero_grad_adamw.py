@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks.harness import mark
-from rlvr_fast.optim import zero_grad_adamw_
+from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 
 CASES = [
     pytest.param("cpu", 10_000_000, 5, id="cpu-P=10M"),

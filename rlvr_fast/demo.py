@@ -17,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr_fast.cli import USER_ERRORS, print_train_table
-from rlvr_fast.data import synthetic_problems
-from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.cli.commands import print_train_table
+from rlvr_fast.cli.options import USER_ERRORS
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 DEMO_SETTINGS = dict(lr=1e-4, eval_max_new_tokens=256)
 

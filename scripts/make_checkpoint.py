@@ -31,7 +31,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 import rlvr_fast
-from rlvr_fast.files import replaced_directory
+from rlvr_fast.utils.files import replaced_directory
 from rlvr_fast.models.checkpoint import write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM

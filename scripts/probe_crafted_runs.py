@@ -18,7 +18,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from rlvr_fast.cli import main
+from rlvr_fast.cli.main import main
 
 TRAIN = [
     "train",

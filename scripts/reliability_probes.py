@@ -258,7 +258,7 @@ def file_modes_of_a_run(env: Env):
 def disk_full_during_a_state_save_names(env: Env):
     code = """
 import resource, signal, sys, torch
-from rlvr_fast.state_file import save_state
+from rlvr_fast.run.state_file import save_state
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
@@ -438,8 +438,8 @@ def lone_surrogate_in_a_question(env: Env):
 @probe("data file")
 def endoftext_inside_a_question(env: Env):
     code = f"""
-from rlvr_fast.data import render_prompt
-from rlvr_fast.policy import load_policy
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.models.policy import load_policy
 p = load_policy({str(env.tiny)!r})
 ids = p.tokenizer.encode(render_prompt("What is 1 <|endoftext|> + 2?"))
 print("OTHER an EOS inside the prompt" if set(ids) & set(p.tokenizer.eos_token_ids) else "CLEAN text")
@@ -472,7 +472,7 @@ def json_of_150_mb_of_empty_objects(env: Env):
 @probe("data file")
 def problem_with_answer_none(env: Env):
     code = """
-from rlvr_fast.data import Problem
+from rlvr_fast.data.problems import Problem
 try:
     Problem(id="p", question="q", answer=None, source="api")
     print("OTHER accepted")
@@ -574,16 +574,7 @@ def eval_out_into_a_finished_run(env: Env):
     run = env.finished_run()
     before = [(run / n).read_bytes() for n in ("summary.json", "ledger.jsonl")]
     env.run(
-        [
-            "eval",
-            run,
-            "--eval",
-            "ledger=synthetic:test:1",
-            "--out",
-            run,
-            "--max-new-tokens",
-            "4",
-        ]
+        ["eval", run, "--eval", "ledger=synthetic:test:1", "--out", run, "--max-new-tokens", "4"]
     )
     if [(run / n).read_bytes() for n in ("summary.json", "ledger.jsonl")] != before:
         return LOST, "summary.json or ledger.jsonl of the run replaced (cli: phase 2)"
@@ -708,7 +699,7 @@ def max_batch_65536_under_2_5_gb(env: Env):
 def fork_of_ten_million(env: Env):
     code = """
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.policy import load_policy
+from rlvr_fast.models.policy import load_policy
 engine = RolloutEngine.for_policy(load_policy("tiny"))
 seq = engine.add(list(range(1, 30)), keep_cache=True)
 engine.prefill([seq])
@@ -728,7 +719,7 @@ except MemoryError:
 def kv_blocks_of_10_to_the_12(env: Env):
     code = """
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.policy import load_policy
+from rlvr_fast.models.policy import load_policy
 try:
     RolloutEngine.for_policy(load_policy("tiny"), kv_blocks=10**12)
     print("OTHER accepted")

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import rlvr_fast
-import rlvr_fast.trainer as trainer_module
-from rlvr_fast.data import synthetic_problems
-from rlvr_fast.policy import load_policy
+import rlvr_fast.train.trainer as trainer_module
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.policy import load_policy
 
 # Older checkouts name the trainer GRPOTrainer.
 Trainer = getattr(trainer_module, "RLVRTrainer", None) or trainer_module.GRPOTrainer

@@ -36,14 +36,15 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from rlvr_fast.data import render_prompt, synthetic_problems, worked_solution
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems, worked_solution
 from rlvr_fast.engine import SamplingParams
-from rlvr_fast.evaluation import evaluate
-from rlvr_fast.files import replaced_directory
+from rlvr_fast.rollouts.evaluation import evaluate
+from rlvr_fast.utils.files import replaced_directory
 from rlvr_fast.models.checkpoint import write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
-from rlvr_fast.policy import load_policy
+from rlvr_fast.models.policy import load_policy
 
 EOS = "<|endoftext|>"
 # Probability that a document's solution is a bare guess, per synthetic level. Above 1/2 the

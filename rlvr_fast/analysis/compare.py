@@ -6,7 +6,7 @@ that hit the eval token cap) and IncTrunc (those of them graded incorrect); per 
 totals, Out / Full / PadFull TFLOPs and the step-summed seconds, each a mean over seeds. Per
 non-reference arm, eval set and metric (accuracy, and the cap-hit rate where either arm hit the
 cap): paired per-seed differences against the reference arm, their mean, a two-level (seed x
-question) bootstrap 95% CI and a pooled-item bootstrap 95% CI (``rlvr_fast.stats``). Items are paired by id, so every run must
+question) bootstrap 95% CI and a pooled-item bootstrap 95% CI (``rlvr_fast.analysis.stats``). Items are paired by id, so every run must
 have graded the same eval sets on the same items at the same cap; anything else is refused.
 Before-training evaluations, where runs saved them, give the "base model (0 updates)" row.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rlvr_fast.analysis.run_dir import SIGNATURE_FIELDS, Run, RunDirError, load_runs
-from rlvr_fast.ledger import FLOP_FIELDS
-from rlvr_fast.stats import (
+from rlvr_fast.run.reader import SIGNATURE_FIELDS, Run, RunDirError, load_runs
+from rlvr_fast.ledger.records import FLOP_FIELDS
+from rlvr_fast.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     bootstrap_mean_ci,

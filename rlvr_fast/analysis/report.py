@@ -25,13 +25,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rlvr_fast.analysis.compare import BASE_LABEL, Comparison, compare_runs
-from rlvr_fast.analysis.run_dir import Run, RunDirError, load_runs, question_lines
+from rlvr_fast.run.reader import Run, RunDirError, load_runs, question_lines
 from rlvr_fast.analysis.tables import markdown
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
-from rlvr_fast.pairs import PairCategory
-from rlvr_fast.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
-from rlvr_fast.files import (
+from rlvr_fast.rollouts.pairs import PairCategory
+from rlvr_fast.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
+from rlvr_fast.utils.files import (
     LOCK_NAME,
     DirectoryLockedError,
     UnreadableFileError,

@@ -9,7 +9,7 @@ Every run trains on the same problems and is evaluated on the same eval sets; on
 the seed change. Running the same command again picks up where it stopped: a run with
 summary.json is finished and left as it is, one with a checkpoint resumes from it, one killed
 before its first checkpoint starts over. A run directory recording other settings, another
-model or other data than the sweep would use (its signature, ``rlvr_fast.run_directory``) is
+model or other data than the sweep would use (its signature, ``rlvr_fast.run.directory``) is
 refused before anything trains, so a rerun never reprints old tables for new settings.
 
 OUT is new, empty, or a sweep's own (only the entries above): the sweep holds its lock while
@@ -26,15 +26,22 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
+from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.analysis.compare import compare_runs
 from rlvr_fast.analysis.report import publish_report
-from rlvr_fast.analysis.run_dir import Run, RunDirError, is_run_dir, load_runs
+from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
-from rlvr_fast.data import Problem
-from rlvr_fast.files import LOCK_NAME, DirectoryLockedError, is_temp_name, lock_directory
-from rlvr_fast.files import write_text_atomic
-from rlvr_fast.run_directory import RunDirectoryError, check_signature, read_run_meta, run_signature
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.run.directory import RunDirectoryError, check_signature, read_run_meta, run_signature
+from rlvr_fast.utils.files import (
+    LOCK_NAME,
+    DirectoryLockedError,
+    is_temp_name,
+    lock_directory,
+    write_text_atomic,
+)
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
 
 
 class SweepError(ValueError):
@@ -48,7 +55,7 @@ class SweepRun:
 
     @property
     def finished(self) -> bool:
-        return (self.path / "summary.json").is_file()
+        return RunLayout(self.path).summary.is_file()
 
 
 def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings) -> list[SweepRun]:
@@ -70,7 +77,7 @@ def plan_sweep(arms: Sequence[str], seeds: Sequence[int], out: Path, **settings)
 
 
 def check_recorded_settings(run: SweepRun) -> None:
-    if not (run.path / "config.json").is_file():
+    if not RunLayout(run.path).config.is_file():
         return
     try:
         recorded = Run.open(run.path).config

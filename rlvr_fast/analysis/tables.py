@@ -15,7 +15,7 @@ import io
 import json
 
 from rlvr_fast.analysis.compare import BASE_LABEL, ArmSummary, Comparison, Contrast
-from rlvr_fast.stats import mean_sd
+from rlvr_fast.analysis.stats import mean_sd
 
 FORMATS = ("md", "csv", "json")
 METRIC_LABELS = {"accuracy": "accuracy", "cap_hits": "AllCap"}

@@ -27,33 +27,18 @@ losses and gradient norms.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
-from rlvr_fast.analysis.run_dir import Run, RunDirError, find_run_dirs
-from rlvr_fast.credit import group_stats
-from rlvr_fast.grading import extract_boxed, final_answer, grade_many, passes_gate
-from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger import (
-    LedgerError,
-    MultiQuestionRecord,
-    ParallelStats,
-    StepRecord,
-    check_conservation,
-    flat_step_record,
-    multi_question_step_record,
-    parallel_step_record,
-    read_record,
-    tree_step_record,
-)
-from rlvr_fast.pairs import PairCategory, TreePair
-from rlvr_fast.path_credit import outcome_utility, parallel_credit
-from rlvr_fast.shapley import MajorityVote
-from rlvr_fast.trainer import TrainConfig
+from rlvr_fast.run.reader import Run, RunDirError, find_run_dirs
+from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
+from rlvr_fast.ledger.laws import check_conservation
+from rlvr_fast.ledger.records import LedgerError, MultiQuestionRecord, read_record
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.kinds import step_kind
+from rlvr_fast.train.steps import rederive_step
 
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
 # gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the
@@ -266,13 +251,12 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
     check = Check("re-derived")
     active_steps = 0
     graded = 0
+    kind = step_kind(config.sampler)
     for recorded, rollout in zip(run.ledger, run.rollouts):
         step = recorded.get("step")
         multi = config.questions_per_step > 1
         try:
-            expected = (rederive_multi_question_step if multi else rederive_step)(
-                rollout, recorded, config, params, active_steps
-            )
+            expected = rederive_step(kind, rollout, recorded, config, params, active_steps)
         except (KeyError, TypeError, ValueError) as err:
             check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
             continue
@@ -292,176 +276,6 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
         f"re-graded); Out / Full / PadFull = " + " / ".join(f"{t:.4g}" for t in tflops) + " TFLOPs"
     )
     return check
-
-
-def rederive_step(
-    rollout: dict, recorded: dict, config: TrainConfig, params: int, active_steps: int
-) -> StepRecord:
-    """The ledger line step ``rollout["step"]`` should have, given ``active_steps`` backward
-    steps before it. Engine counts, timings, loss and gradient norm are copied from ``recorded``:
-    nothing on disk determines them."""
-    texts = rollout["texts"]
-    lengths = rollout["lengths"]
-    if len(lengths) != len(texts):
-        raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
-    answers = [final_answer(text, min_chars=config.gate_min_chars) for text in texts]
-    correct = grade_many(answers, [rollout["answer"]] * len(answers))
-    executed = EngineCounters(
-        **{f.name: recorded.get(f.name) for f in dataclasses.fields(EngineCounters)}
-    )
-    common = dict(
-        step=rollout["step"],
-        question_id=rollout["question_id"],
-        prompt_len=rollout["prompt_len"],
-        max_new_tokens=config.max_new_tokens,
-        params=params,
-        loss=recorded.get("loss"),
-        grad_norm=recorded.get("grad_norm"),
-        seconds=recorded.get("seconds", {}),
-        executed=executed,
-    )
-    if config.sampler == "parallel":
-        return rederive_parallel_step(rollout, recorded, config, answers, correct, common)
-    rewards = [float(ok) for ok in correct]
-    sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
-    active = not (sigma == 0 and config.skip_zero_var)
-    common.update(
-        rewards=rewards,
-        sigma_r=sigma,
-        active=active,
-        optimizer_step=active or config.zero_var_step == "zero_grad",
-    )
-    tree_step = config.sampler == "tree" and active_steps >= config.bifurcate_after_active
-    if tree_step != ("categories" in rollout):
-        raise ValueError(
-            f"config.json makes this a {'tree' if tree_step else 'flat'} step, "
-            f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one"
-        )
-    if not tree_step:
-        category = PairCategory.FLAT_WARMUP if config.sampler == "tree" else PairCategory.FLAT
-        return flat_step_record(lengths=lengths, category=category, **common)
-    # The ledger reads only the lengths of a pair's token lists, and rollouts.jsonl keeps the
-    # lengths, not the tokens: the lists below stand in with zeros of those lengths.
-    pairs = [
-        TreePair(
-            PairCategory(category),
-            prefix_len,
-            root_tokens=[0] * root,
-            leaves=[[0] * lengths[2 * k], [0] * lengths[2 * k + 1]],
-            finish_reasons=[],
-        )
-        for k, (category, prefix_len, root) in enumerate(
-            zip(
-                rollout["categories"],
-                rollout["prefix_lens"],
-                rollout["stage1_lengths"],
-                strict=True,
-            )
-        )
-    ]
-    return tree_step_record(pairs=pairs, stage2_gen=rollout["stage2_gen"], **common)
-
-
-def rederive_multi_question_step(
-    rollout: dict, recorded: dict, config: TrainConfig, params: int, active_steps: int
-) -> MultiQuestionRecord:
-    """A multi-question step: each question's sub-record re-derived as a step of its own (its
-    optimizer step is the step's: any question with varying rewards, or the zero-gradient rule),
-    then the step's line from them; the engine's counts, timings, loss and gradient norm are
-    copied from ``recorded``."""
-    if len(rollout["questions"]) != len(recorded["questions"]):
-        raise ValueError(
-            f"rollouts.jsonl has {len(rollout['questions'])} questions, the ledger "
-            f"{len(recorded['questions'])}"
-        )
-    if len(rollout["questions"]) != config.questions_per_step:
-        raise ValueError(
-            f"{len(rollout['questions'])} questions, config.json says "
-            f"{config.questions_per_step} per step"
-        )
-    questions = [
-        rederive_step(
-            dict(question, step=rollout["step"]), recorded_question, config, params, active_steps
-        )
-        for question, recorded_question in zip(rollout["questions"], recorded["questions"])
-    ]
-    active = any(q.active for q in questions)
-    optimizer_step = active or config.zero_var_step == "zero_grad"
-    executed = EngineCounters(
-        **{f.name: recorded.get(f.name) for f in dataclasses.fields(EngineCounters)}
-    )
-    return multi_question_step_record(
-        step=rollout["step"],
-        questions=[dataclasses.replace(q, optimizer_step=optimizer_step) for q in questions],
-        active=active,
-        optimizer_step=optimizer_step,
-        executed=executed,
-        loss=recorded.get("loss"),
-        grad_norm=recorded.get("grad_norm"),
-        seconds=recorded.get("seconds", {}),
-    )
-
-
-def rederive_parallel_step(
-    rollout: dict,
-    recorded: dict,
-    config: TrainConfig,
-    answers: list,
-    correct: list[bool],
-    common: dict,
-) -> StepRecord:
-    """A parallel-path step: the paths' and summaries' grades re-derived from their texts,
-    r_out by the aggregator, and, for every deterministic credit (exact Shapley,
-    leave-one-out, independent), phi and the path returns recomputed by the trainer's own
-    functions. Monte-Carlo phi drew its orderings from the run's generator and the judge scored
-    with the run's model, so those come from the ledger; the returns' formula on them is a
-    conservation law."""
-    details = rollout["parallel"]
-    k = config.num_paths
-    summary_texts = details["summary_texts"]
-    summary_correct = grade_many(
-        [final_answer(text) for text in summary_texts], [rollout["answer"]] * len(summary_texts)
-    )
-    groups = [slice(r * k, (r + 1) * k) for r in range(len(answers) // k)]
-    r_out = (
-        [float(ok) for ok in summary_correct]
-        if summary_texts
-        else [MajorityVote(answers[g], correct[g]).value((1 << k) - 1) for g in groups]
-    )
-    stats = ParallelStats(**dict(recorded["parallel"], r_out=r_out))
-    rewards, sigma = recorded["rewards"], recorded["sigma_r"]
-    homogeneous = recorded["homogeneous"]
-    monte_carlo = config.path_credit == "shapley" and config.shapley_permutations > 0
-    if not monte_carlo and config.path_utility != "judge":
-        credit = parallel_credit(
-            [outcome_utility(config.path_utility, answers[g], correct[g]) for g in groups],
-            r_out,
-            k,
-            method=config.path_credit,
-            norm=config.path_reward_norm,
-            lambda_outcome=config.lambda_outcome,
-            lambda_path=config.lambda_path,
-            summaries=bool(summary_texts),
-        )
-        stats = dataclasses.replace(
-            stats,
-            phi=credit.phi,
-            summary_rewards=credit.summary_returns.tolist(),
-            utility_full=[a.full for a in credit.attributions],
-            utility_empty=[a.empty for a in credit.attributions],
-        )
-        rewards, sigma, homogeneous = credit.path_returns.tolist(), credit.sigma, credit.homogeneous
-    active = not (homogeneous and config.skip_zero_var)
-    return parallel_step_record(
-        rewards=rewards,
-        sigma_r=sigma,
-        homogeneous=homogeneous,
-        active=active,
-        optimizer_step=active or config.zero_var_step == "zero_grad",
-        lengths=rollout["lengths"],
-        parallel=stats,
-        **common,
-    )
 
 
 def field_mismatches(

@@ -18,6 +18,7 @@ import torch
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.engine.token_sampler import SamplingParams, sample_tokens
 from rlvr_fast.models.context import ForwardContext
+from rlvr_fast.utils.phases import profile_range
 
 TOKEN_IDS, POSITIONS, SLOTS, SEEDS = range(4)
 
@@ -67,9 +68,8 @@ class DecodeGraphs:
         self.temperature.fill_(params.temperature)
         self.top_p.fill_(params.top_p)
         graph, tokens = self.graphs[key]
-        torch.cuda.nvtx.range_push(f"graph replay b={bucket}")
-        graph.replay()
-        torch.cuda.nvtx.range_pop()
+        with profile_range(f"graph replay b={bucket}", self.inputs.device):
+            graph.replay()
         return tokens[:rows]
 
     def _step(self, bucket: int, greedy: bool) -> torch.Tensor:

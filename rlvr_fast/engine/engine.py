@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Callable, Iterable, Sequence as Seq
 
 import torch
@@ -49,6 +50,10 @@ from rlvr_fast.engine.sequence import (
 )
 from rlvr_fast.engine.token_sampler import SamplingParams
 from rlvr_fast.ops.paged_attention import default_backend
+from rlvr_fast.utils.phases import profile_range
+
+# RolloutEngine.shared: one default engine per model, dropped with the model.
+_SHARED_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # The most rows one decode step runs, and the most sequences one fork makes (the trainer's
 # max_batch bound): past them a fork's copies of the prefix alone reach gigabytes, and the CUDA
@@ -131,6 +136,16 @@ class RolloutEngine:
     def for_policy(cls, policy, **settings) -> "RolloutEngine":
         """An engine for a ``Policy``: its model, its tokenizer's end-of-sequence tokens."""
         return cls(policy.model, eos_token_ids=policy.tokenizer.eos_token_ids, **settings)
+
+    @classmethod
+    def shared(cls, policy) -> "RolloutEngine":
+        """The policy's own engine with default settings, made on first use and kept while its
+        model lives (its KV cache is sized once). A trainer that wants other settings makes its
+        own with ``for_policy``."""
+        engine = _SHARED_ENGINES.get(policy.model)
+        if engine is None:
+            engine = _SHARED_ENGINES[policy.model] = cls.for_policy(policy)
+        return engine
 
     # ------------------------------------------------------------------ sequences
     def add(
@@ -240,7 +255,7 @@ class RolloutEngine:
             self.counters.block_copies += len(copies)
             self._track_peak()
             try:
-                self._reserve(slots, copies)
+                reserve_written_blocks(self.storage, slots, copies)
                 with self._range("engine prefill"):
                     logits = self.runner.prefill(Batch("prefill", batch, [], slots, copies))
             except BaseException:
@@ -321,7 +336,7 @@ class RolloutEngine:
         batch = self.scheduler.schedule()
         self.counters.block_copies += len(batch.copies)
         self._track_peak()
-        self._reserve(batch.slots, batch.copies)
+        reserve_written_blocks(self.storage, batch.slots, batch.copies)
         parts = []
         if batch.kind == "prefill":
             self.counters.prefill_run += sum(seq.num_pending for seq in batch.rows)
@@ -387,14 +402,6 @@ class RolloutEngine:
             for name in ("prefill_run", "decode_rows", "block_copies", "preemptions"):
                 setattr(window, name, getattr(self.counters, name) - getattr(start, name))
 
-    def _reserve(self, slots: torch.Tensor | None, copies: list[tuple[int, int]]) -> None:
-        """Make the storage hold every block this pass writes (its slots, its copies'
-        destinations); the blocks it only reads were written by earlier passes."""
-        top = max((dst for _, dst in copies), default=-1)
-        if slots is not None and slots.numel():
-            top = max(top, int(slots.max()) // self.storage.block_size)
-        self.storage.reserve(top + 1)
-
     def _track_peak(self) -> None:
         in_use = self.blocks_in_use
         for counters in [self.counters, *self._windows]:
@@ -402,19 +409,18 @@ class RolloutEngine:
 
     def _range(self, name: str):
         """A profiler range (and an NVTX range on CUDA, for Nsight timelines)."""
-        if self.device.type != "cuda":
-            return torch.profiler.record_function(name)
-        return _nvtx_range(name)
+        return profile_range(name, self.device)
 
 
-@contextlib.contextmanager
-def _nvtx_range(name: str):
-    with torch.profiler.record_function(name):
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
+def reserve_written_blocks(
+    storage: PagedKVStorage, slots: torch.Tensor | None, copies: list[tuple[int, int]]
+) -> None:
+    """Make the storage hold every block a pass writes (its slots, its copies' destinations);
+    the blocks it only reads were written by earlier passes."""
+    top = max((dst for _, dst in copies), default=-1)
+    if slots is not None and slots.numel():
+        top = max(top, int(slots.max()) // storage.block_size)
+    storage.reserve(top + 1)
 
 
 def _check_settings(

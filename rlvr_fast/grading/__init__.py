@@ -10,7 +10,7 @@ What is implemented here, exactly (one job per module):
   ``math.isclose`` semantics (relative 1e-6, absolute 1e-9); mixed numbers; undefined values
   (a zero denominator equals nothing).
 * ``latex_sympy`` -- our LaTeX -> sympy converter and sympy equivalence.
-* ``compare`` -- our pipeline: normalised strings, then numbers, then sympy, item by item.
+* ``equivalence`` -- our pipeline: normalised strings, then numbers, then sympy, item by item.
 * ``second_opinion`` -- math-verify, asked when our pipeline says a non-definite False.
 * ``worker`` / ``pool`` / ``forkserver_preload`` -- worker processes that run sympy and
   math-verify under a deadline, forked warm; a pool of them keeps every caller, from any

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rlvr_fast.grading.compare import compare_answers
+from rlvr_fast.grading.equivalence import compare_answers
 from rlvr_fast.grading.extraction import BOX_COMMANDS, MAX_ANSWER_CHARS, extract_boxed, passes_gate
 from rlvr_fast.grading.pool import POOL
 from rlvr_fast.grading.worker import OUT_OF_TIME

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from multiprocessing.connection import Connection
 
-from rlvr_fast.grading.compare import compare_answers
+from rlvr_fast.grading.equivalence import compare_answers
 from rlvr_fast.grading.latex_sympy import sympy_sources_equal
 from rlvr_fast.grading.second_opinion import math_verify_equal, quiet_math_verify
 

@@ -7,7 +7,7 @@ checkpoint loads here.
 
 Loading checks before it reads: the files are regular files inside the directory (a symlink
 is resolved and must stay inside it, or in a Hugging Face cache's blobs/:
-``rlvr_fast.files.model_file``), config.json is bounded, and every tensor's name, dtype, shape
+``rlvr_fast.utils.files.model_file``), config.json is bounded, and every tensor's name, dtype, shape
 and byte size come from the safetensors headers and must match the config before any tensor is
 read (a crafted 4 GiB q_proj fails in no time and no memory); a tensor in two shards is refused.
 """
@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rlvr_fast.files import (
+from rlvr_fast.utils.files import (
     UnreadableFileError,
     model_file,
     open_regular,

@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlvr_fast.files import UnreadableFileError, read_json
+from rlvr_fast.utils.files import UnreadableFileError, read_json
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 # Above these a dimension or layer count is a corrupt file, not a model: the model is built

@@ -7,10 +7,10 @@ Every field of ``trl.GRPOConfig`` falls in one of three groups:
   loader workers, log verbosity) that cannot change what is computed here; any value is taken;
 - ``DEFAULT_ONLY_FIELDS``: everything else; TRL's default is accepted (a script may spell it
   out), any other value raises ``UnsupportedFieldError`` naming the field.
-A name in none of them is a ``TypeError``, as for any dataclass. ``tests/test_trl_compat.py``
+A name in none of them is a ``TypeError``, as for any dataclass. ``tests/trl_compat/test_trl_compat.py``
 checks these tables against the installed ``trl``.
 
-Ours: ``arm`` (a study arm's preset, ``rlvr_fast.arms``), ``ledger`` (write the study's
+Ours: ``arm`` (a study arm's preset, ``rlvr_fast.train.arms``), ``ledger`` (write the study's
 ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``), ``tree``
 (two-stage K x B tree rollouts with TreeRL credit),
 ``skip_zero_variance_backward`` and ``fused_zero_grad_step`` (the zero-gradient AdamW step on
@@ -25,7 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from rlvr_fast.arms import ARMS
+from rlvr_fast.train.arms import ARMS
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "sum")
 SCALE_REWARDS = ("group", "batch", "none")

@@ -10,8 +10,8 @@ import torch
 
 from rlvr_fast.models.checkpoint import build_model, packed_to_hf
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.policy import Policy, default_dtype, load_policy
-from rlvr_fast.tokenizer import Tokenizer
+from rlvr_fast.models.policy import Policy, default_dtype, load_policy
+from rlvr_fast.models.tokenizer import Tokenizer
 
 
 def is_transformers_model(model) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr_fast.data import Problem
+from rlvr_fast.data.problems import Problem
 from rlvr_fast.grading import passes_gate
 
 
@@ -52,7 +52,7 @@ class ScoredGroup:
 
 
 class RewardFunctionsTask:
-    """Prompt ids and rewards for ``rlvr_fast.trainer.RLVRTrainer`` from dataset rows.
+    """Prompt ids and rewards for ``rlvr_fast.train.trainer.RLVRTrainer`` from dataset rows.
     ``Problem.id`` is the row's index; ``encode(prompt)`` gives a row's prompt ids."""
 
     def __init__(

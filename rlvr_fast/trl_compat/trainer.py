@@ -1,5 +1,5 @@
 """``GRPOTrainer``: TRL's constructor, ``train()``, ``save_model()``, ``state.log_history`` and
-callbacks, on rlvr_fast's engine and trainer (``rlvr_fast.trainer.RLVRTrainer``).
+callbacks, on rlvr_fast's engine and trainer (``rlvr_fast.train.trainer.RLVRTrainer``).
 
 Each optimizer step takes the next prompt (TRL's order: a ``torch.randperm`` per epoch from a
 generator seeded with ``seed``), samples ``num_generations`` completions on the rollout engine
@@ -8,7 +8,7 @@ TRL's loss at one update per generation, where the clipped ratio is exactly 1:
 
     loss = -sum_i sum_t A_i s_i log pi_T(y_it) / G,   pi_T = softmax(logits / temperature)
 
-with s_i the normaliser of ``loss_type`` (``rlvr_fast.trainer.sequence_scales``: grpo 1/|o_i|,
+with s_i the normaliser of ``loss_type`` (``rlvr_fast.train.losses.sequence_scales``: grpo 1/|o_i|,
 dapo and bnpo G / sum_j |o_j|, dr_grpo 1/max_completion_length) and A_i TRL's advantages
 (``scale_rewards``). ``loss_type="sum"`` is the study's loss instead: s_i = 1 on untempered
 log-probabilities. Zero-variance groups (every A_i = 0, so TRL's gradient is exactly zero) skip
@@ -37,9 +37,12 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from rlvr_fast.arms import arm_settings
-from rlvr_fast.files import files_into, replaced_directory
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig, sequence_scales, standardised_advantages
+from rlvr_fast.train.arms import arm_settings
+from rlvr_fast.utils.files import files_into, replaced_directory
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.losses import sequence_scales
+from rlvr_fast.credit.group import standardised_advantages
 from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
@@ -287,7 +290,7 @@ class GRPOTrainer:
             self._callback("on_step_begin")
             step_started = time.perf_counter()
             lr = self.optimizer.param_groups[0]["lr"]
-            result = self.trainer.train_step(state.global_step, self.trainer.train_data[index])
+            result = self.trainer.step_on(state.global_step, [self.trainer.train_data[index]])
             self.lr_scheduler.step()
             loss = self._record_step(result.record, time.perf_counter() - step_started)
             losses.append(loss)
@@ -313,8 +316,7 @@ class GRPOTrainer:
             "train_loss": sum(losses) / max(1, len(losses)),
         }
         self._log(dict(metrics))
-        if self.trainer.ledger is not None:
-            self.trainer.ledger.close()
+        self.trainer.close()
         if self.hf_model is not None:
             copy_weights_to(self.policy, self.hf_model)
         self._callback("on_train_end")

@@ -15,10 +15,11 @@ import pytest
 from hang_guard import within
 
 from rlvr_fast.analysis.sweep import SweepError, plan_sweep, run_sweep
-from rlvr_fast.cli import main
-from rlvr_fast.data import synthetic_problems
-from rlvr_fast.policy import load_policy
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.cli.main import main
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
 
 SHORT = dict(steps=2, max_new_tokens=16, eval_max_new_tokens=16, lr=1e-4)
 EVAL_SETS = {"t": synthetic_problems("test", 4)}
@@ -165,7 +166,7 @@ def test_a_rerun_sweep_with_other_training_data_is_refused_before_training(tmp_p
 
 HOLD = """
 import sys
-from rlvr_fast.files import lock_directory
+from rlvr_fast.utils.files import lock_directory
 lock_directory(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()

@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 from hang_guard import within
 
-from rlvr_fast.data import (
+from rlvr_fast.data.problems import (
     MAX_JSON_FILE_BYTES,
     MAX_LINE_BYTES,
     DataError,
@@ -20,8 +20,8 @@ from rlvr_fast.data import (
     load_problems,
     render_prompt,
 )
-from rlvr_fast.policy import TINY_MODEL_DIR
-from rlvr_fast.tokenizer import Tokenizer
+from rlvr_fast.models.policy import TINY_MODEL_DIR
+from rlvr_fast.models.tokenizer import Tokenizer
 
 
 def one_line(err) -> str:

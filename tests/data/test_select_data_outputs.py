@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from hang_guard import within
 
-from rlvr_fast.cli import main
-from rlvr_fast.data import save_problems, synthetic_problems
+from rlvr_fast.cli.main import main
+from rlvr_fast.data.problems import save_problems
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.engine import RolloutEngine
-from rlvr_fast.policy import load_policy
-from rlvr_fast.select_data import PassRange, SelectionSettings, rates_path, select_data
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, rates_path, select_data
 
 SETTINGS = SelectionSettings(model="tiny", k=2, max_new_tokens=16, seed=5)
 PROBLEMS = synthetic_problems("train", 4, seed=4)
@@ -88,7 +89,7 @@ def test_a_rates_file_that_is_a_fifo_is_refused_at_once(tiny, tmp_path):
 
 HOLD = """
 import sys
-from rlvr_fast.files import lock_output
+from rlvr_fast.utils.files import lock_output
 lock_output(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()

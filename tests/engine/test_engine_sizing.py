@@ -13,7 +13,7 @@ import torch
 
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.engine import kv_storage
-from rlvr_fast.policy import load_policy
+from rlvr_fast.models.policy import load_policy
 
 PROMPT = list(range(1, 30))
 
@@ -58,7 +58,7 @@ CONFINED = """
 import resource, sys, torch
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
 from rlvr_fast.engine import RolloutEngine, SamplingParams
-from rlvr_fast.policy import load_policy
+from rlvr_fast.models.policy import load_policy
 policy = load_policy("tiny")
 engine = RolloutEngine.for_policy(policy, max_batch=int(sys.argv[2]), kv_blocks=1 << 17)
 seq = engine.add(list(range(1, 30)))

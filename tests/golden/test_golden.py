@@ -42,7 +42,7 @@ def platform_key() -> str:
 
 
 def arm_names() -> list[str]:
-    from rlvr_fast.arms import ARMS
+    from rlvr_fast.train.arms import ARMS
 
     return list(ARMS)
 
@@ -81,7 +81,7 @@ def run_outputs(arm: str, out: Path) -> dict[str, str]:
     """Train ``arm`` for three steps into ``out`` and hash what it wrote."""
     from rlvr_fast import RLVRTrainer, TrainConfig, load_policy, synthetic_problems
 
-    from rlvr_fast.arms import arm_settings
+    from rlvr_fast.train.arms import arm_settings
 
     preset = arm_settings(arm)
     overrides = dict(SETTINGS)

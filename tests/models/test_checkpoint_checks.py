@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, save_model
 from rlvr_fast.models.config import ConfigError, ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
-from rlvr_fast.policy import TINY_MODEL_DIR, load_policy
-from rlvr_fast.tokenizer import TokenizerError
+from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
+from rlvr_fast.models.tokenizer import TokenizerError
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 

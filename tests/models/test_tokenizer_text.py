@@ -4,9 +4,9 @@ only when asked for."""
 
 from __future__ import annotations
 
-from rlvr_fast.data import render_prompt
-from rlvr_fast.policy import TINY_MODEL_DIR
-from rlvr_fast.tokenizer import Tokenizer
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.models.policy import TINY_MODEL_DIR
+from rlvr_fast.models.tokenizer import Tokenizer
 
 
 def test_endoftext_inside_a_question_does_not_become_an_eos_in_the_prompt():

@@ -7,16 +7,18 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from hang_guard import within
 
-from rlvr_fast.data import synthetic_problems
-from rlvr_fast.files import LOCK_NAME
-from rlvr_fast.policy import load_policy
-from rlvr_fast.run_directory import RUN_FILES, RunDirectoryError
-from rlvr_fast.state_file import StateFileError, load_state
-from rlvr_fast.trainer import RLVRTrainer, TrainConfig
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.run.directory import RunDirectoryError, run_files
+from rlvr_fast.run.state_file import StateFileError, load_state
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
 
 SETTINGS = dict(max_new_tokens=16, eval_max_new_tokens=16, lr=1e-4, checkpoint_every=1)
 PROBLEMS = synthetic_problems("train", 2, seed=3)
@@ -44,7 +46,7 @@ def tree_digest(root):
     }
 
 
-@pytest.mark.parametrize("name", [n for n in RUN_FILES if n != "config.json"])
+@pytest.mark.parametrize("name", [str(p) for p in run_files(Path()) if p.name != "config.json"])
 @pytest.mark.parametrize("kind", ["FIFO", "link to /dev/zero"])
 def test_a_resume_refuses_a_run_file_that_is_not_a_regular_file(finished, tmp_path, name, kind):
     run = tmp_path / "run"

@@ -9,7 +9,7 @@ import os
 import pytest
 from hang_guard import within
 
-from rlvr_fast.files import (
+from rlvr_fast.utils.files import (
     UnreadableFileError,
     parse_json,
     read_bytes,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlvr_fast.files import (
+from rlvr_fast.utils.files import (
     append_line,
     atomic_path,
     files_into,
@@ -68,7 +68,7 @@ def test_a_write_error_names_the_target_not_the_temp_file(tmp_path):
 
 FILL = """
 import resource, signal, sys, torch
-from rlvr_fast.state_file import save_state
+from rlvr_fast.run.state_file import save_state
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:

@@ -1,0 +1,1 @@
+"""The ``rlvr-fast`` command line: parse, validate, hand over."""

@@ -1,0 +1,261 @@
+"""Each command's work after its arguments are parsed: load, hand over, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.cli.options import (
+    DTYPES,
+    comma_list,
+    load_data,
+    parse_device,
+    parse_eval_sets,
+    positive,
+    training_overrides,
+)
+
+
+from rlvr_fast.analysis.compare import compare_paths
+from rlvr_fast.analysis.shapley_report import shapley_report
+from rlvr_fast.analysis.tables import render
+from rlvr_fast.analysis.verify import verify_paths
+from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.rollouts.limits import MAX_BATCH, MAX_NEW_TOKENS
+from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_data
+from rlvr_fast.train import distributed
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.utils.files import write_json_atomic, write_text_atomic
+
+
+def run_train(args) -> dict:
+    overrides = training_overrides(args)
+    config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
+    if args.profile < 0:
+        raise ValueError(f"--profile must be >= 0, got {args.profile}")
+    device = parse_device(args.device)
+    train_data = load_data(args.train_data, limit=config.questions_needed)
+    eval_sets = parse_eval_sets(args.eval)
+    device = distributed.init(str(device), args.dist_timeout)
+    policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie)
+    trainer = RLVRTrainer(
+        policy,
+        config,
+        train_data,
+        eval_sets,
+        out_dir=args.out,
+        resume=args.resume,
+        progress=not args.quiet,
+        profile_steps=args.profile,
+    )
+    summary = trainer.train()
+    if distributed.is_main():
+        print_train_table(summary)
+    distributed.shutdown()
+    return summary
+
+
+def print_train_table(summary: dict) -> None:
+    totals = summary["totals_this_run"]
+    print(f"\narm {summary['arm']}, {summary['steps']} steps")
+    for name, after in summary.get("eval_after", {}).items():
+        before = summary.get("eval_before", {}).get(name)
+        if before:
+            print(
+                f"  {name}: accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%}, "
+                f"short answers {before['short_guess_fraction']:.1%} -> "
+                f"{after['short_guess_fraction']:.1%}, cap hits {before['cap_hits']} -> "
+                f"{after['cap_hits']}"
+            )
+        else:
+            print(
+                f"  {name}: accuracy {after['accuracy']:.1%}, short answers "
+                f"{after['short_guess_fraction']:.1%}, cap hits {after['cap_hits']}"
+            )
+    if "polyak" in summary:
+        polyak = summary["polyak"]
+        window = (
+            f"steps {polyak['first_step']}..{summary['steps']}"
+            if polyak["steps_averaged"]
+            else "no steps (the run ended first)"
+        )
+        print(f"  Polyak average of {window}, saved as final_polyak/")
+        for name, result in summary.get("eval_polyak", {}).items():
+            print(
+                f"  {name} (Polyak average): accuracy {result['accuracy']:.1%}, short answers "
+                f"{result['short_guess_fraction']:.1%}, cap hits {result['cap_hits']}"
+            )
+    print(
+        "  tokens: "
+        + ", ".join(
+            f"{k} {int(totals.get(k, 0)):,}"
+            for k in ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")
+        )
+    )
+    print(
+        f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
+        f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
+        f"block copies (the seed's pref / untrim_gen above)"
+    )
+    print(
+        "  TFLOPs: "
+        + ", ".join(
+            f"{label} {totals.get(k, 0) / 1e12:.4f}"
+            for label, k in (
+                ("Out", "flops_out"),
+                ("Full", "flops_full"),
+                ("PadFull", "flops_pad_full"),
+            )
+        )
+    )
+    phases = {k.removeprefix("seconds_"): v for k, v in totals.items() if k.startswith("seconds_")}
+    print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+
+
+def run_eval(args) -> dict:
+    model_path = Path(args.model)
+    # A run directory evaluates its final model.
+    if (RunLayout(model_path).model() / "config.json").is_file():
+        model_path = RunLayout(model_path).model()
+    max_new_tokens = positive("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)
+    max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
+    device = parse_device(args.device)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"{args.out}: exists and is not a directory")
+    eval_sets = parse_eval_sets(args.eval)
+    device = distributed.init(str(device), args.dist_timeout)
+    policy = load_policy(
+        args.model if args.model == "tiny" else model_path, device=device, dtype=DTYPES[args.dtype]
+    )
+    engine = RolloutEngine.for_policy(
+        policy, max_batch=max_batch, cuda_graphs=not args.no_cuda_graphs
+    )
+    # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
+    main_rank = distributed.is_main()
+    summaries = {}
+    for name, problems in eval_sets.items():
+        result = distributed.evaluate_sharded(
+            policy,
+            problems,
+            max_new_tokens=max_new_tokens,
+            desc=f"eval {name}",
+            engine=engine,
+            progress=main_rank,
+        )
+        summaries[name] = result.summary()
+        if not main_rank:
+            continue
+        print(
+            f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
+            f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}"
+        )
+        if args.out:
+            write_text_atomic(
+                args.out / f"{name}.jsonl",
+                "".join(json.dumps(i.to_json()) + "\n" for i in result.items),
+            )
+    if args.out and main_rank:
+        write_json_atomic(args.out / "summary.json", summaries)
+    distributed.shutdown()
+    return summaries
+
+
+def run_verify(args) -> bool:
+    lines, ok = verify_paths(args.runs)
+    print("\n".join(lines))
+    return ok
+
+
+def run_compare(args) -> None:
+    comparison = compare_paths(args.runs, reference=args.reference)
+    sys.stdout.write(render(comparison, args.format))
+
+
+def run_report(args) -> None:
+    # matplotlib loads only for the commands that draw.
+    from rlvr_fast.analysis.report import write_report
+
+    for path in write_report(args.runs, args.out, reference=args.reference):
+        print(path)
+
+
+def run_sweep(args) -> None:
+    from rlvr_fast.analysis.sweep import plan_sweep, run_sweep as sweep
+
+    plan = plan_sweep(
+        comma_list(args.arms, str, "--arms"),
+        comma_list(args.seeds, int, "--seeds"),
+        args.out,
+        steps=args.steps,
+        **training_overrides(args),
+    )
+    train_data = load_data(args.train_data, limit=max(run.config.questions_needed for run in plan))
+    eval_sets = parse_eval_sets(args.eval)
+    device = parse_device(args.device)
+    tables = sweep(
+        plan,
+        args.out,
+        train_data,
+        eval_sets,
+        lambda: load_policy(args.model, device=device, dtype=DTYPES[args.dtype], untie=args.untie),
+        progress=not args.quiet,
+    )
+    print(tables, end="")
+    print(f"compare tables: {args.out / 'compare.md'}; report: {args.out / 'report' / 'report.md'}")
+
+
+def run_shapley_report(args) -> dict:
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.resamples < 1:
+        raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+    report = shapley_report(
+        args.run_dir,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        resamples=args.resamples,
+        device=parse_device(args.device),
+    )
+    print(report["table"], end="")
+    return report
+
+
+def run_select_data(args) -> dict:
+    settings = SelectionSettings(
+        model=args.model,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        gate_min_chars=args.gate_min_chars,
+        seed=args.seed,
+    )
+    pass_range = PassRange(args.min_pass, args.max_pass)
+    if args.batch_questions < 1:
+        raise ValueError(f"--batch-questions must be >= 1, got {args.batch_questions}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
+    device = parse_device(args.device)
+    problems = load_data(args.data)
+    policy = load_policy(args.model, device=device, dtype=DTYPES[args.dtype])
+    engine = RolloutEngine.for_policy(
+        policy, max_batch=max_batch, cuda_graphs=not args.no_cuda_graphs
+    )
+    result = select_data(
+        policy,
+        engine,
+        problems,
+        settings,
+        pass_range,
+        args.out,
+        limit=args.limit,
+        batch_questions=args.batch_questions,
+        progress=not args.quiet,
+    )
+    print(result.describe())
+    return result.counts()

@@ -1,0 +1,187 @@
+"""What the commands share: the data, eval-set, override and device arguments, and the one-line
+error parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from rlvr_fast.data.problems import MAX_PROBLEMS, DataError, load_problems
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.run.directory import check_eval_name
+from rlvr_fast.train import distributed
+
+
+# Every error a user's input can cause is a ValueError naming the input (DataError,
+# ConfigError, CheckpointError, TokenizerError, StateFileError, RunDirectoryError, ...), or an
+# OSError naming the file.
+USER_ERRORS = (ValueError, OSError)
+
+
+# Settings with their own option: --set may not give them a second value.
+OPTION_SETTINGS = {"steps": "--steps", "seed": "--seed", "arm": "--arm"}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error here."""
+
+    def error(self, message: str):
+        self.exit(2, f"rlvr-fast: error: {message.splitlines()[0]} (see {self.prog} --help)\n")
+
+
+def load_data(spec: str, *, limit: int | None = None):
+    """A path, or synthetic:SPLIT[:N] (N defaults to ``limit`` or 200; a ``limit`` above the
+    size limit loads that many, which the trainer cycles through)."""
+    if spec.startswith("synthetic:"):
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdecimal()):
+            raise ValueError(f"bad data spec {spec!r} (expected synthetic:SPLIT[:N])")
+        count = int(parts[2]) if len(parts) == 3 else min(limit or 200, MAX_PROBLEMS)
+        try:
+            problems = synthetic_problems(parts[1], count)
+        except ValueError as err:
+            raise DataError(f"{spec}: {err}") from None
+    else:
+        problems = load_problems(spec, limit=limit)
+    if not problems:
+        raise DataError(f"{spec}: no problems")
+    return problems
+
+
+def parse_eval_sets(specs: list[str]) -> dict[str, list]:
+    sets = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not source:
+            raise ValueError(f"--eval wants NAME=PATH or NAME=synthetic:SPLIT[:N], got {spec!r}")
+        if name in sets:
+            raise ValueError(f"--eval name {name!r} given twice")
+        sets[check_eval_name(name)] = load_data(source)
+    return sets
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """--set key=value; values are read as JSON where they parse (1e-4, true, null, [0.9, 0.95])."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set wants key=value, got {pair!r}")
+        if key in OPTION_SETTINGS:
+            raise ValueError(f"--set {key}: {key} is chosen with {OPTION_SETTINGS[key]}")
+        try:
+            overrides[key] = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
+            overrides[key] = raw
+    return overrides
+
+
+def parse_device(text: str) -> torch.device:
+    """cpu or cuda[:N], the latter only where that GPU exists."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text!r}: expected cpu or cuda[:N]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {text}: {count} CUDA device(s) available")
+    return device
+
+
+def positive(what: str, value: int, most: int) -> int:
+    if not 1 <= value <= most:
+        raise ValueError(f"{what} must be in [1, {most:,}], got {value}")
+    return value
+
+
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="auto",
+        help="weights and KV cache: auto = bf16 on CUDA (the study's), fp32 on CPU",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="decode eagerly on CUDA instead of replaying CUDA graphs",
+    )
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run as N data-parallel ranks on this host (torchrun); a step's "
+        "questions_per_step questions are split over them",
+    )
+    parser.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=distributed.DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="with several ranks: fail, instead of waiting, "
+        "when another rank has not answered a collective within SECONDS",
+    )
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
+    parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")
+    parser.add_argument(
+        "--train-data",
+        default="synthetic:train",
+        help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used",
+    )
+    parser.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=50,
+        help="steps to train (with --active-steps: the most steps to train)",
+    )
+    parser.add_argument(
+        "--active-steps", type=int, metavar="N", help="stop once N steps have run a backward pass"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any TrainConfig field, e.g. --set lr=1e-4",
+    )
+    parser.add_argument(
+        "--untie",
+        action="store_true",
+        help="give a tied LM head its own weights (the study's P counts it)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_arguments(parser)
+
+
+def comma_list(text: str, kind, what: str) -> list:
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{what} wants a comma-separated list, got {text!r}") from None
+
+
+def training_overrides(args) -> dict:
+    """--set pairs, and --no-cuda-graphs and --active-steps as the TrainConfig fields they set."""
+    overrides = parse_overrides(args.set)
+    if args.no_cuda_graphs:
+        overrides["cuda_graphs"] = False
+    if args.active_steps is not None:
+        overrides["active_steps"] = args.active_steps
+    return overrides

@@ -1,0 +1,453 @@
+"""``TrainConfig``: every setting of a training run, with its help text in the field's metadata.
+
+Settings by section (each field's ``metadata["help"]`` says what it does):
+- run: ``arm`` (the preset, ``rlvr_fast.train.arms``), ``steps``, ``seed``, ``checkpoint_every``,
+  ``allow_nonfinite``;
+- rollouts: ``group_size``, ``temperature``, ``top_p``, ``max_new_tokens``, ``max_batch``,
+  ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
+- optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
+  ``fused_zero_grad_step``;
+- reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
+- loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
+  ``tempered_logprobs`` and ``mask_truncated``;
+- evaluation: ``eval_max_new_tokens``, ``eval_before``;
+- trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
+  ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
+- parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
+  ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
+  ``lambda_path``, ``judge_model``;
+- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``.
+
+Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
+type is refused by name here rather than failing inside a comparison later; ints are accepted
+where floats are). A field's own range is checked by its ``check``; checks across fields of one
+step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. The field order is the
+order of ``config.json``, which resumed runs compare: new fields go at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rlvr_fast.credit.paths import PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES
+from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS, MAX_PERMUTATIONS, MAX_PLAYERS
+from rlvr_fast.rollouts.limits import (
+    MAX_BATCH,
+    MAX_GROUP_SIZE,
+    MAX_NEW_TOKENS,
+    MAX_QUESTIONS_PER_STEP,
+    MAX_SEED,
+)
+from rlvr_fast.rollouts.parallel import AGGREGATORS
+from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
+from rlvr_fast.train.arms import ARMS, arm_settings
+from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
+from rlvr_fast.train.decision import ZERO_VAR_STEPS
+from rlvr_fast.train.kinds import KINDS, step_kind
+
+
+def setting(
+    default,
+    help: str,
+    check: Callable | None = None,
+    error: str = "",
+    *,
+    also: tuple[Callable, str] | None = None,
+    only_for: str | None = None,
+):
+    """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
+    value), then ``also``, a second (check, error). ``only_for``: the sampler the setting
+    belongs to; another sampler refuses a value other than the default."""
+    checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
+    metadata = {"help": help, "checks": checks, "only_for": only_for}
+    return field(default=default, metadata=metadata)
+
+
+def one_of(valid: tuple[str, ...]) -> Callable:
+    return lambda value: value in valid
+
+
+def _valid(name: str, valid: tuple[str, ...]) -> str:
+    return f"{name} must be one of {', '.join(valid)}, got {{value!r}}"
+
+
+SAMPLERS = tuple(KINDS)
+FLAT_LOSS_MESSAGE = (
+    "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat arms only"
+)
+
+
+@dataclass
+class TrainConfig:
+    arm: str = setting(
+        "baseline",
+        "the arm whose preset the settings start from (rlvr_fast.train.arms)",
+        one_of(tuple(ARMS)),
+        f"unknown arm {{value!r}} (valid: {', '.join(ARMS)})",
+    )
+    steps: int = setting(
+        50, "optimizer steps of the run", lambda v: v >= 1, "steps must be >= 1, got {value}"
+    )
+    seed: int = setting(
+        42,
+        "seed of the run's generator: every rollout, and Monte-Carlo Shapley, draw from it",
+        lambda v: 0 <= v <= MAX_SEED,
+        "seed must be in [0, 2**63 - 1], got {value}",
+    )
+    group_size: int = setting(
+        8,
+        "rollouts per question (G); parallel arms: responses of num_paths paths",
+        lambda v: 2 <= v <= MAX_GROUP_SIZE and v % 2 == 0,
+        f"group_size must be even and in [2, {MAX_GROUP_SIZE}] (rollouts are ledgered in "
+        "pairs), got {value}",
+    )
+    temperature: float = setting(
+        0.8,
+        "sampling temperature of rollouts",
+        lambda v: v > 0,
+        "temperature must be > 0 for rollouts, got {value}",
+    )
+    top_p: float = setting(
+        0.9,
+        "nucleus of the study's top-p rule",
+        lambda v: 0 < v <= 1,
+        "top_p must be in (0, 1], got {value}",
+    )
+    max_new_tokens: int = setting(
+        512,
+        "cap on each rollout's generated tokens",
+        lambda v: 1 <= v <= MAX_NEW_TOKENS,
+        f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {{value}}",
+    )
+    lr: float = setting(1e-5, "AdamW learning rate", lambda v: v > 0, "lr must be > 0, got {value}")
+    betas: tuple[float, float] = setting(
+        (0.9, 0.999),
+        "AdamW betas",
+        lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+        "betas must be two numbers in [0, 1), got {value}",
+    )
+    eps: float = setting(1e-8, "AdamW epsilon", lambda v: v > 0, "eps must be > 0, got {value}")
+    weight_decay: float = setting(
+        0.01,
+        "AdamW decoupled weight decay",
+        lambda v: v >= 0,
+        "weight_decay must be >= 0, got {value}",
+    )
+    max_grad_norm: float | None = setting(
+        1.0,
+        "clip the gradient's total norm to this (None: no clipping; the norm is logged before)",
+        lambda v: v is None or v > 0,
+        "max_grad_norm must be > 0 or None, got {value}",
+    )
+    loss_order: str = setting(
+        "sum_then_scale",
+        "sum_then_scale: -A_i sum_t log p per sequence (the seed's baseline); token_weighted: "
+        "each token's NLL times its weight, through the fused loss",
+        one_of(LOSS_ORDERS),
+        _valid("loss_order", LOSS_ORDERS),
+    )
+    skip_zero_var: bool = setting(False, "homogeneous groups (sigma_R = 0) run no backward pass")
+    zero_var_step: str = setting(
+        "skip",
+        "on a skipped group: zero_grad takes an AdamW step with zero gradients, skip none",
+        one_of(ZERO_VAR_STEPS),
+        _valid("zero_var_step", ZERO_VAR_STEPS),
+    )
+    gate_min_chars: int | None = setting(
+        None,
+        "derivation gate: reward only a last \\boxed starting at or after this many characters",
+        lambda v: v is None or v >= 0,
+        "gate_min_chars must be >= 0 or None, got {value}",
+    )
+    loss_type: str = setting(
+        "sum",
+        "per-sequence normaliser: the study's sum, or TRL's grpo, dapo, dr_grpo",
+        one_of(LOSS_TYPES),
+        _valid("loss_type", LOSS_TYPES),
+        only_for="flat",
+    )
+    scale_rewards: bool = setting(
+        True, "divide advantages by std R + 1e-4 (TRL's scale_rewards)", only_for="flat"
+    )
+    tempered_logprobs: bool = setting(
+        False, "train on log softmax(logits / temperature), as TRL does", only_for="flat"
+    )
+    mask_truncated: bool = setting(
+        False,
+        "zero weight on completions cut at the cap (TRL's mask_truncated_completions)",
+        only_for="flat",
+    )
+    eval_max_new_tokens: int = setting(
+        2048,
+        "cap of greedy evaluation",
+        lambda v: 1 <= v <= MAX_NEW_TOKENS,
+        f"eval_max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {{value}}",
+    )
+    max_batch: int = setting(
+        256,
+        "rows the engine decodes at once",
+        lambda v: 1 <= v <= MAX_BATCH,
+        f"max_batch must be in [1, {MAX_BATCH}], got {{value}}",
+    )
+    cuda_graphs: bool = setting(True, "replay CUDA graphs for decode steps on CUDA")
+    eval_before: bool = setting(True, "evaluate the eval sets before the first step")
+    checkpoint_every: int = setting(
+        10, "steps between checkpoints", lambda v: v >= 1, "checkpoint_every must be >= 1"
+    )
+    fused_zero_grad_step: bool = setting(
+        True, "zero-gradient AdamW steps through the fused kernel (no gradient tensors)"
+    )
+    sampler: str = setting(
+        "flat",
+        "the step kind: flat groups, two-stage trees, or parallel paths",
+        one_of(SAMPLERS),
+        _valid("sampler", SAMPLERS),
+    )
+    early_eos_mode: str = setting(
+        "terminal_dup",
+        "tree branching rule for a root that ends early (the seed's --early-eos-mode)",
+        one_of(EARLY_EOS_MODES),
+        _valid("early_eos_mode", EARLY_EOS_MODES),
+    )
+    tree_k: int = setting(
+        4,
+        "roots per tree (K)",
+        lambda v: 1 <= v <= MAX_GROUP_SIZE // 2,
+        f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {{value}}",
+    )
+    tree_b: int = setting(
+        2,
+        "branches per root (B)",
+        lambda v: v == 2,
+        "tree_b must be 2 (the ledger records pairs), got {value}",
+    )
+    t_min: int = setting(96, "Stage 1 stops at the first newline at or after this token")
+    t_max: int = setting(160, "Stage 1's cap")
+    beta: float = setting(
+        0.0,
+        "sibling-disagreement prefix bonus of TreeRL credit",
+        lambda v: 0 <= v <= 1,
+        "beta must be in [0, 1], got {value}",
+    )
+    alpha: float = setting(
+        0.5,
+        "continuation credit's mix of leaf and sibling advantage",
+        lambda v: 0 <= v <= 1,
+        "alpha must be in [0, 1], got {value}",
+    )
+    clamped_prefix: bool = setting(False, "one-sided clamped prefix credit (Proposition 3)")
+    bifurcate_after_active: int = setting(
+        0,
+        "tree arms sample flat groups until this many steps ran a backward pass",
+        lambda v: v >= 0,
+        "bifurcate_after_active must be >= 0",
+    )
+    tree_reprefill: bool = setting(
+        False, "re-prefill each Stage-2 branch instead of forking it (the seed's cost, measured)"
+    )
+    num_paths: int = setting(
+        4,
+        "paths per response (K) of parallel arms",
+        lambda v: 1 <= v <= MAX_PLAYERS,
+        f"num_paths must be in [1, {MAX_PLAYERS}], got {{value}}",
+    )
+    aggregator: str = setting(
+        "vote",
+        "how a response aggregates its paths: majority vote, or a generated summary",
+        one_of(AGGREGATORS),
+        _valid("aggregator", AGGREGATORS),
+    )
+    path_utility: str = setting(
+        "vote",
+        "utility of a coalition of paths",
+        one_of(PATH_UTILITIES),
+        _valid("path_utility", PATH_UTILITIES),
+    )
+    path_credit: str = setting(
+        "shapley",
+        "credit of a path: its Shapley value, leave-one-out, or graded alone",
+        one_of(PATH_CREDITS),
+        _valid("path_credit", PATH_CREDITS),
+    )
+    shapley_permutations: int = setting(
+        0,
+        "Monte-Carlo permutations of Shapley credit (0: exact)",
+        lambda v: 0 <= v <= MAX_PERMUTATIONS,
+        f"shapley_permutations must be in [0, {MAX_PERMUTATIONS}] (0: exact)",
+        also=(lambda v: v != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
+    )
+    shapley_antithetic: bool = setting(True, "Monte-Carlo orderings in antithetic pairs")
+    path_reward_norm: str = setting(
+        "zscore",
+        "normalisation of phi before it is mixed into the path reward",
+        one_of(PATH_REWARD_NORMS),
+        _valid("path_reward_norm", PATH_REWARD_NORMS),
+    )
+    lambda_outcome: float = setting(
+        0.5,
+        "weight of the outcome reward in a path's reward",
+        lambda v: v >= 0,
+        "lambda_outcome and lambda_path must be >= 0",
+    )
+    lambda_path: float = setting(
+        0.5,
+        "weight of the normalised Shapley value in a path's reward",
+        lambda v: v >= 0,
+        "lambda_outcome and lambda_path must be >= 0",
+    )
+    judge_model: str = setting(
+        "policy", "the judge of path_utility judge: the policy, or a model directory"
+    )
+    allow_nonfinite: bool = setting(
+        False, "train on after a non-finite loss, gradient norm or weight"
+    )
+    questions_per_step: int = setting(
+        1,
+        "questions per optimizer step, each gradient scaled to unit norm (accum4)",
+        lambda v: 1 <= v <= MAX_QUESTIONS_PER_STEP,
+        f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got {{value}}",
+    )
+    zero_cont_mass: bool = setting(
+        False, "centre tree continuations' weights to zero signed token mass", only_for="tree"
+    )
+    polyak_start: int = setting(
+        0, "FP32 Polyak average of the weights after steps polyak_start.. (0: none)"
+    )
+    active_steps: int | None = setting(
+        None, "end the run after this many steps with a backward pass"
+    )
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        for f in dataclasses.fields(self):
+            for check, error in f.metadata["checks"]:
+                if not check(getattr(self, f.name)):
+                    raise ValueError(error.format(value=getattr(self, f.name)))
+        self._check_settings_of_other_samplers()
+        self._check_loss()
+        self._check_shapley()
+        self._check_ablations()
+        step_kind(self.sampler).check_config(self)
+
+    def _check_settings_of_other_samplers(self) -> None:
+        for f in dataclasses.fields(self):
+            kind = f.metadata["only_for"]
+            if kind is not None and kind != self.sampler and getattr(self, f.name) != f.default:
+                if kind == "flat":
+                    raise ValueError(FLAT_LOSS_MESSAGE)
+                raise ValueError(f"{f.name} applies to {kind} arms only: it needs sampler {kind}")
+
+    def _check_loss(self) -> None:
+        if self.loss_order != "token_weighted" and (
+            self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
+        ):
+            raise ValueError(
+                "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+                "token_weighted"
+            )
+
+    def _check_shapley(self) -> None:
+        exact = self.shapley_permutations == 0 and self.path_credit == "shapley"
+        if exact and self.num_paths > MAX_EXACT_PLAYERS:
+            raise ValueError(
+                f"exact Shapley takes at most {MAX_EXACT_PLAYERS} paths; set "
+                f"shapley_permutations for {self.num_paths}"
+            )
+        if (
+            self.shapley_antithetic
+            and self.shapley_permutations
+            and (self.shapley_permutations < 4 or self.shapley_permutations % 2)
+        ):
+            raise ValueError(
+                "antithetic Monte-Carlo Shapley needs an even shapley_permutations >= 4 "
+                "(or shapley_antithetic false)"
+            )
+
+    def _check_ablations(self) -> None:
+        if self.questions_per_step > 1 and not self.skip_zero_var:
+            raise ValueError(
+                "questions_per_step > 1 needs skip_zero_var: a zero-variance question has no "
+                "gradient to scale to unit norm"
+            )
+        if self.questions_per_step > 1 and self.loss_order != "token_weighted":
+            raise ValueError("questions_per_step > 1 needs loss_order token_weighted")
+        if not 0 <= self.polyak_start <= self.steps:
+            raise ValueError(
+                f"polyak_start must be in [0, steps = {self.steps}] (0: no Polyak average), got "
+                f"{self.polyak_start}"
+            )
+        if self.active_steps is not None and not 1 <= self.active_steps <= self.steps:
+            raise ValueError(
+                f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
+                f"{self.active_steps}"
+            )
+
+    def _check_types(self) -> None:
+        for name, allowed in _field_types().items():
+            value = getattr(self, name)
+            if allowed is tuple:
+                if not _is_number_pair(value):
+                    raise ValueError(f"{name} has the wrong type: {value!r}")
+                value = tuple(float(b) for b in value)
+                setattr(self, name, value)
+            elif not isinstance(value, allowed) or (
+                isinstance(value, bool) and bool not in allowed
+            ):
+                raise ValueError(f"{name} has the wrong type: {value!r}")
+            # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+    @classmethod
+    def from_arm(cls, name: str, **overrides) -> "TrainConfig":
+        """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
+        if "arm" in overrides:
+            raise ValueError("the arm is chosen by name (--arm), not overridden")
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"unknown setting {unknown[0]!r} (valid: "
+                f"{', '.join(f.name for f in dataclasses.fields(cls))})"
+            )
+        return cls(arm=name, **{**arm_settings(name), **overrides})
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def questions_needed(self) -> int:
+        """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
+        return self.steps * self.questions_per_step
+
+
+def help_texts() -> dict[str, str]:
+    """Each setting's help text, in field order (``rlvr-fast train --help-settings``)."""
+    return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+
+
+def _field_types() -> dict[str, tuple | type]:
+    """Python types each field accepts, read from its annotation; ``tuple`` for a pair of
+    numbers (``betas``)."""
+    hints = typing.get_type_hints(TrainConfig)
+    return {name: _accepted(hint) for name, hint in hints.items()}
+
+
+def _accepted(hint) -> tuple | type:
+    if typing.get_origin(hint) is tuple:
+        return tuple
+    members = typing.get_args(hint) or (hint,)
+    accepted = set()
+    for member in members:
+        accepted |= {float: {int, float}}.get(member, {member})
+    return tuple(sorted(accepted, key=lambda t: t.__name__))
+
+
+def _is_number_pair(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
+    )

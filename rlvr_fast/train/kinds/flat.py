@@ -1,0 +1,211 @@
+"""Flat GRPO groups (seed §1): G rollouts of each question, its prompt prefilled once and forked
+G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i (scaled per sequence
+as ``loss_type`` says, TRL's settings: ``rlvr_fast.train.losses.sequence_scales``); the loss in
+the arm's ``loss_order``; a ledger line of G leaves in pairs (2i, 2i + 1) with prefix 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from rlvr_fast.credit.group import group_stats, standardised_advantages
+from rlvr_fast.engine import EngineCounters, SamplingParams
+from rlvr_fast.ledger.records import StepRecord, flat_step_record
+from rlvr_fast.rollouts.generation import sample_groups
+from rlvr_fast.rollouts.pairs import PairCategory
+from rlvr_fast.rollouts.trees import TreeRollout
+from rlvr_fast.train.kinds.base import Question, RecordInputs, recorded_inputs, regraded
+from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, sequence_scales
+from rlvr_fast.utils.phases import Phases
+
+
+@dataclass
+class Rollouts:
+    """One question's completions (leaf order), the work the engine executed for them (for
+    questions sampled in one batch, the batch's) and, for a tree step, the tree they came
+    from."""
+
+    completions: list[list[int]]
+    executed: EngineCounters
+    tree: TreeRollout | None = None
+
+
+@dataclass
+class QuestionCredit:
+    """One question's graded rollouts and credit: texts, rewards, lengths, sigma_R, the
+    per-rollout advantages (flat steps; the sum_then_scale loss reads them) and the per-token
+    weights of every completion."""
+
+    texts: list[str]
+    rewards: list[float]
+    lengths: list[int]
+    sigma: float
+    advantages: torch.Tensor | None
+    token_weights: list[torch.Tensor]
+
+
+class FlatKind:
+    name: ClassVar[str] = "flat"
+    category: ClassVar[PairCategory] = PairCategory.FLAT
+
+    def __init__(self, config, policy, engine, task, generator: torch.Generator, params: int):
+        self.config, self.policy, self.engine = config, policy, engine
+        self.task, self.generator, self.params = task, generator, params
+        self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Flat arms have no settings across fields beyond the common ones."""
+
+    @classmethod
+    def check_task(cls, task) -> None:
+        """Any task: its prompts and rewards (``rlvr_fast.train.task.MathTask`` by default)."""
+
+    def sample(self, questions: list[Question], bases, *, active_steps: int) -> None:
+        """Every question's G rollouts in one engine batch; question q from base seed
+        ``bases[q]`` (default: one draw of the run's generator per question)."""
+        group = self.config.group_size
+        out = sample_groups(
+            self.engine,
+            [q.prompt_ids for q in questions],
+            group,
+            self.sampling,
+            generator=self.generator,
+            bases=bases,
+        )
+        for index, question in enumerate(questions):
+            tokens = out.tokens[index * group : (index + 1) * group]
+            question.rollouts = Rollouts(tokens, out.counters)
+
+    def credit(self, questions: list[Question], phase: Phases) -> None:
+        with phase("reward"):
+            for question in questions:
+                question.credit = self.question_credit(question)
+
+    def graded(self, question: Question) -> tuple[list[str], list[float], list[int]]:
+        """Texts, rewards (the task's: the study's grading with the arm's derivation gate by
+        default) and lengths of a question's rollouts."""
+        completions = question.rollouts.completions
+        texts = self.policy.tokenizer.decode_batch(completions)
+        rewards = self.task.rewards(question.problem, texts, completions)
+        return texts, rewards, [len(c) for c in completions]
+
+    def question_credit(self, question: Question) -> QuestionCredit:
+        """The standardised advantage on every token of the group, scaled per sequence as
+        ``loss_type`` says."""
+        config = self.config
+        texts, rewards, lengths = self.graded(question)
+        advantages, sigma = standardised_advantages(rewards, scale=config.scale_rewards)
+        eos = self.policy.tokenizer.eos_token_ids
+        truncated = [c[-1] not in eos for c in question.rollouts.completions]
+        scales = sequence_scales(
+            lengths,
+            config.loss_type,
+            config.max_new_tokens,
+            truncated if config.mask_truncated else None,
+        )
+        weights = [(a * s).expand(n) for a, s, n in zip(advantages, scales, lengths)]
+        return QuestionCredit(texts, rewards, lengths, sigma, advantages, weights)
+
+    def contributes(self, question: Question) -> bool:
+        return question.credit.sigma != 0
+
+    def loss(self, question: Question) -> torch.Tensor:
+        config, model = self.config, self.policy.model
+        completions, credit = question.rollouts.completions, question.credit
+        if config.loss_order == "sum_then_scale":
+            token_nll = completion_token_nll(model, question.prompt_ids, completions)
+            advantages = credit.advantages.to(token_nll.device)
+            return grpo_loss(token_nll, advantages, config.loss_order)
+        return fused_grpo_loss(
+            model,
+            question.prompt_ids,
+            completions,
+            credit.token_weights,
+            config.temperature if config.tempered_logprobs else 1.0,
+        )
+
+    def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
+        return flat_step_record(
+            lengths=question.credit.lengths,
+            category=self.category,
+            **self.common_record(question, inputs),
+        )
+
+    def common_record(self, question: Question, inputs: RecordInputs) -> dict:
+        """The record arguments every question-level ledger record takes."""
+        return dict(
+            step=inputs.step,
+            question_id=question.problem.id,
+            rewards=question.credit.rewards,
+            sigma_r=question.credit.sigma,
+            active=inputs.active,
+            optimizer_step=inputs.optimizer_step,
+            prompt_len=len(question.prompt_ids),
+            executed=inputs.executed,
+            max_new_tokens=self.config.max_new_tokens,
+            params=self.params,
+            loss=inputs.loss,
+            grad_norm=inputs.grad_norm,
+            seconds=inputs.seconds,
+        )
+
+    def rollouts_line(self, step: int, question: Question) -> dict:
+        """What ``verify`` re-derives a question's ledger record from: the answer to re-grade
+        the texts against, the prompt length, the lengths and the texts' grades."""
+        credit = question.credit
+        return {
+            "step": step,
+            "question_id": question.problem.id,
+            "answer": question.problem.answer,
+            "prompt_len": len(question.prompt_ids),
+            "texts": credit.texts,
+            "lengths": credit.lengths,
+            "rewards": credit.rewards,
+        }
+
+    def rewards(self, question: Question) -> list[float]:
+        return question.credit.rewards
+
+    def texts(self, question: Question) -> list[str]:
+        return question.credit.texts
+
+    def executed(self, question: Question) -> EngineCounters:
+        return question.rollouts.executed
+
+    @classmethod
+    def rederive(
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+    ) -> StepRecord:
+        """The ledger record ``line`` (a rollouts line) should have: rewards re-graded from its
+        texts, sigma_R, the stepping rule, the token counts; engine counts, timings, loss and
+        gradient norm copied from ``recorded`` (nothing on disk determines them)."""
+        inputs = cls.rederive_inputs(line, recorded, config, params)
+        if "categories" in line:
+            raise ValueError(
+                "config.json makes this a flat step, rollouts.jsonl records a tree one"
+            )
+        return flat_step_record(lengths=line["lengths"], category=cls.category, **inputs)
+
+    @classmethod
+    def rederive_inputs(cls, line: dict, recorded: dict, config, params: int) -> dict:
+        from rlvr_fast.train.decision import decide_step
+
+        texts, lengths = line["texts"], line["lengths"]
+        if len(lengths) != len(texts):
+            raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
+        _, correct = regraded(texts, line["answer"], config.gate_min_chars)
+        rewards = [float(ok) for ok in correct]
+        sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
+        decision = decide_step(
+            int(sigma != 0), skip_zero_var=config.skip_zero_var, zero_var_step=config.zero_var_step
+        )
+        return dict(
+            recorded_inputs(line, recorded, config, params),
+            rewards=rewards,
+            sigma_r=sigma,
+            active=decision.active,
+            optimizer_step=decision.optimizer_step,
+        )

@@ -1,0 +1,154 @@
+"""Optimizer stepping: what a step does with its ``StepDecision`` (``rlvr_fast.train.decision``).
+
+An active step computes the step's gradient from its loss functions (each runs one forward and
+one backward: one per step, or on a multi-question step one per contributing question, whose
+unit gradients are averaged, ``accumulate_unit_gradients``), all-reduces it over the ranks of a
+data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step. An
+inactive step takes a zero-gradient AdamW step, through the fused kernel, or none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
+from rlvr_fast.train import distributed
+from rlvr_fast.train.decision import StepDecision
+from rlvr_fast.utils.phases import Phases
+
+
+@dataclass
+class Update:
+    """What a step's update did: the loss and the gradient norm before clipping (None when no
+    backward ran); on multi-question steps, each contributing question's loss and gradient norm
+    before unit scaling."""
+
+    loss: float | None = None
+    grad_norm: float | None = None
+    question_losses: list[float] = field(default_factory=list)
+    question_grad_norms: list[float] = field(default_factory=list)
+
+
+class OptimizerStepping:
+    """AdamW over ``model``'s trainable parameters, stepped by each step's decision."""
+
+    def __init__(self, model: torch.nn.Module, config) -> None:
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.max_grad_norm = config.max_grad_norm
+        self.fused_zero_grad_step = config.fused_zero_grad_step
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def update(
+        self, phase: Phases, decision: StepDecision, loss_fns, *, unit_gradients: bool
+    ) -> Update:
+        """Step on ``decision``: ``loss_fns`` (one, or with ``unit_gradients`` one per
+        contributing question of this rank) run only on an active step."""
+        update = Update()
+        if decision.active:
+            self.model.train()
+            if unit_gradients:
+                update = self.accumulate_unit_gradients(phase, loss_fns, decision.contributing)
+            else:
+                (loss_fn,) = loss_fns
+                update.loss = self.backward(phase, loss_fn)
+            if distributed.world_size() > 1:
+                with phase("all_reduce"):
+                    distributed.all_reduce_gradients(self.params)
+            with phase("optimizer"):
+                update.grad_norm = self.clip_gradients()
+                self.optimizer.step()
+        elif decision.optimizer_step:
+            with phase("optimizer"):
+                self.zero_grad_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return update
+
+    def backward(self, phase: Phases, loss_fn) -> float:
+        """Forward (``loss_fn``) and backward into the parameters' .grad; the loss."""
+        with phase("forward"):
+            loss = loss_fn()
+        with phase("backward"):
+            loss.backward()
+        return float(loss.detach())
+
+    def accumulate_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
+        """p.grad = (1/n) sum_q g_q / |g_q| over the n = ``questions`` contributing questions of
+        the step (over all ranks), g_q the gradient of loss q alone (its own backward) and |g_q|
+        its L2 norm over all parameters; a question whose gradient is exactly zero adds nothing.
+        Every question then moves the weights as much as any other whatever its length or
+        advantages, and with max_grad_norm >= 1 clipping never binds (|average| <= 1). The
+        returned loss is the surrogate (1/n) sum_q L_q / |g_q| whose gradient this is; on
+        several ranks this is the rank's part of the sum (zeros when it has no loss functions)."""
+        totals = [torch.zeros_like(p) for p in self.params]
+        update = Update(loss=0.0)
+        for loss_fn in loss_fns:
+            loss = self.backward(phase, loss_fn)
+            with phase("backward"):
+                grads = [p.grad for p in self.params if p.grad is not None]
+                norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+                scale = 1.0 / (questions * norm) if norm > 0 else 0.0
+                for p, total in zip(self.params, totals):
+                    if p.grad is not None:
+                        total.add_(p.grad, alpha=scale)
+                    p.grad = None
+            update.loss += scale * loss
+            update.question_losses.append(loss)
+            update.question_grad_norms.append(norm)
+        for p, total in zip(self.params, totals):
+            p.grad = total
+        return update
+
+    def clip_gradients(self) -> float:
+        """Total gradient norm before clipping (clipping only when max_grad_norm is set)."""
+        max_norm = self.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
+        return float(norm)
+
+    def zero_grad_step(self) -> None:
+        """One AdamW step with zero gradients. Each step's rollout reads the weights this step
+        moves (weight decay and momentum move them even at g = 0), so steps are never deferred
+        and folded here; the fused kernel still skips allocating and streaming P zeros."""
+        if self.fused_zero_grad_step:
+            zero_grad_adamw_(self.optimizer, steps=1)
+            return
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def check_state(self, state: dict) -> None:
+        check_optimizer_state(state, self.params)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
+    """AdamW moments of a checkpoint have the shapes of the run's parameters (torch's
+    load_state_dict checks only the number of parameters, and a wrong shape would fail at the
+    next optimizer step)."""
+    moments = state["state"]
+    if not isinstance(moments, dict):
+        raise ValueError("optimizer state is not a mapping")
+    for index, entry in moments.items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"optimizer state for parameter {index!r}, the run has {len(params)}")
+        for name in ("exp_avg", "exp_avg_sq"):
+            tensor = entry[name]
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != params[index].shape:
+                raise ValueError(f"optimizer {name} of parameter {index} has the wrong shape")

@@ -1,0 +1,155 @@
+"""How a step's questions become its ledger and rollouts lines, forward (the trainer) and back
+(``verify``). A step of one question is its kind's record; a multi-question step
+(``questions_per_step`` Q > 1, the accum4 ablation) is not a kind of its own but a combination:
+one ``MultiQuestionRecord`` holding each question's record (its loss and gradient norm before
+unit scaling, no timings or engine counts: the Q questions are sampled in one batch, whose work
+is the step's), gathered over the ranks of a data-parallel run in question order."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from rlvr_fast.engine import EngineCounters
+from rlvr_fast.ledger.records import MultiQuestionRecord, StepRecord, multi_question_step_record
+from rlvr_fast.train import distributed
+from rlvr_fast.train.decision import StepDecision, decide_step
+from rlvr_fast.train.kinds import Question, RecordInputs, StepKind
+from rlvr_fast.train.stepping import Update
+
+
+@dataclass
+class StepResult:
+    """One step's rewards and texts (every question's, in order), its ledger record and its
+    rollouts line."""
+
+    rewards: list[float]
+    texts: list[str]
+    ledger_record: StepRecord | MultiQuestionRecord
+    line: dict
+
+    @functools.cached_property
+    def record(self) -> dict:
+        """The ledger line as written."""
+        return self.ledger_record.to_json()
+
+
+def single_question_step(
+    kind: StepKind,
+    question: Question,
+    step: int,
+    decision: StepDecision,
+    update: Update,
+    seconds: dict[str, float],
+) -> StepResult:
+    inputs = RecordInputs(
+        step,
+        decision.active,
+        decision.optimizer_step,
+        update.loss,
+        update.grad_norm,
+        seconds,
+        kind.executed(question),
+    )
+    return StepResult(
+        kind.rewards(question),
+        kind.texts(question),
+        kind.record(question, inputs),
+        kind.rollouts_line(step, question),
+    )
+
+
+def multi_question_step(
+    kind: StepKind,
+    questions: list[Question],
+    step: int,
+    decision: StepDecision,
+    update: Update,
+    seconds: dict[str, float],
+) -> StepResult:
+    """The step's line from this rank's ``questions`` and every other rank's."""
+    contributing = [index for index, q in enumerate(questions) if kind.contributes(q)]
+    losses = dict(zip(contributing, update.question_losses))
+    norms = dict(zip(contributing, update.question_grad_norms))
+    records = [
+        kind.record(
+            question,
+            RecordInputs(
+                step,
+                index in losses,
+                decision.optimizer_step,
+                losses.get(index),
+                norms.get(index),
+                {},
+                EngineCounters(),
+            ),
+        )
+        for index, question in enumerate(questions)
+    ]
+    lines = [kind.rollouts_line(step, question) for question in questions]
+    records, lines, executed, loss = distributed.gather_step(
+        records, lines, kind.executed(questions[0]), update.loss
+    )
+    record = multi_question_step_record(
+        step=step,
+        questions=records,
+        active=decision.active,
+        optimizer_step=decision.optimizer_step,
+        executed=executed,
+        loss=loss,
+        grad_norm=update.grad_norm,
+        seconds=seconds,
+    )
+    return StepResult(
+        [r for line in lines for r in line["rewards"]],
+        [t for line in lines for t in line["texts"]],
+        record,
+        {"step": step, "questions": lines},
+    )
+
+
+def rederive_step(
+    kind: type, line: dict, recorded: dict, config, params: int, active_steps: int
+) -> StepRecord | MultiQuestionRecord:
+    """The ledger line step ``line["step"]`` should have, given ``active_steps`` backward
+    steps before it: its kind's record re-derived, or on a multi-question step each question's,
+    stepped by the step's decision."""
+    if config.questions_per_step == 1:
+        return kind.rederive(line, recorded, config, params, active_steps)
+    if len(line["questions"]) != len(recorded["questions"]):
+        raise ValueError(
+            f"rollouts.jsonl has {len(line['questions'])} questions, the ledger "
+            f"{len(recorded['questions'])}"
+        )
+    if len(line["questions"]) != config.questions_per_step:
+        raise ValueError(
+            f"{len(line['questions'])} questions, config.json says "
+            f"{config.questions_per_step} per step"
+        )
+    questions = [
+        kind.rederive(
+            dict(question, step=line["step"]), recorded_question, config, params, active_steps
+        )
+        for question, recorded_question in zip(line["questions"], recorded["questions"])
+    ]
+    decision = decide_step(
+        sum(not q.homogeneous for q in questions),
+        skip_zero_var=config.skip_zero_var,
+        zero_var_step=config.zero_var_step,
+    )
+    executed = EngineCounters(
+        **{f.name: recorded.get(f.name) for f in dataclasses.fields(EngineCounters)}
+    )
+    return multi_question_step_record(
+        step=line["step"],
+        questions=[
+            dataclasses.replace(q, optimizer_step=decision.optimizer_step) for q in questions
+        ],
+        active=decision.active,
+        optimizer_step=decision.optimizer_step,
+        executed=executed,
+        loss=recorded.get("loss"),
+        grad_norm=recorded.get("grad_norm"),
+        seconds=recorded.get("seconds", {}),
+    )

@@ -1,0 +1,321 @@
+"""GRPO for reinforcement learning with verifiable rewards (the study's §1), one loop that reads
+top-down.
+
+Per step, for the next ``questions_per_step`` training questions (one by default):
+  1. rollouts: the run's step kind (``rlvr_fast.train.kinds``: flat groups, two-stage trees or
+     parallel paths, ``config.sampler``) samples them on the run's one rollout engine, all
+     questions in one batch;
+  2. rewards and credit: the task grades them (``MathTask``: the last boxed answer, with the
+     arm's derivation gate; ``rlvr_fast.trl_compat`` gives TRL's reward functions instead) and
+     the kind turns rewards into per-token weights;
+  3. the stepping rule (``rlvr_fast.train.decision``, which ``verify`` shares): a backward pass
+     when a question's rewards vary, or always on arms that do not skip homogeneous groups;
+     else a zero-gradient AdamW step or none;
+  4. the update (``rlvr_fast.train.stepping``): each question's loss (the kind's: the study's
+     -(1/G) sum_i sum_t w_it log pi(y_t), eager sum-then-scale on arm 1, else the fused
+     ``weighted_token_nll``), backward, clipping, AdamW; several questions average their unit
+     gradients (the accum4 ablation);
+  5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
+     ``rlvr_fast.run.recorder``).
+Every ``checkpoint_every`` steps the components (weights, optimizer, RNG states, Polyak sums,
+the evaluation before training) are checkpointed (``rlvr_fast.run.checkpoint``); a killed run
+resumes from there to the same bytes. The study's ablations are settings of this loop: the
+Polyak tail (``polyak_start``, ``rlvr_fast.train.polyak``), ``active_steps`` budgets, zero
+continuation mass (tree kind), multi-question steps. Data parallel
+(``rlvr_fast.train.distributed``, torchrun or ``rlvr-fast train --nproc N``): each rank takes
+its contiguous share of a step's questions with the sampling seeds one process would give them;
+the contributing questions are counted over all ranks and the gradients all-reduced, so the run
+is the one-process run up to fp32 rounding; rank 0 writes the run directory.
+
+    trainer = RLVRTrainer(load_policy("tiny"), TrainConfig.from_arm("ra_flat"), problems)
+    summary = trainer.train()
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from rlvr_fast.data.problems import Problem
+from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine.counters import SUMMED_COUNTERS
+from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
+from rlvr_fast.rollouts.evaluation import check_prompt_lengths, encode_prompts
+from rlvr_fast.rollouts.generation import base_seed
+from rlvr_fast.run.checkpoint import Checkpointer, GeneratorState, GlobalRNGState
+from rlvr_fast.run.directory import check_eval_name, run_signature
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.run.provenance import run_meta
+from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
+from rlvr_fast.train import distributed
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.decision import decide_step
+from rlvr_fast.train.evaluator import Evaluator
+from rlvr_fast.train.kinds import Question, step_kind
+from rlvr_fast.train.nonfinite import check_finite
+from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
+from rlvr_fast.train.steps import StepResult, multi_question_step, single_question_step
+from rlvr_fast.train.stepping import OptimizerStepping
+from rlvr_fast.train.task import MathTask
+from rlvr_fast.utils.phases import Phases, StepProfiler
+
+
+class RLVRTrainer:
+    def __init__(
+        self,
+        policy,
+        config: TrainConfig,
+        train_data: Sequence[Problem],
+        eval_data: dict[str, Sequence[Problem]] | None = None,
+        *,
+        out_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        profile_steps: int = 0,
+        task=None,
+    ) -> None:
+        if not train_data:
+            raise ValueError("train_data is empty")
+        kind = step_kind(config.sampler)
+        kind.check_task(task)
+        self.policy, self.config = policy, config
+        self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
+        distributed.check_questions_per_step(config.questions_per_step)
+        self.train_data = list(train_data)
+        self.eval_data = {
+            check_eval_name(name): problems for name, problems in (eval_data or {}).items()
+        }
+        # Every prompt fits the model beside its completion, checked before anything is written.
+        check_prompt_lengths(
+            policy,
+            self.train_data,
+            [self.task.prompt_ids(p) for p in self.train_data],
+            config.max_new_tokens,
+        )
+        for problems in self.eval_data.values():
+            encode_prompts(policy, problems, config.eval_max_new_tokens)
+        # Every rank reads the run directory (to resume); rank 0 alone writes it and prints.
+        writes = out_dir is not None and distributed.is_main()
+        self.layout = RunLayout(Path(out_dir)) if out_dir is not None else None
+        self.recorder = RunRecorder(Path(out_dir)) if writes else None
+        self.progress = progress and distributed.is_main()
+        self.profile_steps = profile_steps
+        self.stepping = OptimizerStepping(policy.model, config)
+        self.num_params = self.stepping.num_params
+        self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
+        # One engine, one KV cache, for every rollout and evaluation of the run.
+        self.engine = RolloutEngine.for_policy(
+            policy, max_batch=config.max_batch, cuda_graphs=config.cuda_graphs
+        )
+        self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
+        self.evaluator = Evaluator(
+            policy,
+            self.eval_data,
+            self.engine,
+            max_new_tokens=config.eval_max_new_tokens,
+            progress=self.progress,
+            layout=self.recorder.layout if self.recorder is not None else None,
+        )
+        # Allocated after the engine, so that a device short of memory keeps the KV cache.
+        self.polyak = PolyakAverage(policy.model) if config.polyak_start else None
+        self.checkpointer = Checkpointer(
+            {
+                "model": policy.model,
+                "optimizer": self.stepping,
+                "generator": GeneratorState(self.generator),
+                "torch_rng": GlobalRNGState(),
+                "polyak": self.polyak,
+                "eval_before": self.evaluator,
+            },
+            steps=config.steps,
+        )
+        self.start_step = 0
+        self.active_steps = 0
+        self.finished_summary = None
+        if self.layout is not None:
+            self._open_run_dir(resume)
+        distributed.broadcast_parameters(policy.model)
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        return self.stepping.optimizer
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        if self.finished_summary is not None:
+            return self.finished_summary
+        config = self.config
+        summary: dict = {"arm": config.arm}
+        if config.eval_before and self.start_step == 0 and self.eval_data:
+            self.evaluator.run("before")
+        if self.evaluator.before is not None:
+            summary["eval_before"] = self.evaluator.before
+        totals: dict[str, float] = {}
+        step = self.start_step
+        profiler = StepProfiler(
+            self.profile_steps, self.recorder.layout.trace if self.recorder else None
+        )
+        with tqdm(
+            desc=f"train {config.arm}",
+            unit="step",
+            disable=not self.progress,
+            initial=step,
+            total=config.steps,
+        ) as bar:
+            while step < config.steps and not self.reached_active_steps():
+                result = self.run_step(step)
+                if not config.allow_nonfinite:
+                    checkpoint = self.layout.checkpoint if self.recorder is not None else None
+                    check_finite(step, result.record, self.policy.model, config.lr, checkpoint)
+                profiler.step_done(step + 1 - self.start_step)
+                add_to_totals(totals, result.record)
+                step += 1
+                bar.update()
+                if self.polyak is not None and step >= config.polyak_start:
+                    self.polyak.add(self.policy.model)
+                if self.recorder is not None and (
+                    step % config.checkpoint_every == 0
+                    or step == config.steps
+                    or self.reached_active_steps()
+                ):
+                    self.save_checkpoint(step)
+        profiler.stop()
+        summary["steps"] = step
+        summary["totals_this_run"] = totals
+        if self.eval_data:
+            summary["eval_after"] = self.evaluator.run("after")
+        if self.recorder is not None:
+            self.recorder.save_model(self.policy)
+        if self.polyak is not None:
+            summary.update(self.finish_polyak())
+        if self.recorder is not None:
+            self.recorder.finish(summary)
+        return summary
+
+    def reached_active_steps(self) -> bool:
+        return (
+            self.config.active_steps is not None and self.active_steps >= self.config.active_steps
+        )
+
+    def run_step(self, step: int) -> StepResult:
+        """Step ``step`` on its questions: the next ``questions_per_step`` of the training data,
+        which the run cycles through."""
+        count = self.config.questions_per_step
+        data = self.train_data
+        return self.step_on(step, [data[(step * count + i) % len(data)] for i in range(count)])
+
+    def step_on(self, step: int, problems: list[Problem]) -> StepResult:
+        """One optimizer step on ``problems``. On several ranks (a multi-question step) each
+        takes its share, with the sampling seeds one process would give it; whether the step
+        is active, and the unit gradients' divisor, are counted over the ranks."""
+        config, kind = self.config, self.kind
+        phase = Phases(self.policy.device)
+        bases, multi = None, config.questions_per_step > 1
+        if multi:
+            bases = [base_seed(self.generator) for _ in problems]
+            mine = distributed.shard(len(problems))
+            problems, bases = problems[mine], bases[mine]
+        questions = [Question(p, self.task.prompt_ids(p)) for p in problems]
+        with phase("rollout"):
+            self.policy.model.eval()
+            kind.sample(questions, bases, active_steps=self.active_steps)
+        kind.credit(questions, phase)
+        contributing = [q for q in questions if kind.contributes(q)]
+        decision = decide_step(
+            distributed.sum_over_ranks(len(contributing)),
+            skip_zero_var=config.skip_zero_var,
+            zero_var_step=config.zero_var_step,
+        )
+        losses = [functools.partial(kind.loss, q) for q in (contributing if multi else questions)]
+        update = self.stepping.update(phase, decision, losses, unit_gradients=multi)
+        self.active_steps += decision.active
+        if multi:
+            result = multi_question_step(kind, questions, step, decision, update, phase.seconds)
+        else:
+            result = single_question_step(kind, questions[0], step, decision, update, phase.seconds)
+        if self.recorder is not None:
+            self.recorder.write_step(result.ledger_record, result.line)
+        return result
+
+    def finish_polyak(self) -> dict:
+        """The Polyak average's summary entries: the steps it spans and, when it holds any (an
+        ``active_steps`` run can end first), its evaluation (evals/polyak/) and final_polyak/."""
+        info = {
+            "polyak": {"first_step": self.config.polyak_start, "steps_averaged": self.polyak.count}
+        }
+        if self.polyak.count == 0:
+            return info
+        with averaged_weights(self.polyak, self.policy.model):
+            if self.eval_data:
+                info["eval_polyak"] = self.evaluator.run("polyak")
+            if self.recorder is not None:
+                self.recorder.save_model(self.policy, polyak=True)
+        return info
+
+    def close(self) -> None:
+        """Close the ledger of a run stepped from outside ``train`` (``step_on``)."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    # ------------------------------------------------------------------ run directory
+    def _open_run_dir(self, resume: bool) -> None:
+        """Start the run in its directory, or resume it there (``rlvr_fast.run.directory``):
+        from its checkpoint, or from step 0 when it was killed before the first one. On several
+        ranks rank 0 (which holds the recorder) alone checks, cleans and writes the directory;
+        every rank reads the checkpoint and the ledger's active steps."""
+        config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
+        signature = run_signature(config, self.policy, self.train_data, self.eval_data)
+        recorded = None
+        if self.recorder is not None:
+            recorded = self.recorder.open(signature, config, self.train_data, resume)
+        recorded = distributed.all_gather(recorded)[0]
+        if recorded is not None and self.layout.checkpoint.exists():
+            self.start_step = self.checkpointer.load(
+                self.layout.checkpoint, distributed.check_world_size
+            )
+        if recorded is not None and recorded["config"]["steps"] == config["steps"]:
+            self.finished_summary = finished_summary(self.layout)
+            if self.finished_summary is not None:
+                return
+        if self.recorder is not None:
+            self.recorder.keep_steps(self.start_step)
+        self.active_steps = count_active_steps(self.layout, self.start_step)
+        distributed.agree((self.start_step, self.active_steps), "the step to resume from")
+        if self.recorder is None:
+            return
+        if recorded is None or recorded["config"] != config:
+            meta = run_meta(
+                signature,
+                config,
+                recorded,
+                model=str(self.policy.path),
+                trainable_parameters=self.num_params,
+                world_size=distributed.world_size(),
+                at_step=self.start_step,
+            )
+            self.recorder.write_config(meta)
+        self.recorder.start_ledger()
+
+    def save_checkpoint(self, next_step: int) -> None:
+        """Every component's state after ``next_step`` steps, in one safetensors file written
+        atomically (no pickle), with the world size."""
+        self.checkpointer.save(self.layout.checkpoint, next_step, distributed.world_size())
+
+    def load_checkpoint(self, path: Path) -> int:
+        """Restore a checkpoint of this run; returns the step to continue from."""
+        return self.checkpointer.load(path, distributed.check_world_size)
+
+
+def add_to_totals(totals: dict[str, float], record: dict) -> None:
+    """The run's totals of the ledger's token counts, the engine's counters, the FLOPs and the
+    seconds per phase, plus one step's ``record``."""
+    for key in (*TOTALLED_FIELDS, *SUMMED_COUNTERS, *FLOP_FIELDS):
+        totals[key] = totals.get(key, 0) + record[key]
+    for phase, seconds in record["seconds"].items():
+        totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
