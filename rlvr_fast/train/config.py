@@ -57,11 +57,11 @@ def setting(
     error: str = "",
     *,
     also: tuple[Callable, str] | None = None,
-    only_for: str | None = None,
+    only_for: tuple[str, str] | None = None,
 ):
     """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
-    value), then ``also``, a second (check, error). ``only_for``: the sampler the setting
-    belongs to; another sampler refuses a value other than the default."""
+    value), then ``also``, a second (check, error). ``only_for``: (the sampler the setting
+    belongs to, the error another sampler raises for a value other than the default)."""
     checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
     metadata = {"help": help, "checks": checks, "only_for": only_for}
     return field(default=default, metadata=metadata)
@@ -76,8 +76,10 @@ def _valid(name: str, valid: tuple[str, ...]) -> str:
 
 
 SAMPLERS = tuple(KINDS)
-FLAT_LOSS_MESSAGE = (
-    "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat arms only"
+TREE_ONLY = ("tree", "zero_cont_mass centres tree continuations: it needs sampler tree")
+FLAT_ONLY = (
+    "flat",
+    "loss_type, scale_rewards, tempered_logprobs and mask_truncated apply to flat arms only",
 )
 
 
@@ -168,18 +170,18 @@ class TrainConfig:
         "per-sequence normaliser: the study's sum, or TRL's grpo, dapo, dr_grpo",
         one_of(LOSS_TYPES),
         _valid("loss_type", LOSS_TYPES),
-        only_for="flat",
+        only_for=FLAT_ONLY,
     )
     scale_rewards: bool = setting(
-        True, "divide advantages by std R + 1e-4 (TRL's scale_rewards)", only_for="flat"
+        True, "divide advantages by std R + 1e-4 (TRL's scale_rewards)", only_for=FLAT_ONLY
     )
     tempered_logprobs: bool = setting(
-        False, "train on log softmax(logits / temperature), as TRL does", only_for="flat"
+        False, "train on log softmax(logits / temperature), as TRL does", only_for=FLAT_ONLY
     )
     mask_truncated: bool = setting(
         False,
         "zero weight on completions cut at the cap (TRL's mask_truncated_completions)",
-        only_for="flat",
+        only_for=FLAT_ONLY,
     )
     eval_max_new_tokens: int = setting(
         2048,
@@ -312,7 +314,7 @@ class TrainConfig:
         f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got {{value}}",
     )
     zero_cont_mass: bool = setting(
-        False, "centre tree continuations' weights to zero signed token mass", only_for="tree"
+        False, "centre tree continuations' weights to zero signed token mass", only_for=TREE_ONLY
     )
     polyak_start: int = setting(
         0, "FP32 Polyak average of the weights after steps polyak_start.. (0: none)"
@@ -335,11 +337,11 @@ class TrainConfig:
 
     def _check_settings_of_other_samplers(self) -> None:
         for f in dataclasses.fields(self):
-            kind = f.metadata["only_for"]
-            if kind is not None and kind != self.sampler and getattr(self, f.name) != f.default:
-                if kind == "flat":
-                    raise ValueError(FLAT_LOSS_MESSAGE)
-                raise ValueError(f"{f.name} applies to {kind} arms only: it needs sampler {kind}")
+            if f.metadata["only_for"] is None:
+                continue
+            kind, error = f.metadata["only_for"]
+            if kind != self.sampler and getattr(self, f.name) != f.default:
+                raise ValueError(error)
 
     def _check_loss(self) -> None:
         if self.loss_order != "token_weighted" and (

@@ -292,7 +292,7 @@ def test_nonfinite_training_stops_at_its_step_with_the_last_checkpoint_intact(tm
         run, arm="baseline", steps=4, lr=1e30, checkpoint_every=1, evals=None, resume=True
     )
     assert resumed.start_step == stopped, "the checkpoint is the one before the bad step"
-    assert all(p.isfinite().all() for p in resumed.params)
+    assert all(p.isfinite().all() for p in resumed.stepping.params)
     assert checkpoint.exists() and not (run / "summary.json").exists()
 
 
