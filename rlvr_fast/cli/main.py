@@ -17,7 +17,8 @@
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr naming the file, field or value, before
-anything is written; an interrupted command exits with 130 and leaves nothing half-written.
+anything is written; an interrupted command exits with 130 and leaves nothing half-written; one
+whose standard output is closed early (a pipe into ``head``) exits with 141, silently.
 A rank of a distributed run whose process group fails (another rank died or stopped
 answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distributed``).
 """
@@ -25,9 +26,12 @@ answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distrib
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 from rlvr_fast.cli.commands import (
+    eval_inputs,
     run_compare,
     run_eval,
     run_report,
@@ -36,6 +40,7 @@ from rlvr_fast.cli.commands import (
     run_sweep,
     run_train,
     run_verify,
+    train_inputs,
 )
 from rlvr_fast.cli.options import (
     USER_ERRORS,
@@ -186,10 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         if args.command == "verify":
-            return 0 if run_verify(args) else 1
-        if getattr(args, "nproc", 1) != 1:
-            return distributed.launch(without_nproc(argv), args.nproc)
-        handlers[args.command](args)
+            status = 0 if run_verify(args) else 1
+        elif getattr(args, "nproc", 1) != 1:
+            # Bad arguments fail here, once, not in each of N ranks after they started.
+            {"train": train_inputs, "eval": eval_inputs}[args.command](args)
+            status = distributed.launch(without_nproc(argv), args.nproc)
+        else:
+            handlers[args.command](args)
+            status = 0
+        sys.stdout.flush()  # a closed pipe fails here, inside these handlers, not at exit
+    except BrokenPipeError:
+        # The reader of stdout went away (``rlvr-fast verify ... | head``): exit as a process
+        # killed by SIGPIPE would, quietly, and keep Python's flush at exit from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except USER_ERRORS as err:
         print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
         return 2
@@ -199,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     except distributed.ProcessGroupError as err:
         print(f"rlvr-fast: error: {err}", file=sys.stderr)
         return 3
-    return 0
+    return status
 
 
 def error_line(err: Exception) -> str:
