@@ -11,7 +11,9 @@ A name in none of them is a ``TypeError``, as for any dataclass. ``tests/trl_com
 checks these tables against the installed ``trl``.
 
 Ours: ``arm`` (a study arm's preset, ``rlvr_fast.train.arms``), ``ledger`` (write the study's
-ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``), ``tree``
+ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``),
+``allow_nonfinite`` (train on, and save, after a step's loss, gradient norm or weights turn NaN
+or infinite; by default ``train()`` stops there with ``NonFiniteError``, as the CLI does), ``tree``
 (two-stage K x B tree rollouts with TreeRL credit),
 ``skip_zero_variance_backward`` and ``fused_zero_grad_step`` (the zero-gradient AdamW step on
 zero-variance groups, exact against TRL's backward of a zero loss), ``tree_t_min`` /
@@ -249,6 +251,7 @@ class GRPOConfig:
     # ours
     arm: str | None = None
     ledger: bool = False
+    allow_nonfinite: bool = False
     tree: bool = False
     tree_t_min: int = 96
     tree_t_max: int = 160

@@ -39,7 +39,8 @@ from tqdm import tqdm
 
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.utils.files import files_into, replaced_directory
-from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.nonfinite import NonFiniteError, check_finite, first_nonfinite_weight
+from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.losses import sequence_scales
 from rlvr_fast.credit.group import standardised_advantages
@@ -47,6 +48,7 @@ from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import copy_weights_to, is_transformers_model, load_trl_policy
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, callable_name, is_conversational
 
+ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
 CLIP_RATIO_KEYS = (
     "clip_ratio/low_mean",
     "clip_ratio/high_mean",
@@ -163,6 +165,7 @@ def train_config(args: GRPOConfig, max_steps: int) -> TrainConfig:
         zero_var_step="zero_grad",
         fused_zero_grad_step=args.fused_zero_grad_step,
         eval_before=False,
+        allow_nonfinite=args.allow_nonfinite,
         t_min=args.tree_t_min,
         t_max=args.tree_t_max,
     )
@@ -277,7 +280,7 @@ class GRPOTrainer:
     def train(self) -> TrainOutput:
         args, state = self.args, self.state
         started = time.perf_counter()
-        losses, flops = [], 0.0
+        losses, flops, totals = [], 0.0, {}
         self._callback("on_train_begin")
         order: list[int] = []
         progress = tqdm(
@@ -291,6 +294,11 @@ class GRPOTrainer:
             step_started = time.perf_counter()
             lr = self.optimizer.param_groups[0]["lr"]
             result = self.trainer.step_on(state.global_step, [self.trainer.train_data[index]])
+            if not args.allow_nonfinite:
+                check_finite(
+                    state.global_step, result.record, self.policy.model, lr, None, ALLOW_NONFINITE
+                )
+            add_to_totals(totals, result.record)
             self.lr_scheduler.step()
             loss = self._record_step(result.record, time.perf_counter() - step_started)
             losses.append(loss)
@@ -316,7 +324,14 @@ class GRPOTrainer:
             "train_loss": sum(losses) / max(1, len(losses)),
         }
         self._log(dict(metrics))
-        self.trainer.close()
+        # A ledger of every step asked for is a finished run (verify reads it so); one stopped
+        # early by a callback stays unfinished.
+        finished = state.global_step == state.max_steps
+        self.trainer.close(
+            dict(arm=self.trainer.config.arm, steps=state.global_step, totals_this_run=totals)
+            if finished
+            else None
+        )
         if self.hf_model is not None:
             copy_weights_to(self.policy, self.hf_model)
         self._callback("on_train_end")
@@ -464,6 +479,11 @@ class GRPOTrainer:
         """The trained weights as a Hugging Face directory (config, safetensors, tokenizer),
         written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
         whole."""
+        weight = first_nonfinite_weight(self.policy.model)
+        if weight is not None and not self.args.allow_nonfinite:
+            raise NonFiniteError(
+                f"save_model: weight {weight} is not finite; {ALLOW_NONFINITE} saves it"
+            )
         with files_into(Path(output_dir or self.args.output_dir)) as staging:
             self._write_model(staging)
 

@@ -87,7 +87,7 @@ class StepKind(Protocol):
 
     @classmethod
     def rederive(
-        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
     ) -> StepRecord: ...
 
 
@@ -100,6 +100,20 @@ def regraded(texts: list[str], answer: str, gate_min_chars: int | None) -> tuple
     """The study's grading of ``texts`` (the last boxed answer, with the derivation gate)."""
     answers = [final_answer(text, min_chars=gate_min_chars) for text in texts]
     return answers, grade_many(answers, [answer] * len(answers))
+
+
+def recorded_rewards(recorded: dict, group: int) -> list[float | None]:
+    """A ledger line's rewards, taken as given: one number (or null, unscored) per text."""
+    rewards = recorded.get("rewards")
+    if not (
+        isinstance(rewards, list)
+        and len(rewards) == group
+        and all(
+            r is None or (isinstance(r, (int, float)) and not isinstance(r, bool)) for r in rewards
+        )
+    ):
+        raise ValueError(f"the ledger's rewards are not {group} numbers or nulls")
+    return rewards
 
 
 def recorded_inputs(line: dict, recorded: dict, config, params: int) -> dict:
