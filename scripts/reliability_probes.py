@@ -59,12 +59,14 @@ class Env:
         }
         self.tiny = tree / "rlvr_fast" / "assets" / "tiny"
 
-    def run(self, args, *, timeout=180, memory_gb=None, code=None, wait=True):
+    def run(self, args, *, timeout=180, memory_gb=None, code=None, wait=True, file_bytes=None):
         command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "rlvr_fast.cli"]
         command += [str(a) for a in args]
         if memory_gb:
             limit = int(memory_gb * 2**30)
             command = ["prlimit", f"--as={limit}", "--", *command]
+        if file_bytes:  # a disk that fills: writes past it fail with EFBIG (Python ignores SIGXFSZ)
+            command = ["prlimit", f"--fsize={file_bytes}", "--", *command]
         process = subprocess.Popen(
             command,
             cwd=self.scratch,
@@ -269,6 +271,18 @@ except Exception as err:
     print("OTHER", type(err).__name__, str(err)[:200])
 """
     return api_outcome(api(env, code))
+
+
+@probe("run directory")
+def train_with_the_disk_full_at_the_checkpoint(env: Env):
+    out = env.scratch / "r"
+    args = [*TRAIN, "--steps", "2", *SHORT, "--set", "checkpoint_every=1", "--out", out]
+    result = env.run(args, file_bytes=1 << 20, timeout=300)
+    outcome = error_outcome(result, must_name="state.safetensors")
+    if outcome[0] != CLEAN:
+        return outcome
+    rc, _, err, _ = env.run([*args, "--resume"], timeout=300)
+    return (CLEAN, outcome[1]) if rc == 0 else (OTHER, f"resume after it: exit {rc}: {err}")
 
 
 # ------------------------------------------------------------------ model directories
@@ -577,8 +591,88 @@ def eval_out_into_a_finished_run(env: Env):
         ["eval", run, "--eval", "ledger=synthetic:test:1", "--out", run, "--max-new-tokens", "4"]
     )
     if [(run / n).read_bytes() for n in ("summary.json", "ledger.jsonl")] != before:
-        return LOST, "summary.json or ledger.jsonl of the run replaced (cli: phase 2)"
+        return LOST, "summary.json or ledger.jsonl of the run replaced"
     return CLEAN, "refused or written under evals/"
+
+
+@probe("output path")
+def eval_with_a_good_and_a_bad_set(env: Env):
+    long = env.scratch / "long.jsonl"
+    long.write_text(json.dumps({"problem": "1 + " * 20_000 + "1", "answer": "20001"}) + "\n")
+    out = env.scratch / "ev"
+    args = ["eval", "tiny", "--eval", "good=synthetic:test:1", "--eval", f"bad={long}"]
+    result = env.run([*args, "--out", out, "--max-new-tokens", "4"])
+    if out.exists():
+        return OTHER, f"wrote {sorted(p.name for p in out.iterdir())} before failing"
+    return error_outcome(result, must_name="long.jsonl")
+
+
+@probe("output path")
+def nproc_3_with_a_bogus_arm(env: Env):
+    rc, out, err, hung = env.run([*TRAIN, "--nproc", "3", "--arm", "bogus", "--out", "r"])
+    if err.count("bogus") > 1:
+        return OTHER, f"the error printed {err.count('bogus')} times (ranks started)"
+    return error_outcome((rc, out, err, hung), must_name="bogus")
+
+
+FACADE = """
+import math, subprocess, sys, torch
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.policy import TINY_MODEL_DIR
+from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
+ROWS = [{"prompt": render_prompt(p.question)} for p in synthetic_problems("train", 2, seed=5)]
+S = dict(max_steps=2, num_generations=4, per_device_train_batch_size=4,
+         max_completion_length=8, use_cpu=True, disable_tqdm=True, save_strategy="no")
+def varied(completion_ids, **kw):
+    return [float(sum(i) % 7) for i in completion_ids]
+def nothing(completions, **kw):
+    return [None] * len(completions)
+"""
+
+
+@probe("api")
+def grpo_trainer_with_a_nan_weight(env: Env):
+    code = (
+        FACADE
+        + """
+t = GRPOTrainer(model=str(TINY_MODEL_DIR), reward_funcs=varied,
+                args=GRPOConfig(output_dir="out", **S), train_dataset=ROWS)
+with torch.no_grad():
+    next(t.policy.model.parameters())[0, 0] = math.nan
+try:
+    t.train()
+    print("OTHER trained on a NaN weight")
+except ValueError as err:
+    try:
+        t.save_model()
+        print("OTHER save_model wrote non-finite weights")
+    except ValueError:
+        print("CLEAN", err)
+"""
+    )
+    return api_outcome(api(env, code, timeout=300))
+
+
+@probe("api")
+def grpo_trainer_ledger_verifies(env: Env):
+    code = (
+        FACADE
+        + """
+for name, reward in (("varied", varied), ("none", nothing)):
+    t = GRPOTrainer(model=str(TINY_MODEL_DIR), reward_funcs=reward,
+                    args=GRPOConfig(output_dir=name, ledger=True, **S), train_dataset=ROWS)
+    t.train()
+    done = subprocess.run([sys.executable, "-m", "rlvr_fast.cli", "verify", f"{name}/ledger"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        print("OTHER", name, "ledger:", done.stdout.strip().splitlines()[-1])
+        break
+else:
+    print("CLEAN both ledgers pass verify")
+"""
+    )
+    return api_outcome(api(env, code, timeout=400))
 
 
 # ------------------------------------------------------------------ analysis
@@ -667,7 +761,7 @@ def verify_output_into_a_closed_pipe(env: Env):
         timeout=120,
     )
     if "Traceback" in done.stderr:
-        return TRACEBACK, last_line(done.stderr) + " (cli: phase 2)"
+        return TRACEBACK, last_line(done.stderr)
     return CLEAN, f"exit {done.returncode}"
 
 
