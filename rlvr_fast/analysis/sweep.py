@@ -102,12 +102,15 @@ def open_sweep_directory(out: Path) -> None:
     """Make OUT, or take an empty one or a sweep's own, and hold its lock for the sweep."""
     if out.exists() and not out.is_dir():
         raise SweepError(f"{out}: exists and is not a directory")
-    if out.is_dir():
-        foreign = [
-            e.name
-            for e in out.iterdir()
-            if e.name not in SWEEP_ENTRIES and not is_temp_name(e.name)
-        ]
+    names = [e.name for e in out.iterdir()] if out.is_dir() else []
+    if names and LOCK_NAME not in names:
+        # A sweep takes its lock first: without it, compare.md or runs/ are someone else's.
+        raise SweepError(
+            f"{out}: not empty and not a sweep's directory (no {LOCK_NAME}); choose a new or "
+            "empty --out"
+        )
+    if names:
+        foreign = [n for n in names if n not in SWEEP_ENTRIES and not is_temp_name(n)]
         if foreign:
             raise SweepError(
                 f"{out}: holds {sorted(foreign)[0]!r}, which a sweep does not write; choose a new "

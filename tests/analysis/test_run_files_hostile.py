@@ -143,12 +143,22 @@ def test_report_out_refuses_a_directory_it_did_not_write(runs, tmp_path, capsys)
     assert main(["report", str(runs), "--out", str(report)]) == 0, "its own directory again"
 
 
-def test_sweep_out_refuses_a_foreign_directory(tmp_path):
-    (tmp_path / "thesis.tex").write_text("chapter 1")
+@pytest.mark.parametrize(
+    "held,message",
+    [
+        (["thesis.tex"], "no .rlvr_fast.lock"),
+        (["compare.md"], "no .rlvr_fast.lock"),  # regression: a sweep replaced it
+        ([".rlvr_fast.lock", "thesis.tex"], "holds 'thesis.tex', which a sweep does not write"),
+    ],
+)
+def test_sweep_out_refuses_a_foreign_directory(tmp_path, held, message):
+    for name in held:
+        (tmp_path / name).write_text("mine")
     plan = plan_sweep(["zg_flat"], [1], tmp_path, **SHORT)
-    with pytest.raises(SweepError, match="holds 'thesis.tex', which a sweep does not write"):
+    with pytest.raises(SweepError, match=message):
         run_sweep(plan, tmp_path, TRAIN, EVAL_SETS, lambda: load_policy("tiny"), progress=False)
-    assert os.listdir(tmp_path) == ["thesis.tex"]
+    assert sorted(os.listdir(tmp_path)) == sorted(held)
+    assert all((tmp_path / name).read_text() == "mine" for name in held)
 
 
 def test_a_rerun_sweep_with_other_training_data_is_refused_before_training(tmp_path):
