@@ -106,8 +106,8 @@ def open_sweep_directory(out: Path) -> None:
     if names and LOCK_NAME not in names:
         # A sweep takes its lock first: without it, compare.md or runs/ are someone else's.
         raise SweepError(
-            f"{out}: not empty and not a sweep's directory (no {LOCK_NAME}); choose a new or "
-            "empty --out"
+            f"{out}: not a sweep's directory (no {LOCK_NAME}; it holds {sorted(names)[0]!r}); "
+            "choose a new or empty --out"
         )
     if names:
         foreign = [n for n in names if n not in SWEEP_ENTRIES and not is_temp_name(n)]

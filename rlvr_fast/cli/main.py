@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -211,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as err:
+        line = out_of_memory_line(err)
+        if line is None:
+            raise
+        print(f"rlvr-fast: error: {line}", file=sys.stderr)
+        return 2
     except distributed.ProcessGroupError as err:
         print(f"rlvr-fast: error: {err}", file=sys.stderr)
         return 3
@@ -224,3 +231,26 @@ def error_line(err: Exception) -> str:
         return f"{where}: {err.strerror}"
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+# What torch's CPU and CUDA allocators say when an allocation fails (a RuntimeError each).
+ALLOCATOR_FAILURE = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory: you tried to allocate \d+ bytes"
+    r"|CUDA out of memory\. Tried to allocate [^.(]*"
+)
+
+
+def out_of_memory_line(err: BaseException) -> str | None:
+    """One line for an allocation that failed (Python's MemoryError, or torch's allocator),
+    naming the settings that size the work; None for any other error."""
+    failure = ALLOCATOR_FAILURE.search(str(err))
+    if isinstance(err, MemoryError):
+        what = "out of memory"
+    elif failure is not None:
+        what = failure.group(0).strip()
+    else:
+        return None
+    return (
+        f"{what}; the run's work does not fit this machine: lower group_size, max_batch, "
+        "max_new_tokens or questions_per_step (--set KEY=VALUE)"
+    )

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from rlvr_fast.cli import main as cli_main
 from rlvr_fast.cli.main import main
 from rlvr_fast.train import distributed
 
@@ -103,3 +104,33 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert err == "", err
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 5200573225 bytes. Error code 12 (Cannot allocate memory)"
+        ),
+    ],
+    ids=["MemoryError", "torch's CPU allocator"],
+)
+def test_an_allocation_that_fails_is_one_line_naming_the_settings(capsys, monkeypatch, error):
+    def run_out_of_memory(args):
+        raise error
+
+    monkeypatch.setattr(cli_main, "run_select_data", run_out_of_memory)
+    assert main(["select-data", "--data", "synthetic:train:2", "--out", "x.json"]) == 2
+    err = one_error_line(capsys)
+    assert "lower group_size, max_batch" in err and "Error code" not in err, err
+
+
+def test_any_other_runtime_error_is_not_swallowed(monkeypatch):
+    def run_broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli_main, "run_select_data", run_broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["select-data", "--data", "synthetic:train:2", "--out", "x.json"])
