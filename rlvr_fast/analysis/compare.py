@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlvr_fast.run.reader import Run, RunDirError, load_runs
+from rlvr_fast.run.reader import SIGNATURE_FIELDS, Run, RunDirError, load_runs
 from rlvr_fast.ledger.records import FLOP_FIELDS
 from rlvr_fast.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
@@ -184,21 +184,45 @@ def group_by_arm(runs: list[Run]) -> dict[str, dict[int, Run]]:
                 f"{seeds[run.seed].path} and {run.path}"
             )
         if seeds:
-            first = next(iter(seeds.values()))
-            differing = sorted(
-                key
-                for key in set(first.config) | set(run.config)
-                if key != "seed" and first.config.get(key) != run.config.get(key)
-            )
-            if differing:
-                key = differing[0]
-                raise CompareError(
-                    f"runs of arm {run.arm} differ in {key} "
-                    f"({first.config.get(key)!r} in {first.path}, "
-                    f"{run.config.get(key)!r} in {run.path})"
-                )
+            check_same_experiment(next(iter(seeds.values())), run)
         seeds[run.seed] = run
     return by_arm
+
+
+def check_same_experiment(first: Run, run: Run) -> None:
+    """Two runs of one arm are two seeds of one experiment only when everything but the seed
+    is the same: the settings (config.json's config), and the starting model, the training and
+    evaluation data, dtype and device (its signature's hashes)."""
+    recorded = [
+        (key, first.config.get(key), run.config.get(key))
+        for key in sorted(set(first.config) | set(run.config))
+        if key != "seed"
+    ] + [(key, first.signature.get(key), run.signature.get(key)) for key in SIGNATURE_FIELDS]
+    for key, a, b in recorded:
+        if a != b:
+            raise CompareError(
+                f"runs of arm {run.arm} differ in {SIGNATURE_NAMES.get(key, key)} "
+                f"({shown(a)} in {first.path}, {shown(b)} in {run.path}); "
+                "only the seed may differ"
+            )
+
+
+SIGNATURE_NAMES = {
+    "model_sha256": "the starting model (weights or tokenizer)",
+    "train_data": "the training problems",
+    "eval_data": "the evaluation sets",
+}
+
+
+def shown(value) -> str:
+    """A value for an error line: hashes cut to 12 hex digits."""
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12]
+    if isinstance(value, dict) and "sha256" in value:
+        return f"{value.get('problems')} problems, sha256 {str(value['sha256'])[:12]}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {shown(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def eval_item_ids(runs: list[Run]) -> dict[str, list[str]]:

@@ -31,10 +31,20 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
-from rlvr_fast.utils.files import atomic_path, write_text_atomic
+from rlvr_fast.utils.files import (
+    LOCK_NAME,
+    DirectoryLockedError,
+    UnreadableFileError,
+    atomic_path,
+    is_temp_name,
+    lock_directory,
+    open_regular,
+    write_text_atomic,
+)
 
 SMOOTHING_STEPS = 5
 DPI = 120
+REPORT_TITLE = "# rlvr_fast report"
 GATE_CHARS = 30
 LINE_STYLES = ("-", "--", ":", "-.")
 PAIR_CATEGORY_ORDER = [category.value for category in PairCategory]
@@ -69,12 +79,53 @@ def publish_report(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> list[Path]:
-    """The figures and report.md of runs already compared, into ``out``."""
+    """The figures and report.md of runs already compared, into ``out`` (see
+    ``open_report_directory``)."""
     verifications = [verify_run(run.path) for run in runs]
-    out.mkdir(parents=True, exist_ok=True)
+    open_report_directory(out)
     figures = draw_figures(runs, comparison, out, resamples, seed)
     write_text_atomic(out / "report.md", report_markdown(runs, comparison, figures, verifications))
     return [out / name for name, _ in figures] + [out / "report.md"]
+
+
+class ReportError(ValueError):
+    """An output directory the report may not write into."""
+
+
+def open_report_directory(out: Path) -> None:
+    """Make ``out`` (or take an empty one, or one that holds a report of ours: report.md with
+    our title, PNG figures, our lock and temp files) and hold its lock; anything else is
+    refused, since the report replaces report.md and the figures' names there."""
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"{out}: exists and is not a directory")
+    if out.is_dir() and not holds_only_a_report(out):
+        raise ReportError(
+            f"{out}: not empty and not a report directory (no report.md of rlvr_fast's, or "
+            "files a report does not write); choose a new or empty --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        lock_directory(out)
+    except DirectoryLockedError as err:
+        raise ReportError(str(err)) from None
+
+
+def holds_only_a_report(out: Path) -> bool:
+    names = [entry.name for entry in out.iterdir()]
+    if set(names) <= {LOCK_NAME}:
+        return True
+    if "report.md" not in names or (out / "report.md").is_symlink():
+        return False
+    try:
+        with open_regular(out / "report.md", 64 << 20, "report") as file:
+            if file.readline().rstrip(b"\n") != REPORT_TITLE.encode():
+                return False
+    except UnreadableFileError:
+        return False
+    return all(
+        name in ("report.md", LOCK_NAME) or name.endswith(".png") or is_temp_name(name)
+        for name in names
+    )
 
 
 def draw_figures(
@@ -437,7 +488,7 @@ def report_markdown(
     )
     passed = sum(v.ok for v in verifications)
     lines = [
-        "# rlvr_fast report",
+        REPORT_TITLE,
         "",
         f"{len(runs)} runs: {arms}. Eval sets: "
         + ", ".join(f"{n} ({k} items)" for n, k in comparison.eval_sets.items())

@@ -7,9 +7,13 @@ report.
 
 Every run trains on the same problems and is evaluated on the same eval sets; only the arm and
 the seed change. Running the same command again picks up where it stopped: a run with
-summary.json is finished and skipped, one with a checkpoint resumes from it, one killed before
-its first checkpoint starts over. A run directory recording other settings than the sweep would
-use is refused before anything trains.
+summary.json is finished and left as it is, one with a checkpoint resumes from it, one killed
+before its first checkpoint starts over. A run directory recording other settings, another
+model or other data than the sweep would use (its signature, ``rlvr_fast.run.directory``) is
+refused before anything trains, so a rerun never reprints old tables for new settings.
+
+OUT is new, empty, or a sweep's own (only the entries above): the sweep holds its lock while
+it runs, so a second sweep on it is refused with the first one's pid.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from rlvr_fast.analysis.report import publish_report
 from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.data.problems import Problem
-from rlvr_fast.utils.files import write_text_atomic
+from rlvr_fast.run.directory import RunDirectoryError, check_signature, read_run_meta, run_signature
+from rlvr_fast.utils.files import (
+    LOCK_NAME,
+    DirectoryLockedError,
+    is_temp_name,
+    lock_directory,
+    write_text_atomic,
+)
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.config import TrainConfig
 
@@ -84,6 +95,58 @@ def check_recorded_settings(run: SweepRun) -> None:
         )
 
 
+SWEEP_ENTRIES = ("runs", "compare.md", "compare.csv", "compare.json", "report", LOCK_NAME)
+
+
+def open_sweep_directory(out: Path) -> None:
+    """Make OUT, or take an empty one or a sweep's own, and hold its lock for the sweep."""
+    if out.exists() and not out.is_dir():
+        raise SweepError(f"{out}: exists and is not a directory")
+    names = [e.name for e in out.iterdir()] if out.is_dir() else []
+    if names and LOCK_NAME not in names:
+        # A sweep takes its lock first: without it, compare.md or runs/ are someone else's.
+        raise SweepError(
+            f"{out}: not a sweep's directory (no {LOCK_NAME}; it holds {sorted(names)[0]!r}); "
+            "choose a new or empty --out"
+        )
+    if names:
+        foreign = [n for n in names if n not in SWEEP_ENTRIES and not is_temp_name(n)]
+        if foreign:
+            raise SweepError(
+                f"{out}: holds {sorted(foreign)[0]!r}, which a sweep does not write; choose a new "
+                "or empty --out"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        lock_directory(out)
+    except DirectoryLockedError as err:
+        raise SweepError(str(err)) from None
+
+
+def check_recorded_starts(
+    plan: list[SweepRun],
+    train_data: Sequence[Problem],
+    eval_sets: dict[str, Sequence[Problem]],
+    load_policy: Callable[[], object],
+) -> None:
+    """The run directories already there started from this sweep's model and data (finished
+    ones included: they are not trained again, so nothing else would look)."""
+    started = [run for run in plan if is_run_dir(run.path)]
+    if not started:
+        return
+    policy = load_policy()
+    for run in started:
+        config = json.loads(json.dumps(run.config.to_json()))
+        meta = read_run_meta(run.path)
+        if meta is None:
+            raise SweepError(f"{run.path}: not a run directory with a signature; use another --out")
+        signature = run_signature(config, policy, train_data, eval_sets)
+        try:
+            check_signature(run.path, meta, signature, config, train_data)
+        except RunDirectoryError as err:
+            raise SweepError(f"{err} (this sweep's settings; use another --out)") from None
+
+
 def run_sweep(
     plan: list[SweepRun],
     out: Path,
@@ -98,6 +161,8 @@ def run_sweep(
     write OUT/compare.{md,csv,json} and OUT/report/; returns the Markdown tables."""
     if not eval_sets:
         raise SweepError("a sweep needs at least one --eval set to compare the arms on")
+    open_sweep_directory(out)
+    check_recorded_starts(plan, train_data, eval_sets, load_policy)
     done = sum(run.finished for run in plan)
     with tqdm(total=len(plan), initial=done, desc="sweep", unit="run", disable=not progress) as bar:
         for run in plan:

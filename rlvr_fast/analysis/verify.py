@@ -8,7 +8,8 @@ spirit of the study's verify_supplement.py. Checks per run directory:
               active_steps, up to the step that made that many active steps
   re-derived  each step's ledger line rebuilt from its rollouts line and config.json through the
               ledger's own constructors: rewards re-graded from the texts (derivation gate
-              included), sigma_R, homogeneous / active / optimizer step by the arm's rules, flat
+              included; a run whose config.json says its rewards are recorded, a TRL script's
+              reward functions, keeps the ledger's), sigma_R, homogeneous / active / optimizer step by the arm's rules, flat
               or tree by the warmup rule, pair tuples and categories, gen, pref, pad_pref,
               untrim_gen, leaf, bwd_out, bwd_full, |p^(k)|, stage2_gen and the Out / Full /
               PadFull FLOPs at P; on parallel-path steps the path and summary grades, r_out
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from rlvr_fast.run.provenance import REWARDS_KEY, REWARDS_RECORDED
 from rlvr_fast.run.reader import Run, RunDirError, find_run_dirs
 from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
 from rlvr_fast.ledger.laws import check_conservation
@@ -144,9 +146,13 @@ def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
 
 
 def verify_run(path: Path) -> RunVerification:
-    """All checks of one run directory (``RunDirError`` if it has no readable config.json)."""
+    """All checks of one run directory; one whose config.json cannot be read (a FIFO, a list,
+    invalid JSON) fails its config check."""
     started = time.perf_counter()
-    run = Run.open(path)
+    try:
+        run = Run.open(path)
+    except RunDirError as err:
+        return RunVerification(path, [Check("config", failures=[str(err)])], 0.0)
     config_check, config = check_config(run)
     checks = [config_check]
     if config is not None:
@@ -248,11 +254,14 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
     active_steps = 0
     graded = 0
     kind = step_kind(config.sampler)
+    regrade = run.meta.get(REWARDS_KEY) != REWARDS_RECORDED
     for recorded, rollout in zip(run.ledger, run.rollouts):
         step = recorded.get("step")
         multi = config.questions_per_step > 1
         try:
-            expected = rederive_step(kind, rollout, recorded, config, params, active_steps)
+            expected = rederive_step(
+                kind, rollout, recorded, config, params, active_steps, regrade=regrade
+            )
         except (KeyError, TypeError, ValueError) as err:
             check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
             continue
@@ -269,7 +278,9 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
     ]
     check.detail = (
         f"{len(run.ledger)} steps equal their re-derivation ({graded} rewards "
-        f"re-graded); Out / Full / PadFull = " + " / ".join(f"{t:.4g}" for t in tflops) + " TFLOPs"
+        f"{'re-graded' if regrade else 'as recorded: the task grades with its own functions'}); Out / Full / PadFull = "
+        + " / ".join(f"{t:.4g}" for t in tflops)
+        + " TFLOPs"
     )
     return check
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from rlvr_fast.run.layout import RunLayout
+
 from rlvr_fast.cli.options import (
     DTYPES,
     comma_list,
@@ -23,23 +22,31 @@ from rlvr_fast.analysis.tables import render
 from rlvr_fast.analysis.verify import verify_paths
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.rollouts.evaluation import encode_prompts
 from rlvr_fast.rollouts.limits import MAX_BATCH, MAX_NEW_TOKENS
 from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_data
+from rlvr_fast.run.eval_output import EvalOutput
+from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.precision import load_dtype, resolve_precision
 from rlvr_fast.train.trainer import RLVRTrainer
-from rlvr_fast.utils.files import write_json_atomic, write_text_atomic
 
 
-def run_train(args) -> dict:
+def train_inputs(args):
+    """What ``train`` checks before anything runs (``--nproc`` checks it before starting a
+    rank): the settings, the device and the data."""
     overrides = training_overrides(args)
     config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
     if args.profile < 0:
         raise ValueError(f"--profile must be >= 0, got {args.profile}")
     device = parse_device(args.device)
     train_data = load_data(args.train_data, limit=config.questions_needed)
-    eval_sets = parse_eval_sets(args.eval)
+    return config, device, train_data, parse_eval_sets(args.eval)
+
+
+def run_train(args) -> dict:
+    config, device, train_data, eval_sets = train_inputs(args)
     device = distributed.init(str(device), args.dist_timeout)
     dtype = load_dtype(resolve_precision(config.precision, device))
     policy = load_policy(args.model, device=device, dtype=dtype, untie=args.untie)
@@ -117,7 +124,9 @@ def print_train_table(summary: dict) -> None:
     print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
 
-def run_eval(args) -> dict:
+def eval_inputs(args):
+    """What ``eval`` checks before anything runs (``--nproc`` checks it before starting a
+    rank): the model path, the limits, the device, the output directory and the eval sets."""
     model_path = Path(args.model)
     # A run directory evaluates its final model.
     if (RunLayout(model_path).model() / "config.json").is_file():
@@ -125,19 +134,30 @@ def run_eval(args) -> dict:
     max_new_tokens = positive("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)
     max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
     device = parse_device(args.device)
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"{args.out}: exists and is not a directory")
+    out = EvalOutput(args.out) if args.out is not None else None
+    if out is not None:
+        out.check()
     eval_sets = parse_eval_sets(args.eval)
+    return model_path, max_new_tokens, max_batch, device, out, eval_sets
+
+
+def run_eval(args) -> dict:
+    model_path, max_new_tokens, max_batch, device, out, eval_sets = eval_inputs(args)
     device = distributed.init(str(device), args.dist_timeout)
+    # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
+    main_rank = distributed.is_main()
     policy = load_policy(
         args.model if args.model == "tiny" else model_path, device=device, dtype=DTYPES[args.dtype]
     )
+    # Every set's prompts fit the model before any set is decoded or anything written.
+    for problems in eval_sets.values():
+        encode_prompts(policy, problems, max_new_tokens)
+    if out is not None and main_rank:
+        out.open()
     engine = RolloutEngine.for_policy(
         policy, max_batch=max_batch, cuda_graphs=not args.no_cuda_graphs
     )
-    # On several ranks each decodes its share of a set; rank 0 prints and writes the whole.
-    main_rank = distributed.is_main()
-    summaries = {}
+    summaries, items = {}, {}
     for name, problems in eval_sets.items():
         result = distributed.evaluate_sharded(
             policy,
@@ -148,19 +168,14 @@ def run_eval(args) -> dict:
             progress=main_rank,
         )
         summaries[name] = result.summary()
-        if not main_rank:
-            continue
-        print(
-            f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
-            f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}"
-        )
-        if args.out:
-            write_text_atomic(
-                args.out / f"{name}.jsonl",
-                "".join(json.dumps(i.to_json()) + "\n" for i in result.items),
+        items[name] = [item.to_json() for item in result.items]
+        if main_rank:
+            print(
+                f"{name}: {summaries[name]['correct']}/{summaries[name]['items']} = "
+                f"{summaries[name]['accuracy']:.1%}, cap hits {summaries[name]['cap_hits']}"
             )
-    if args.out and main_rank:
-        write_json_atomic(args.out / "summary.json", summaries)
+    if out is not None and main_rank:
+        out.write(items, summaries)
     distributed.shutdown()
     return summaries
 
@@ -260,6 +275,7 @@ def run_select_data(args) -> dict:
         limit=args.limit,
         batch_questions=args.batch_questions,
         progress=not args.quiet,
+        data_path=None if args.data.startswith("synthetic:") else Path(args.data),
     )
     print(result.describe())
     return result.counts()

@@ -18,7 +18,8 @@
 
 Data arguments are a JSON/JSONL path or ``synthetic:SPLIT[:N]`` (the embedded arithmetic task).
 Bad input exits with status 2 and one line on stderr naming the file, field or value, before
-anything is written; an interrupted command exits with 130 and leaves nothing half-written.
+anything is written; an interrupted command exits with 130 and leaves nothing half-written; one
+whose standard output is closed early (a pipe into ``head``) exits with 141, silently.
 A rank of a distributed run whose process group fails (another rank died or stopped
 answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distributed``).
 """
@@ -26,9 +27,13 @@ answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distrib
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import sys
 from pathlib import Path
 from rlvr_fast.cli.commands import (
+    eval_inputs,
     run_compare,
     run_eval,
     run_report,
@@ -37,6 +42,7 @@ from rlvr_fast.cli.commands import (
     run_sweep,
     run_train,
     run_verify,
+    train_inputs,
 )
 from rlvr_fast.cli.options import (
     USER_ERRORS,
@@ -192,22 +198,38 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         if args.command == "verify":
-            return 0 if run_verify(args) else 1
-        if args.command == "plan":
-            return run_plan(args)
-        if getattr(args, "nproc", 1) != 1:
-            return distributed.launch(without_nproc(argv), args.nproc)
-        handlers[args.command](args)
+            status = 0 if run_verify(args) else 1
+        elif args.command == "plan":
+            status = run_plan(args)
+        elif getattr(args, "nproc", 1) != 1:
+            # Bad arguments fail here, once, not in each of N ranks after they started.
+            {"train": train_inputs, "eval": eval_inputs}[args.command](args)
+            status = distributed.launch(without_nproc(argv), args.nproc)
+        else:
+            handlers[args.command](args)
+            status = 0
+        sys.stdout.flush()  # a closed pipe fails here, inside these handlers, not at exit
+    except BrokenPipeError:
+        # The reader of stdout went away (``rlvr-fast verify ... | head``): exit as a process
+        # killed by SIGPIPE would, quietly, and keep Python's flush at exit from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except USER_ERRORS as err:
         print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as err:
+        line = out_of_memory_line(err)
+        if line is None:
+            raise
+        print(f"rlvr-fast: error: {line}", file=sys.stderr)
+        return 2
     except distributed.ProcessGroupError as err:
         print(f"rlvr-fast: error: {err}", file=sys.stderr)
         return 3
-    return 0
+    return status
 
 
 def error_line(err: Exception) -> str:
@@ -217,3 +239,26 @@ def error_line(err: Exception) -> str:
         return f"{where}: {err.strerror}"
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+# What torch's CPU and CUDA allocators say when an allocation fails (a RuntimeError each).
+ALLOCATOR_FAILURE = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory: you tried to allocate \d+ bytes"
+    r"|CUDA out of memory\. Tried to allocate [^.(]*"
+)
+
+
+def out_of_memory_line(err: BaseException) -> str | None:
+    """One line for an allocation that failed (Python's MemoryError, or torch's allocator),
+    naming the settings that size the work; None for any other error."""
+    failure = ALLOCATOR_FAILURE.search(str(err))
+    if isinstance(err, MemoryError):
+        what = "out of memory"
+    elif failure is not None:
+        what = failure.group(0).strip()
+    else:
+        return None
+    return (
+        f"{what}; the run's work does not fit this machine: lower group_size, max_batch, "
+        "max_new_tokens or questions_per_step (--set KEY=VALUE)"
+    )

@@ -32,6 +32,7 @@ Row formats accepted by ``load_problems``:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -42,13 +43,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr_fast.utils.files import write_text_atomic
+from rlvr_fast.utils.files import UnreadableFileError, open_regular, read_text, write_text_atomic
 
 # Input size limits: past them a set takes minutes and gigabytes to build or to tokenize, and no
 # math problem set comes near them (MATH has 12,500 problems, its longest under 5,000 chars).
+# A JSONL file is read line by line (memory follows the rows kept, not the file); a line holds
+# one row, whose three texts of MAX_TEXT_CHARS take at most ~2 MB even escaped. A .json file is
+# parsed whole, and a parse takes up to ~26 bytes of memory per byte of JSON (`[{}, {}, ...]`):
+# its cap keeps that under 2 GB. Its top-level array is parsed row by row, so rows past a limit
+# are never built.
 MAX_PROBLEMS = 50_000
 MAX_TEXT_CHARS = 100_000
 MAX_FILE_BYTES = 512 << 20
+MAX_LINE_BYTES = 4 << 20
+MAX_JSON_FILE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,31 @@ class Problem:
     level: int | None = None
     solution: str | None = None
     subject: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("id", "question", "answer", "source", "solution", "subject"):
+            value = getattr(self, name)
+            if value is None and name in ("solution", "subject"):
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f"Problem.{name} must be a string, got {_type_name(value)}")
+            surrogate = lone_surrogate(value)
+            if surrogate is not None:
+                raise ValueError(f"Problem.{name}: {surrogate}")
+        if self.level is not None and (
+            isinstance(self.level, bool) or not isinstance(self.level, int)
+        ):
+            raise ValueError(f"Problem.level must be an integer or None, got {self.level!r}")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Why ``text`` is not text, when it holds a lone UTF-16 surrogate (JSON's "\\ud800"
+    parses to one; no tokenizer or UTF-8 file can take it); None when it is text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"a lone surrogate U+{ord(text[err.start]):04X} at character {err.start}; not text"
+    return None
 
 
 def render_prompt(question: str) -> str:
@@ -123,43 +156,113 @@ def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> 
 
 def _read_rows(path: Path) -> Iterator[tuple[str, object]]:
     """Rows with their location, ``path:LINE`` (JSONL) or ``path:item N`` (JSON array)."""
+    if path.suffix == ".jsonl":
+        return _jsonl_rows(path)
+    if path.suffix == ".json":
+        return _json_array_rows(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise DataError(
-            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_FILE_BYTES >> 20} "
-            "MiB size limit of a problem file"
-        )
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from err
-    except OSError as err:
-        raise DataError(f"{path}: cannot read ({err.strerror})") from err
-    if path.suffix == ".jsonl":
-        return _jsonl_rows(path, text)
-    if path.suffix == ".json":
-        return _json_array_rows(path, text)
     raise DataError(f"{path}: unsupported file type {path.suffix!r} (expected .json or .jsonl)")
 
 
-def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[str, object]]:
-    # Split on "\n" only: str.splitlines() would also break on U+2028 and
-    # friends, which json.dumps(ensure_ascii=False) leaves raw inside strings.
-    for line_number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        yield f"{path}:{line_number}", _decode_json(line, path, line_number=line_number)
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
+    # Lines end at b"\n" only: str.splitlines() would also break on U+2028 and friends,
+    # which json.dumps(ensure_ascii=False) leaves raw inside strings.
+    with _opened(path, MAX_FILE_BYTES, "problem file") as file:
+        line_number = 0
+        while line := file.readline(MAX_LINE_BYTES + 1):
+            line_number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise DataError(
+                    f"{path}:{line_number}: over {MAX_LINE_BYTES:,} bytes, the limit of a line"
+                )
+            text = _decoded(line.removeprefix(b"\xef\xbb\xbf") if line_number == 1 else line)
+            if text is None:
+                raise DataError(f"{path}:{line_number}: not valid UTF-8")
+            if text.strip():
+                yield f"{path}:{line_number}", _decode_json(text, path, line_number=line_number)
 
 
-def _json_array_rows(path: Path, text: str) -> Iterator[tuple[str, object]]:
-    document = _decode_json(text, path, line_number=None)
-    for item_number, row in enumerate(_top_level_list(document, path), start=1):
+def _json_array_rows(path: Path) -> Iterator[tuple[str, object]]:
+    try:
+        text = read_text(path, MAX_JSON_FILE_BYTES, "JSON problem file (use .jsonl above it)")
+    except UnreadableFileError as err:
+        raise DataError(str(err)) from None
+    start = len(text) - len(text.lstrip())
+    if not text.startswith("[", start):
+        document = _decode_json(text, path, line_number=None)
+        yield from (
+            (f"{path}:item {n}", row) for n, row in enumerate(_top_level_list(document, path), 1)
+        )
+        return
+    for item_number, row in enumerate(_array_items(text, start + 1, path), start=1):
         yield f"{path}:item {item_number}", row
+
+
+def _array_items(text: str, index: int, path: Path) -> Iterator[object]:
+    """The items of the JSON array opening before ``text[index]``, one at a time."""
+    decoder = json.JSONDecoder()
+    index = _skip_space(text, index)
+    if text.startswith("]", index):
+        return _end_of_document(text, index + 1, path)
+    while True:
+        item, index = _raw_decode(decoder, text, index, path)
+        yield item
+        index = _skip_space(text, index)
+        if text.startswith("]", index):
+            return _end_of_document(text, index + 1, path)
+        if not text.startswith(",", index):
+            raise _syntax_error(text, index, path, "Expecting ',' delimiter")
+        index = _skip_space(text, index + 1)
+
+
+def _end_of_document(text: str, index: int, path: Path) -> None:
+    if text[index:].strip():
+        raise _syntax_error(text, _skip_space(text, index), path, "Extra data")
+
+
+def _raw_decode(decoder: json.JSONDecoder, text: str, index: int, path: Path):
+    try:
+        return decoder.raw_decode(text, index)
+    except json.JSONDecodeError as err:
+        raise _syntax_error(text, err.pos, path, err.msg) from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer past sys.get_int_max_str_digits()
+        line = text.count("\n", 0, index) + 1
+        raise DataError(f"{path}:{line}: unreadable JSON ({_first_line(err)})") from None
+
+
+def _syntax_error(text: str, position: int, path: Path, message: str) -> DataError:
+    error = json.JSONDecodeError(message, text, position)
+    return DataError(f"{path}:{error.lineno}: invalid JSON: {message} (column {error.colno})")
+
+
+def _skip_space(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\n\r":
+        index += 1
+    return index
+
+
+@contextlib.contextmanager
+def _opened(path: Path, limit: int, what: str):
+    try:
+        with open_regular(path, limit, what) as file:
+            yield file
+    except UnreadableFileError as err:
+        raise DataError(str(err)) from None
+
+
+def _decoded(line: bytes) -> str | None:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _decode_json(text: str, path: Path, *, line_number: int | None) -> object:
     """Parse ``text``; ``line_number`` is the file line of a JSONL line, None for a whole file."""
+    where = path if line_number is None else f"{path}:{line_number}"
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -167,8 +270,13 @@ def _decode_json(text: str, path: Path, *, line_number: int | None) -> object:
         line = err.lineno if line_number is None else line_number
         raise DataError(f"{path}:{line}: invalid JSON: {err.msg} (column {err.colno})") from err
     except RecursionError:
-        where = path if line_number is None else f"{path}:{line_number}"
         raise DataError(f"{where}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer past sys.get_int_max_str_digits()
+        raise DataError(f"{where}: unreadable JSON ({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().split("\n")[0]
 
 
 def _top_level_list(document: object, path: Path) -> list[object]:
@@ -196,6 +304,8 @@ def _parse_row(row: object, where: str, *, default_id: str, file_name: str) -> P
     else:
         raise DataError(f"{where}: missing field 'problem' (or 'question')")
     source = row.get("source")
+    if isinstance(source, str):
+        source = _within_limit(source, "source", where)
     return Problem(
         id=_id_of(row, where) or default_id,
         question=question,
@@ -280,6 +390,9 @@ def _within_limit(text: str, field: str, where: str) -> str:
             f"{where}: field '{field}' has {len(text):,} characters, over the "
             f"{MAX_TEXT_CHARS:,} limit"
         )
+    surrogate = lone_surrogate(text)
+    if surrogate is not None:
+        raise DataError(f"{where}: field '{field}' holds {surrogate}")
     return text
 
 
@@ -300,7 +413,7 @@ def _id_of(row: dict[str, object], where: str) -> str | None:
             )
         if not str(value).strip():
             raise DataError(f"{where}: field '{field}' is empty")
-        return str(value).strip()
+        return _within_limit(str(value).strip(), field, where)
     return None
 
 

@@ -1,7 +1,9 @@
 """``RolloutEngine``: the only place tokens are produced.
 
-It owns, for the life of a run, one paged KV storage and one C++ ``BlockManager`` (sized once:
-``kv_blocks``, or from free device memory on CUDA and available memory on CPU), a scheduler with
+It owns, for the life of a run, one paged KV storage and one C++ ``BlockManager`` (at most
+``kv_blocks`` blocks, or what ``kv_memory_fraction`` of free device memory on CUDA and of
+available memory on the CPU holds; on CUDA the storage takes them all at once, on the CPU it
+grows with the run's need: ``kv_storage``), a scheduler with
 continuous batching, the model runner and, on CUDA, the decode CUDA graphs. Planners (flat
 groups, evaluation, trees, parallel paths) build on three verbs and one loop:
 
@@ -35,7 +37,7 @@ import torch
 
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.engine.cuda_graphs import DecodeGraphs
-from rlvr_fast.engine.kv_storage import PagedKVStorage, plan_num_blocks
+from rlvr_fast.engine.kv_storage import PagedKVStorage, check_fits_device, plan_num_blocks
 from rlvr_fast.engine.model_runner import ModelRunner
 from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler
 from rlvr_fast.engine.sequence import (
@@ -52,6 +54,12 @@ from rlvr_fast.utils.phases import profile_range
 
 # RolloutEngine.shared: one default engine per model, dropped with the model.
 _SHARED_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# The most rows one decode step runs, and the most sequences one fork makes (the trainer's
+# max_batch bound): past them a fork's copies of the prefix alone reach gigabytes, and the CUDA
+# graphs' block tables (max_batch x max_model_len / block_size) more.
+MAX_BATCH = MAX_FORK = 1 << 16
+MAX_MODEL_LEN = 1 << 20
 
 
 class RolloutEngine:
@@ -86,6 +94,8 @@ class RolloutEngine:
         self.device, self.dtype = weight.device, weight.dtype
         self.eos_token_ids = frozenset(eos_token_ids)
         blocks_per_sequence = -(-max_model_len // block_size)
+        if kv_blocks is not None:
+            check_fits_device(config, kv_blocks, block_size, self.dtype, self.device)
         num_blocks = kv_blocks or plan_num_blocks(
             config,
             block_size=block_size,
@@ -95,7 +105,12 @@ class RolloutEngine:
             most=max_batch * (blocks_per_sequence + 1),
         )
         self.storage = PagedKVStorage(
-            config, num_blocks, block_size, dtype=self.dtype, device=self.device
+            config,
+            num_blocks,
+            block_size,
+            dtype=self.dtype,
+            device=self.device,
+            growable=self.device.type != "cuda",
         )
         self.manager = BlockManager(num_blocks, block_size)
         self.backend = default_backend(self.device, self.dtype)
@@ -176,10 +191,10 @@ class RolloutEngine:
         ``seq``; their completions start there. A prompt not yet run is prefilled now, once."""
         total = len(seq.token_ids)
         num_tokens = total if num_tokens is None else num_tokens
-        if not 1 <= num_tokens <= total or n < 1:
+        if not 1 <= num_tokens <= total or not 1 <= n <= MAX_FORK:
             raise ValueError(
-                f"fork: need 1 <= num_tokens <= {total} and n >= 1, "
-                f"got num_tokens={num_tokens}, n={n}"
+                f"fork: need 1 <= num_tokens <= {total} and 1 <= n <= {MAX_FORK:,}, "
+                f"got num_tokens={num_tokens}, n={n:,}"
             )
         if seq.status in (Status.WAITING, Status.RUNNING):
             raise ValueError("fork: the sequence is being run")
@@ -189,20 +204,26 @@ class RolloutEngine:
             self.prefill([seq])
         whole = num_tokens == total and seq.holds_logits
         shared = num_tokens if whole else num_tokens - 1
-        children = []
-        for i in range(n):
-            child = Sequence(
-                seq.token_ids[:num_tokens],
-                num_tokens,
-                seed=None if seeds is None else seeds[i],
-                max_new_tokens=max_new_tokens,
-                stop=stop,
-                keep_cache=keep_cache,
-                num_cached=shared,
-                block_id=self.manager.fork(seq.block_id, shared),
-                logits=seq.logits if whole else None,
-            )
-            children.append(child)
+        children: list[Sequence] = []
+        try:
+            for i in range(n):
+                child = Sequence(
+                    seq.token_ids[:num_tokens],
+                    num_tokens,
+                    seed=None if seeds is None else seeds[i],
+                    max_new_tokens=max_new_tokens,
+                    stop=stop,
+                    keep_cache=keep_cache,
+                    num_cached=shared,
+                    block_id=self.manager.fork(seq.block_id, shared),
+                    logits=seq.logits if whole else None,
+                )
+                children.append(child)
+        except BaseException:
+            # All or nothing: a fork cut short (out of memory, interrupted) registers none.
+            for child in children:
+                self.scheduler.release(child)
+            raise
         return children
 
     def extend(self, seq: Sequence, token_ids: Seq[int]) -> None:
@@ -234,6 +255,7 @@ class RolloutEngine:
             self.counters.block_copies += len(copies)
             self._track_peak()
             try:
+                reserve_written_blocks(self.storage, slots, copies)
                 with self._range("engine prefill"):
                     logits = self.runner.prefill(Batch("prefill", batch, [], slots, copies))
             except BaseException:
@@ -314,6 +336,7 @@ class RolloutEngine:
         batch = self.scheduler.schedule()
         self.counters.block_copies += len(batch.copies)
         self._track_peak()
+        reserve_written_blocks(self.storage, batch.slots, batch.copies)
         parts = []
         if batch.kind == "prefill":
             self.counters.prefill_run += sum(seq.num_pending for seq in batch.rows)
@@ -389,6 +412,17 @@ class RolloutEngine:
         return profile_range(name, self.device)
 
 
+def reserve_written_blocks(
+    storage: PagedKVStorage, slots: torch.Tensor | None, copies: list[tuple[int, int]]
+) -> None:
+    """Make the storage hold every block a pass writes (its slots, its copies' destinations);
+    the blocks it only reads were written by earlier passes."""
+    top = max((dst for _, dst in copies), default=-1)
+    if slots is not None and slots.numel():
+        top = max(top, int(slots.max()) // storage.block_size)
+    storage.reserve(top + 1)
+
+
 def _check_settings(
     kv_blocks, fraction, block_size, max_batch, max_model_len, max_prefill_tokens
 ) -> None:
@@ -399,8 +433,14 @@ def _check_settings(
             block_size >= 1 and block_size & (block_size - 1) == 0,
             f"block_size must be a power of two, got {block_size}",
         ),
-        (max_batch >= 1, f"max_batch must be >= 1, got {max_batch}"),
-        (max_model_len >= 1, f"max_model_len must be >= 1, got {max_model_len}"),
+        (
+            1 <= max_batch <= MAX_BATCH,
+            f"max_batch must be in [1, {MAX_BATCH:,}], got {max_batch:,}",
+        ),
+        (
+            1 <= max_model_len <= MAX_MODEL_LEN,
+            f"max_model_len must be in [1, {MAX_MODEL_LEN:,}], got {max_model_len:,}",
+        ),
         (max_prefill_tokens >= 1, f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}"),
     ]
     for ok, message in checks:

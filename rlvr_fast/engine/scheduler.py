@@ -24,8 +24,10 @@ from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.engine.sequence import Sequence, Status
 
 
-class OutOfBlocksError(RuntimeError):
-    """The KV cache cannot hold a sequence even with every other one preempted."""
+class OutOfBlocksError(ValueError, RuntimeError):
+    """The KV cache cannot hold a sequence even with every other one preempted, or cannot be
+    made as large as asked; the one-line message names the settings that bound it (a
+    ValueError: the settings are what to change)."""
 
 
 @dataclass

@@ -22,6 +22,8 @@ from rlvr_fast.grading.worker import OUT_OF_TIME
 MODES = ("ours", "ours+math_verify", "math_verify")
 DEFAULT_MODE = "ours+math_verify"
 DEFAULT_TIMEOUT_S = 2.0
+# An hour per item is far past any grading; beyond it a deadline overflows the clock's waits.
+MAX_TIMEOUT_S = 3600.0
 DEFAULT_BATCH_WORKERS = os.cpu_count() or 1
 
 
@@ -47,6 +49,7 @@ def judge(
     free worker included (not the pool's first start); 0 settles only what the cheap stages
     can.  Answers over ``MAX_ANSWER_CHARS`` are False without being parsed.
     """
+    _check_timeout(timeout)
     verdict = _judge_in_caller(pred, gold, mode)
     return _judge_in_worker(pred, gold, mode, timeout) if verdict is None else verdict
 
@@ -67,6 +70,8 @@ def judge_response(
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Verdict:
     """The verdict on a full response: the gate (if ``min_chars``), its last box, ``judge``."""
+    _check_timeout(timeout)
+    _check_mode(mode)
     if min_chars is not None and not passes_gate(response_text, min_chars):
         return Verdict(False, f"the last \\boxed starts before char {min_chars} (gate)")
     answer = extract_boxed(response_text, max_chars=MAX_ANSWER_CHARS)
@@ -104,6 +109,7 @@ def judge_many(
         raise ValueError(f"grade_many: {len(preds)} predictions but {len(golds)} gold answers")
     if workers is not None and workers < 1:
         raise ValueError(f"grade_many: workers must be >= 1, got {workers}")
+    _check_timeout(timeout)
     verdicts = [_judge_in_caller(pred, gold, mode) for pred, gold in zip(preds, golds)]
     pending = [index for index, verdict in enumerate(verdicts) if verdict is None]
     if not pending:
@@ -161,6 +167,17 @@ def _missing_answer_reason(response_text: str) -> str:
     if all(command not in response_text for command in BOX_COMMANDS):
         return "no \\boxed answer"
     return f"the last box does not close within {MAX_ANSWER_CHARS:,} chars"
+
+
+def _check_timeout(timeout: float) -> None:
+    """``timeout``: a number of seconds in [0, MAX_TIMEOUT_S] (NaN used to grade False
+    silently, 1e300 to overflow the pool's wait)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"grading timeout must be a number of seconds, got {timeout!r}")
+    if not 0 <= timeout <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"grading timeout must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {timeout!r}"
+        )
 
 
 def _check_mode(mode: str) -> None:

@@ -81,7 +81,8 @@ def check_conservation(
         "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens) on "
         "backward steps, else 0",
     )
-    agree = len(set(record.rewards)) == 1 and (
+    # A completion no reward function scored (null) is left out, as it is of sigma_R.
+    agree = len({r for r in record.rewards if r is not None}) <= 1 and (
         record.parallel is None or len(set(record.parallel.summary_rewards)) <= 1
     )
     require(record.homogeneous == agree, "homogeneous iff sigma_R = 0")

@@ -67,6 +67,7 @@ appends checked lines.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -132,7 +133,7 @@ class SeedFlops:
 class StepRecord(SeedFlops):
     step: int
     question_id: str
-    rewards: list[float]
+    rewards: list[float | None]  # null: no reward function scored it
     sigma_r: float
     homogeneous: bool
     active: bool
@@ -275,7 +276,7 @@ def flat_step_record(
     *,
     step: int,
     question_id: str,
-    rewards: list[float],
+    rewards: list[float | None],
     sigma_r: float,
     active: bool,
     optimizer_step: bool,
@@ -292,6 +293,8 @@ def flat_step_record(
     category = PairCategory(category)
     if not category.is_flat:
         raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
+    # A completion no reward function scored (NaN, rlvr_fast.trl_compat) is recorded as null.
+    rewards = [None if r is None or math.isnan(r) else r for r in rewards]
     group = len(lengths)
     leaf = sum(lengths)
     pairs = [

@@ -1,71 +1,219 @@
 """Read and write Hugging Face checkpoint directories (config.json + *.safetensors).
 
 Our modules pack q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; the Hugging Face
-layout keeps them apart. Loading concatenates, saving splits, so a directory we write loads in
-``transformers.AutoModelForCausalLM`` and any Qwen3 checkpoint loads here.
+layout keeps them apart. Loading copies each part into its rows of the packed parameter, saving
+splits, so a directory we write loads in ``transformers.AutoModelForCausalLM`` and any Qwen3
+checkpoint loads here.
+
+Loading checks before it reads: the files are regular files inside the directory (a symlink
+is resolved and must stay inside it, or in a Hugging Face cache's blobs/:
+``rlvr_fast.utils.files.model_file``), config.json is bounded, and every tensor's name, dtype, shape
+and byte size come from the safetensors headers and must match the config before any tensor is
+read (a crafted 4 GiB q_proj fails in no time and no memory); a tensor in two shards is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rlvr_fast.utils.files import replaced_directory
+from rlvr_fast.utils.files import (
+    UnreadableFileError,
+    model_file,
+    open_regular,
+    parse_json,
+    replaced_directory,
+)
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory is missing files or tensors, or has tensors of the wrong shape."""
+    """A checkpoint directory is missing files or tensors, or has tensors of the wrong shape,
+    dtype or size."""
 
 
 PACKED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
+# safetensors dtypes a weight may have (anything else, an integer tensor say, is not a weight
+# this model computes with), with their element sizes.
+FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+# safetensors' own limit on a header, checked before the header is read.
+MAX_HEADER_BYTES = 100 << 20
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor as a safetensors header describes it, before any of it is read."""
+
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a Hugging Face tensor goes: rows ``start`` onwards of our parameter ``param``."""
+
+    param: str
+    start: int
+    shape: tuple[int, ...]
 
 
 def safetensors_files(directory: Path) -> list[Path]:
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
+    """The directory's ``*.safetensors`` files, each a regular file inside it."""
+    names = sorted(path.name for path in directory.glob("*.safetensors"))
+    if not names:
         raise CheckpointError(f"{directory}: no *.safetensors files")
-    return files
+    return [checked_file(directory, name) for name in names]
 
 
-def read_hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(directory):
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    tensors[name] = handle.get_tensor(name)
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from None
-    return tensors
+def checked_file(directory: Path, name: str) -> Path:
+    try:
+        path = model_file(directory, name)
+    except UnreadableFileError as err:
+        raise CheckpointError(str(err)) from None
+    if path is None:
+        raise CheckpointError(f"{directory / name}: no such file")
+    return path
 
 
-def hf_to_packed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> our module names (q/k/v and gate/up concatenated on dim 0)."""
-    out = dict(tensors)
-    for name in list(tensors):
-        for packed, parts in PACKED.items():
-            for suffix in ("weight", "bias"):
-                first = f"{parts[0]}.{suffix}"
-                if name.endswith(first):
-                    prefix = name[: -len(first)]
-                    names = [f"{prefix}{part}.{suffix}" for part in parts]
-                    missing = [n for n in names if n not in tensors]
-                    if missing:
-                        raise CheckpointError(f"checkpoint: missing tensor {missing[0]!r}")
-                    out[f"{prefix}{packed}.{suffix}"] = torch.cat([tensors[n] for n in names])
-                    for n in names:
-                        del out[n]
-    return out
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors a safetensors file holds, from its header alone: each one's dtype a float,
+    its bytes exactly its shape's, inside the file."""
+    try:
+        with open_regular(path, 1 << 62, "safetensors file") as file:
+            size = os.fstat(file.fileno()).st_size
+            length = int.from_bytes(file.read(8), "little")
+            if size < 8 or length > min(MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(f"{path}: not a safetensors file (header length {length})")
+            header = parse_json(file.read(length).decode("utf-8", "replace"), str(path))
+    except UnreadableFileError as err:
+        raise CheckpointError(str(err)) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (its header is not an object)")
+    header.pop("__metadata__", None)
+    data_bytes = size - 8 - length
+    return {name: header_entry(path, name, entry, data_bytes) for name, entry in header.items()}
+
+
+def header_entry(path: Path, name: str, entry, data_bytes: int) -> TensorEntry:
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: not a tensor entry")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{where}: dtype {dtype!r}, not a float ({', '.join(FLOAT_DTYPES)})")
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise CheckpointError(f"{where}: shape {shape!r} is not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_count, offsets))):
+        raise CheckpointError(f"{where}: data_offsets {offsets!r} are not two offsets")
+    begin, end = offsets
+    if end - begin != math.prod(shape) * FLOAT_DTYPES[dtype] or end > data_bytes:
+        raise CheckpointError(
+            f"{where}: bytes {begin}..{end} do not hold a {dtype} tensor of shape {shape} "
+            f"inside the file's {data_bytes:,} data bytes"
+        )
+    return TensorEntry(path, dtype, tuple(shape))
+
+
+def is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def tensor_index(files: list[Path]) -> dict[str, TensorEntry]:
+    """Every tensor of the checkpoint's shards; a tensor in two shards is refused (which one
+    would load is an accident of the file order)."""
+    index: dict[str, TensorEntry] = {}
+    for path in files:
+        for name, entry in read_header(path).items():
+            if name in index:
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} is also in {index[name].path.name}; "
+                    "a tensor belongs to one shard"
+                )
+            index[name] = entry
+    return index
+
+
+def hf_layout(model: Qwen3ForCausalLM) -> dict[str, Slot]:
+    """Hugging Face tensor name -> where it goes in ``model`` (q/k/v and gate/up stacked on
+    dim 0 of one parameter); a tied LM head is not a tensor of its own."""
+    config = model.config
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    rows = {"self_attn.qkv_proj": [q, kv, kv], "mlp.gate_up_proj": [config.intermediate_size] * 2}
+    layout = {}
+    for name, param in model.named_parameters():
+        packed = next((p for p in PACKED if f".{p}." in name), None)
+        if packed is None:
+            layout[name] = Slot(name, 0, tuple(param.shape))
+            continue
+        prefix, suffix = name.split(f"{packed}.")
+        start = 0
+        for part, count in zip(PACKED[packed], rows[packed]):
+            layout[f"{prefix}{part}.{suffix}"] = Slot(name, start, (count, *param.shape[1:]))
+            start += count
+    return layout
+
+
+def check_tensors(
+    shapes: dict[str, tuple[int, ...]], layout: dict[str, Slot], tied: bool, source: str
+) -> None:
+    """Refuse a checkpoint whose tensors (name -> shape) are not the ones ``layout`` expects,
+    before any is read."""
+    names = set(shapes) - ({"lm_head.weight"} if tied else set())
+    missing, unexpected = sorted(set(layout) - names), sorted(names - set(layout))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source}: tensors do not match the config "
+            f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})"
+        )
+    for name, slot in layout.items():
+        if tuple(shapes[name]) != slot.shape:
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(shapes[name])}, config implies {slot.shape}"
+            )
+
+
+def empty_model(config: ModelConfig) -> Qwen3ForCausalLM:
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    return model
+
+
+def filled(
+    model: Qwen3ForCausalLM,
+    device,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    layout: dict[str, Slot],
+    source: str,
+) -> Qwen3ForCausalLM:
+    """``model`` (on meta) made real on ``device`` and filled tensor by tensor: one tensor is
+    in memory beside the model at a time, never the whole checkpoint. A weight holding NaN or
+    infinity is refused: such a model evaluates to 0% and trains to NaN without a word."""
+    model.to_empty(device=device)
+    model.tie_weights()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name not in layout:
+                continue
+            if not bool(torch.isfinite(tensor).all()):
+                raise CheckpointError(f"{source}: {name} holds NaN or infinite values")
+            slot = layout[name]
+            params[slot.param][slot.start : slot.start + slot.shape[0]].copy_(tensor)
+    return model
 
 
 def packed_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -95,14 +243,33 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Qwen3ForCausalLM:
-    """Build the model described by ``directory/config.json`` and load its weights."""
+    """Build the model described by ``directory/config.json`` and load its weights: every
+    tensor's name, shape, dtype and size are checked from the safetensors headers first."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
-    config = ModelConfig.from_file(directory / "config.json")
-    return build_model(
-        config, read_hf_tensors(directory), device=device, dtype=dtype, source=str(directory)
-    )
+    config = ModelConfig.from_file(checked_file(directory, "config.json"))
+    index = tensor_index(safetensors_files(directory))
+    model = empty_model(config)
+    layout = hf_layout(model)
+    shapes = {name: entry.shape for name, entry in index.items()}
+    check_tensors(shapes, layout, config.tie_word_embeddings, str(directory))
+    tensors = shard_tensors(index, layout)
+    return filled(model, device, tensors, layout, str(directory)).to(dtype).eval()
+
+
+def shard_tensors(
+    index: dict[str, TensorEntry], layout: dict[str, Slot]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors ``layout`` wants, read shard by shard, one at a time."""
+    for path in sorted({entry.path for entry in index.values()}):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    if name in layout:
+                        yield name, handle.get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from None
 
 
 def build_model(
@@ -115,31 +282,11 @@ def build_model(
 ) -> Qwen3ForCausalLM:
     """Our model for ``config`` holding copies of ``hf_tensors`` (Hugging Face names, as in a
     checkpoint file or a ``transformers`` model's ``state_dict``); errors name ``source``."""
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
-    tensors = hf_to_packed(hf_tensors)
-    if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    expected = {name: p for name, p in model.named_parameters()}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{source}: tensors do not match the config "
-            f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})"
-        )
-    for name, param in expected.items():
-        if tensors[name].shape != param.shape:
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(tensors[name].shape)}, "
-                f"config implies {tuple(param.shape)}"
-            )
-    model.to_empty(device=device)
-    model.tie_weights()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(tensors[name])
-    return model.to(dtype).eval()
+    model = empty_model(config)
+    layout = hf_layout(model)
+    shapes = {name: tuple(tensor.shape) for name, tensor in hf_tensors.items()}
+    check_tensors(shapes, layout, config.tie_word_embeddings, source)
+    return filled(model, device, iter(hf_tensors.items()), layout, source).to(dtype).eval()
 
 
 def save_model(model: Qwen3ForCausalLM, directory: str | os.PathLike) -> None:

@@ -8,17 +8,20 @@ here with a clear error rather than silently computed wrong.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from rlvr_fast.utils.files import UnreadableFileError, read_json
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 # Above these a dimension or layer count is a corrupt file, not a model: the model is built
 # layer by layer before any weight is read, so a billion layers would hang there.
 MAX_DIMENSION = 1 << 24
 MAX_LAYERS = 1024
+# A config.json is a few KB; the cap is checked before reading (a link to /dev/zero, a FIFO).
+MAX_CONFIG_BYTES = 16 << 20
 
 
 class ConfigError(ValueError):
@@ -129,17 +132,9 @@ class ModelConfig:
     def from_file(cls, path: str | os.PathLike) -> "ModelConfig":
         path = Path(path)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(
-                f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})"
-            ) from None
-        except (OSError, RecursionError) as err:
-            raise ConfigError(f"{path}: unreadable ({err})") from None
+            raw = read_json(path, MAX_CONFIG_BYTES, "model config")
+        except UnreadableFileError as err:
+            raise ConfigError(str(err)) from None
         try:
             return cls.from_hf_dict(raw)
         except ConfigError as err:

@@ -8,17 +8,16 @@ package (``rlvr_fast/assets/tiny``). Nothing is ever fetched from a model hub.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlvr_fast.utils.files import replaced_directory
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, write_model_files
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
-from rlvr_fast.models.tokenizer import TOKENIZER_FILES, Tokenizer
+from rlvr_fast.models.tokenizer import MAX_TOKENIZER_BYTES, TOKENIZER_FILES, Tokenizer
+from rlvr_fast.utils.files import UnreadableFileError, model_file, read_bytes, replaced_directory
 
 TINY_MODEL_DIR = Path(__file__).parents[1] / "assets" / "tiny"
 EMBEDDED_MODELS = {"tiny": TINY_MODEL_DIR}
@@ -50,11 +49,16 @@ class Policy:
             self.write_files(staging)
 
     def write_files(self, directory: Path) -> None:
-        """Weights, config and tokenizer files into an existing ``directory`` (a staging one)."""
+        """Weights, config and tokenizer files into an existing ``directory`` (a staging one).
+        The tokenizer files are copied from the model directory the way they were read: regular
+        files inside it, bounded (a link out of it is refused, not copied)."""
         write_model_files(self.model, directory)
         for name in TOKENIZER_FILES:
-            if (self.path / name).is_file():
-                shutil.copyfile(self.path / name, directory / name)
+            source = model_file(self.path, name)
+            if source is not None:
+                (directory / name).write_bytes(
+                    read_bytes(source, MAX_TOKENIZER_BYTES, "tokenizer file")
+                )
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
@@ -94,9 +98,30 @@ def load_policy(
     """
     device = torch.device(device)
     path = resolve_model_path(name_or_path)
+    check_tokenizer_files(path)
+    tokenizer = Tokenizer.from_directory(path)
     model = load_model(path, device=device, dtype=dtype or default_dtype(device))
+    check_vocabulary(tokenizer, model.config, path)
     if untie:
         model.untie_weights()
-    return Policy(
-        model=model, tokenizer=Tokenizer.from_directory(path), config=model.config, path=path
-    )
+    return Policy(model=model, tokenizer=tokenizer, config=model.config, path=path)
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """The files ``Policy.save`` copies into a run are checked now, before anything is
+    written: regular files inside the directory (a link out would copy a stranger's file)."""
+    for name in TOKENIZER_FILES:
+        try:
+            model_file(path, name)
+        except UnreadableFileError as err:
+            raise CheckpointError(str(err)) from None
+
+
+def check_vocabulary(tokenizer: Tokenizer, config: ModelConfig, path: Path) -> None:
+    """A tokenizer may have fewer tokens than the model's embedding (Qwen3 pads it), never
+    more: its last ids would index past the embedding at the first prompt that uses them."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size:,} tokens, more than the "
+            f"model's vocabulary (vocab_size {config.vocab_size:,} in config.json)"
+        )

@@ -15,9 +15,15 @@ Question i's K samples draw from streams derived from (seed, i) alone, so its ra
 depend on which questions share its batch, and a resumed run measures what an uninterrupted one
 measures. Rates go to OUT.rates.jsonl (first line: the settings), one batch of questions at a
 time, flushed and fsynced; the same command run again skips the questions already measured and
-refuses a rates file made with other settings or other data. Once every question is measured the
-selection is written atomically; the rates file stays, so another range or limit re-selects
-without sampling again.
+refuses a rates file made with other settings or other data (its header records the model, the
+settings and a hash of every question's id, text and answer, so changed questions under the same
+ids are measured anew, not read back). Once every question is measured the selection is written
+atomically; the rates file stays, so another range or limit re-selects without sampling again.
+
+OUT is never a file select-data did not write: an existing OUT is replaced only when its rates
+file beside it says it is a selection (a data file, a run's ledger, anything else is refused
+before anything is sampled), never when it is the ``--data`` file itself; the output's lock
+(``.OUT.lock``) keeps a second select-data off it while one runs.
 
     rlvr-fast select-data --model PATH --data math_train.json --k 8 --out math_train_zpd.json
 """
@@ -40,10 +46,22 @@ from rlvr_fast.data.problems import Problem, render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.rollouts.evaluation import encode_prompts
-from rlvr_fast.utils.files import write_text_atomic
+from rlvr_fast.utils.files import (
+    DirectoryLockedError,
+    UnreadableFileError,
+    lock_output,
+    open_regular,
+    read_text,
+    write_text_atomic,
+)
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.rollouts.limits import MAX_GROUP_SIZE, MAX_NEW_TOKENS, MAX_SEED
+
+
+# A rates file is one short line per question (MAX_PROBLEMS of them) after its header line.
+MAX_RATES_BYTES = 64 << 20
+MAX_HEADER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -159,13 +177,20 @@ def select_data(
     limit: int | None = None,
     batch_questions: int = 16,
     progress: bool = True,
+    data_path: Path | None = None,
 ) -> Selection:
     """Measure (or resume measuring) every question's pass rate, then write the questions in
-    ``pass_range``, stratified, at most ``limit`` of them, to ``out`` (.json or .jsonl)."""
+    ``pass_range``, stratified, at most ``limit`` of them, to ``out`` (.json or .jsonl);
+    ``data_path``, the file ``problems`` came from, is never overwritten."""
     if out.suffix not in (".json", ".jsonl"):
         raise ValueError(f"--out must end in .json or .jsonl, got {out}")
     if not problems:
         raise ValueError("select-data: no problems in --data")
+    check_output(out, data_path)
+    try:
+        lock_output(out)
+    except DirectoryLockedError as err:
+        raise ValueError(str(err)) from None
     encode_prompts(policy, problems, settings.max_new_tokens)  # a long question fails here
     rates = measure_pass_rates(
         policy,
@@ -200,6 +225,38 @@ def rates_path(out: Path) -> Path:
     return out.with_name(out.name + ".rates.jsonl")
 
 
+def check_output(out: Path, data_path: Path | None) -> None:
+    """Refuse an ``out`` that select-data may not replace: the data it reads, or an existing
+    entry that is not a selection of its own (no rates file of ours beside it)."""
+    if data_path is not None and os.path.lexists(out) and os.path.samefile(out, data_path):
+        raise ValueError(f"{out}: --out is the --data file; choose another --out")
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_file():
+        raise ValueError(f"{out}: exists and is not a regular file; choose another --out")
+    if not is_rates_file(rates_path(out)):
+        raise ValueError(
+            f"{out}: exists and select-data did not write it (no {rates_path(out).name} "
+            "beside it); choose a new --out"
+        )
+
+
+def is_rates_file(path: Path) -> bool:
+    """``path`` starts with a rates file's header line."""
+    try:
+        with open_regular(path, MAX_RATES_BYTES, "rates file") as file:
+            header = json.loads(file.readline(MAX_HEADER_BYTES))
+    except (UnreadableFileError, ValueError, RecursionError):
+        return False
+    return isinstance(header, dict) and {"settings", "questions"} <= set(header)
+
+
+def problems_sha256(problems: Sequence[Problem]) -> str:
+    """What a pass rate is of: each question's id, text and answer, in order."""
+    rows = [[p.id, p.question, p.answer] for p in problems]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
 def measure_pass_rates(
     policy,
     engine: RolloutEngine,
@@ -215,7 +272,7 @@ def measure_pass_rates(
     header = {
         "settings": dataclasses.asdict(settings),
         "questions": len(problems),
-        "ids_sha256": hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest(),
+        "problems_sha256": problems_sha256(problems),
     }
     rates = read_rates(path, header)
     params = SamplingParams(settings.max_new_tokens, settings.temperature, settings.top_p)
@@ -264,24 +321,24 @@ def measure_pass_rates(
 def read_rates(path: Path, header: dict) -> list[QuestionRate]:
     """The rates ``path`` holds (a line cut short by a kill is dropped), or [] when it does not
     exist; ``ValueError`` when it was made with other settings or data."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{path}: not a select-data rates file (not UTF-8: {err.reason})"
-        ) from None
+        text = read_text(path, MAX_RATES_BYTES, "rates file")
+    except UnreadableFileError as err:
+        raise ValueError(f"{path}: not a select-data rates file ({err})") from None
     lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
-    if text and not text.endswith("\n"):  # a line cut short by a kill
-        write_text_atomic(path, "".join(lines))
     if not lines:
+        if text:
+            raise ValueError(f"{path}: not a select-data rates file (no header line)")
         return []
     try:
         recorded = json.loads(lines[0])
         rates = [QuestionRate(**json.loads(line)) for line in lines[1:]]
-    except (json.JSONDecodeError, TypeError) as err:
+    except (ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"{path}: not a select-data rates file ({err})") from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path}: not a select-data rates file (its header is not an object)")
     if recorded != header:
         differing = sorted(
             k for k in set(recorded) | set(header) if recorded.get(k) != header.get(k)
@@ -292,6 +349,8 @@ def read_rates(path: Path, header: dict) -> list[QuestionRate]:
         )
     if [r.index for r in rates] != list(range(len(rates))):
         raise ValueError(f"{path}: rates out of order")
+    if text and not text.endswith("\n"):  # a line cut short by a kill (the file is ours)
+        write_text_atomic(path, "".join(lines))
     return rates
 
 

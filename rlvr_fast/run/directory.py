@@ -11,7 +11,14 @@ dtype and device type. The trainer
 * refuses a run directory unless asked to resume it, and resumes only when the signature
   matches: the same arm, seed, settings, model, data and dtype. ``steps`` may grow (the run is
   extended and config.json records it) but not shrink; ``allow_nonfinite`` may change;
-* before anything else, removes what killed writers left (``rlvr_fast.utils.files``).
+* takes the directory's lock (``rlvr_fast.utils.files.lock_directory``) before it writes anything
+  there, and holds it for the rest of the process: a second writer (a ``--resume`` started while
+  the run still runs, two ``train``s on one ``--out``) is refused with the holder's pid, and the
+  lock of a killed run is taken over, so a kill stays resumable;
+* then removes what killed writers left (``rlvr_fast.utils.files``): only in a directory that carries
+  the signature (config.json's, or the lock file a start wrote before config.json), and only the
+  names our writers use. A directory that holds anything else and no signature is refused, not
+  cleaned.
 
 A run killed before its first checkpoint resumes from step 0: nothing it wrote is kept except
 what will be written again the same way. A finished run (summary.json) resumed with the same
@@ -29,15 +36,32 @@ from typing import Sequence
 
 import torch
 
-from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.data.problems import Problem
-from rlvr_fast.utils.files import is_temp_name, remove_stale_files, write_text_atomic
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.utils.files import (
+    LOCK_NAME,
+    DirectoryLockedError,
+    UnreadableFileError,
+    file_kind,
+    is_temp_name,
+    lock_directory,
+    read_json,
+    read_text,
+    remove_stale_files,
+    write_text_atomic,
+)
 
 RUN_KEY = "rlvr_fast_run"
 RUN_FORMAT = 1
 # Settings a resume may change: neither alters what the steps already taken computed.
 RESUME_MAY_CHANGE = ("steps", "allow_nonfinite")
 EVAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Size caps of a run's files, checked before reading: config.json is a few KB; a step log line
+# is at most a few MB (a group's texts), and a 1 GiB log is thousands of steps past the study.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_STEP_LOG_BYTES = 1 << 30
+# The directories a run swaps in whole (``rlvr_fast.utils.files.replaced_directory``).
+SWAPPED_DIRECTORIES = tuple(RunLayout(Path()).model(polyak).name for polyak in (False, True))
 
 
 class RunDirectoryError(ValueError):
@@ -106,8 +130,8 @@ def run_signature(
 def read_run_meta(out_dir: Path) -> dict | None:
     """config.json when it carries a run signature, else None."""
     try:
-        meta = json.loads(RunLayout(out_dir).config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        meta = read_json(RunLayout(out_dir).config, MAX_CONFIG_BYTES, "run config")
+    except (OSError, ValueError):
         return None
     if (
         not isinstance(meta, dict)
@@ -118,46 +142,84 @@ def read_run_meta(out_dir: Path) -> dict | None:
     return meta
 
 
-def holds_nothing(out_dir: Path) -> bool:
-    return all(is_temp_name(entry.name) for entry in out_dir.iterdir())
+def holds_only_leftovers(out_dir: Path) -> bool:
+    """Nothing, or what a start of ours killed before config.json leaves: its lock file and
+    temp files of our writers (the lock file is the signature that makes them ours)."""
+    names = [entry.name for entry in out_dir.iterdir()]
+    return not names or (
+        LOCK_NAME in names and all(n == LOCK_NAME or is_temp_name(n) for n in names)
+    )
 
 
 def open_run_directory(
     out_dir: Path, signature: dict, config: dict, train_data: Sequence[Problem], resume: bool
 ) -> dict | None:
-    """Check that the run may start (or resume) in ``out_dir`` and clean up after killed
-    writers; returns the recorded config.json when resuming a run, None when starting one.
-    Nothing is written when a check fails."""
+    """Check that the run may start (or resume) in ``out_dir``, take its lock and clean up
+    after killed writers; returns the recorded config.json when resuming a run, None when
+    starting one. Nothing is written when a check fails; the checks run again once the lock
+    is held, since another writer may have started in between."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RunDirectoryError(f"{out_dir}: exists and is not a directory")
     if not out_dir.exists():
         if resume:
             raise RunDirectoryError(f"{out_dir}: no such run directory to resume")
         make_directory(out_dir)
-        return None
-    if not os.access(out_dir, os.W_OK | os.X_OK):
+    elif not os.access(out_dir, os.W_OK | os.X_OK):
         raise RunDirectoryError(f"{out_dir}: not writable")
+    else:
+        check_may_open(out_dir, signature, config, train_data, resume)
+    try:
+        lock = lock_directory(out_dir)
+    except DirectoryLockedError as err:
+        raise RunDirectoryError(str(err)) from None
+    meta = check_may_open(out_dir, signature, config, train_data, resume)
+    remove_stale_files(lock, SWAPPED_DIRECTORIES)
+    return meta
+
+
+def check_may_open(
+    out_dir: Path, signature: dict, config: dict, train_data: Sequence[Problem], resume: bool
+) -> dict | None:
     meta = read_run_meta(out_dir)
     if meta is None:
-        if not holds_nothing(out_dir):
+        if not holds_only_leftovers(out_dir):
             raise RunDirectoryError(
                 f"{out_dir}: not empty and not an rlvr_fast run directory (no config.json with "
                 f"a {RUN_KEY!r} signature); choose a new or empty --out"
             )
-        remove_stale_files(out_dir)
         return None
     if not resume:
         raise RunDirectoryError(
             f"{out_dir}: already holds a run (use --resume to continue it, or a new --out)"
         )
     check_signature(out_dir, meta, signature, config, train_data)
-    remove_stale_files(out_dir)
+    check_run_files(out_dir)
     return meta
 
 
+def run_files(out_dir: Path) -> tuple[Path, ...]:
+    """The files a resume reads before it writes; each must be a plain regular file, or a FIFO
+    would hang the resume and a link to /dev/zero fill the memory."""
+    layout = RunLayout(out_dir)
+    return (layout.config, layout.summary, layout.ledger, layout.rollouts, layout.checkpoint)
+
+
+def check_run_files(out_dir: Path) -> None:
+    for path in run_files(out_dir):
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+            raise RunDirectoryError(f"{path}: not a regular file ({describe_entry(path)})")
+
+
+def describe_entry(path: Path) -> str:
+    if path.is_symlink():
+        return f"a symlink to {os.readlink(path)}"
+    return file_kind(path.stat().st_mode)
+
+
 def make_directory(out_dir: Path) -> None:
+    # exist_ok: a racing start that made it first is met by the lock and the checks after it.
     try:
-        out_dir.mkdir(parents=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise RunDirectoryError(
             f"{out_dir}: cannot create the run directory ({err.strerror})"
@@ -242,9 +304,9 @@ def whole_lines(path: Path, count: int) -> None:
             raise RunDirectoryError(f"{path}: missing, but the checkpoint is at step {count}")
         return
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise RunDirectoryError(f"{path}: not UTF-8 ({err.reason})") from None
+        text = read_text(path, MAX_STEP_LOG_BYTES, "step log")
+    except UnreadableFileError as err:
+        raise RunDirectoryError(str(err)) from None
     lines = text.split("\n")[:-1]
     if len(lines) < count:
         raise RunDirectoryError(

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from rlvr_fast.run.directory import RESUME_MAY_CHANGE
 
+# config.json's "rewards" on a run whose task is not the study's grading (reward functions of
+# rlvr_fast.trl_compat, a custom task): verify takes the ledger's rewards as given and re-derives
+# everything that follows from them.
+REWARDS_KEY = "rewards"
+REWARDS_RECORDED = "recorded (the task's own reward functions; not re-graded)"
 PACKAGES = ("rlvr_fast", "torch", "triton", "transformers", "tokenizers", "safetensors")
 
 
@@ -45,6 +50,7 @@ def run_meta(
     precision: str,
     world_size: int,
     at_step: int,
+    rewards_recorded: bool = False,
 ) -> dict:
     """config.json: the run's signature, settings and provenance; a resume that changes a
     setting it may change (an extension) keeps the first start's provenance and lists the
@@ -62,6 +68,8 @@ def run_meta(
         }
         if world_size > 1:
             meta["world_size"] = world_size
+        if rewards_recorded:
+            meta[REWARDS_KEY] = REWARDS_RECORDED
         return meta
     change = {
         name: [recorded["config"].get(name), config[name]]

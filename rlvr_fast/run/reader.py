@@ -19,42 +19,53 @@ one line naming the file (and line).
 
 from __future__ import annotations
 
-from rlvr_fast.run.layout import RunLayout
-import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rlvr_fast.run.directory import MAX_CONFIG_BYTES, MAX_STEP_LOG_BYTES, RUN_KEY
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.utils.files import UnreadableFileError, parse_json, read_text
+
+# What a run's start, model and data are, from config.json's signature (run.directory): runs of
+# one arm that differ in any of these are not seeds of one experiment.
+SIGNATURE_FIELDS = ("model_sha256", "train_data", "eval_data", "dtype", "device")
 
 
 class RunDirError(ValueError):
     """A run directory is missing, incomplete or holds a file that does not parse."""
 
 
-def read_json(path: Path):
+def read_json(path: Path, limit: int = MAX_CONFIG_BYTES):
+    """The JSON document in a run file: bounded, a regular file (a FIFO or a link to /dev/zero
+    is refused unread), every failure one line naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunDirError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RunDirError(f"{path}: not JSON ({err})") from None
-    except RecursionError:
-        raise RunDirError(f"{path}: JSON nested too deeply") from None
+        return parse_json(read_text(path, limit, "run file"), str(path))
+    except UnreadableFileError as err:
+        raise RunDirError(str(err).replace(": no such file", ": missing", 1)) from None
+
+
+def read_json_object(path: Path) -> dict:
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise RunDirError(f"{path}: not a JSON object (a {type(value).__name__})")
+    return value
 
 
 def read_jsonl(path: Path) -> list[dict]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RunDirError(f"{path}: missing") from None
-    except UnicodeDecodeError as err:
-        raise RunDirError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
+        text = read_text(path, MAX_STEP_LOG_BYTES, "run file")
+    except UnreadableFileError as err:
+        raise RunDirError(str(err).replace(": no such file", ": missing", 1)) from None
     lines = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (str.splitlines would also split at U+2028 inside a string).
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
         try:
-            value = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RunDirError(f"{path}:{number}: not JSON ({err.msg})") from None
-        except RecursionError:
-            raise RunDirError(f"{path}:{number}: JSON nested too deeply") from None
+            value = parse_json(line, f"{path}:{number}")
+        except UnreadableFileError as err:
+            raise RunDirError(str(err)) from None
         if not isinstance(value, dict):
             raise RunDirError(f"{path}:{number}: not a JSON object")
         lines.append(value)
@@ -62,7 +73,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return RunLayout(path).config.is_file()
+    """A directory with a config.json entry (what it holds is checked when it is opened)."""
+    return path.is_dir() and os.path.lexists(RunLayout(path).config)
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
@@ -94,8 +106,8 @@ class Run:
 
     @classmethod
     def open(cls, path: Path) -> "Run":
-        meta = read_json(RunLayout(path).config)
-        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        meta = read_json_object(RunLayout(path).config)
+        if not isinstance(meta.get("config"), dict):
             raise RunDirError(f"{path / 'config.json'}: no 'config' object")
         for key, kind in (("arm", str), ("seed", int), ("steps", int)):
             if not isinstance(meta["config"].get(key), kind):
@@ -128,13 +140,20 @@ class Run:
         return self._load("rollouts", lambda: read_jsonl(RunLayout(self.path).rollouts))
 
     @property
+    def signature(self) -> dict:
+        """config.json's run signature (empty for a run written before it had one)."""
+        signature = self.meta.get(RUN_KEY)
+        return signature if isinstance(signature, dict) else {}
+
+    @property
     def summary(self) -> dict | None:
+        """summary.json, a JSON object whose sections are objects; None when absent."""
         path = RunLayout(self.path).summary
-        return self._load("summary", lambda: read_json(path) if path.exists() else None)
+        return self._load("summary", lambda: read_summary(path) if self.finished else None)
 
     @property
     def finished(self) -> bool:
-        return RunLayout(self.path).summary.is_file()
+        return os.path.lexists(RunLayout(self.path).summary)
 
     def eval_files(self, before: bool = False, *, polyak: bool = False) -> dict[str, Path]:
         """NAME -> evals/NAME.jsonl (or evals/before/NAME.jsonl, or evals/polyak/NAME.jsonl),
@@ -154,6 +173,16 @@ class Run:
                 for name, path in self.eval_files(before, polyak=polyak).items()
             },
         )
+
+
+def read_summary(path: Path) -> dict:
+    summary = read_json_object(path)
+    for key, section in summary.items():
+        if key.startswith("eval_") and not (
+            isinstance(section, dict) and all(isinstance(v, dict) for v in section.values())
+        ):
+            raise RunDirError(f"{path}: {key} is not an object of eval sets")
+    return summary
 
 
 def question_lines(line: dict) -> list[dict]:

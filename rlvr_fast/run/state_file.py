@@ -96,6 +96,9 @@ def tensor_name(
 def load_state(path: str | os.PathLike) -> dict:
     """The state ``save_state`` wrote to ``path``, tensors on the CPU."""
     path = Path(path)
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        # safetensors would map a FIFO or a device, and block or read without end.
+        raise StateFileError(f"{path}: not a regular file")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             header = (handle.metadata() or {}).get(HEADER_KEY)

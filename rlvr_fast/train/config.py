@@ -140,7 +140,11 @@ class TrainConfig:
         lambda v: 1 <= v <= MAX_NEW_TOKENS,
         f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {{value}}",
     )
-    lr: float = setting(1e-5, "AdamW learning rate", lambda v: v > 0, "lr must be > 0, got {value}")
+    # Past 1e30 AdamW's first step size, lr / (1 - beta1), leaves float32 (a traceback in
+    # torch's AdamW); a learning rate that large only tests the non-finite stop.
+    lr: float = setting(
+        1e-5, "AdamW learning rate", lambda v: 0 < v <= 1e30, "lr must be in (0, 1e30], got {value}"
+    )
     betas: tuple[float, float] = setting(
         (0.9, 0.999),
         "AdamW betas",

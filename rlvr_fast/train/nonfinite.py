@@ -14,24 +14,26 @@ class NonFiniteError(ValueError):
 
 
 def check_finite(
-    step: int, record: dict, model: torch.nn.Module, lr: float, checkpoint: Path | None
+    step: int,
+    record: dict,
+    model: torch.nn.Module,
+    lr: float,
+    checkpoint: Path | None,
+    allow: str = "--set allow_nonfinite=true",
 ) -> None:
     """Raise ``NonFiniteError`` naming what is not finite in step ``step``'s ledger ``record``
-    or in ``model``'s trainable weights, and where the last good state is."""
+    or in ``model``'s trainable weights, where the last good state is, and the setting that
+    trains on (``allow``, as the caller's interface spells it)."""
     bad = [
         f"{name} {record[name]}"
         for name in ("loss", "grad_norm")
         if record.get(name) is not None and not math.isfinite(record[name])
     ]
-    params = [p for p in model.parameters() if p.requires_grad]
-    finite = torch.stack([p.detach().isfinite().all() for p in params]).all()
-    if not bad and bool(finite):
+    weight = first_nonfinite_weight(model)
+    if not bad and weight is None:
         return
-    if not bool(finite):
-        bad.append(
-            "weight "
-            + next(name for name, p in model.named_parameters() if not p.detach().isfinite().all())
-        )
+    if weight is not None:
+        bad.append(f"weight {weight}")
     kept = (
         ""
         if checkpoint is None
@@ -42,6 +44,13 @@ def check_finite(
         )
     )
     raise NonFiniteError(
-        f"step {step}: non-finite {', '.join(bad)} (lr {lr:g}){kept}; "
-        "--set allow_nonfinite=true trains on"
+        f"step {step}: non-finite {', '.join(bad)} (lr {lr:g}){kept}; {allow} trains on"
     )
+
+
+def first_nonfinite_weight(model: torch.nn.Module) -> str | None:
+    """The name of the first trainable weight holding a NaN or an infinity, or None."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if bool(torch.stack([p.detach().isfinite().all() for _, p in params]).all()):
+        return None
+    return next(name for name, p in params if not p.detach().isfinite().all())

@@ -131,13 +131,21 @@ def multi_question_step(
 
 
 def rederive_step(
-    kind: type, line: dict, recorded: dict, config, params: int, active_steps: int
+    kind: type,
+    line: dict,
+    recorded: dict,
+    config,
+    params: int,
+    active_steps: int,
+    *,
+    regrade: bool = True,
 ) -> StepRecord | MultiQuestionRecord:
     """The ledger line step ``line["step"]`` should have, given ``active_steps`` backward
     steps before it: its kind's record re-derived, or on a multi-question step each question's,
-    stepped by the step's decision."""
+    stepped by the step's decision. ``regrade=False`` takes the recorded rewards as given (a
+    task's own reward functions cannot be re-run)."""
     if config.questions_per_step == 1:
-        return kind.rederive(line, recorded, config, params, active_steps)
+        return kind.rederive(line, recorded, config, params, active_steps, regrade=regrade)
     if len(line["questions"]) != len(recorded["questions"]):
         raise ValueError(
             f"rollouts.jsonl has {len(line['questions'])} questions, the ledger "
@@ -150,7 +158,12 @@ def rederive_step(
         )
     questions = [
         kind.rederive(
-            dict(question, step=line["step"]), recorded_question, config, params, active_steps
+            dict(question, step=line["step"]),
+            recorded_question,
+            config,
+            params,
+            active_steps,
+            regrade=regrade,
         )
         for question, recorded_question in zip(line["questions"], recorded["questions"])
     ]

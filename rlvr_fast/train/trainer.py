@@ -302,9 +302,12 @@ class RLVRTrainer:
                 self.recorder.save_model(self.policy, polyak=True)
         return info
 
-    def close(self) -> None:
-        """Close the ledger of a run stepped from outside ``train`` (``step_on``)."""
-        if self.recorder is not None:
+    def close(self, summary: dict | None = None) -> None:
+        """Close the ledger of a run stepped from outside ``train`` (``step_on``); with its
+        ``summary`` (arm, steps, totals_this_run) the run is finished, summary.json written."""
+        if self.recorder is not None and summary is not None:
+            self.recorder.finish(summary)
+        elif self.recorder is not None:
             self.recorder.close()
 
     # ------------------------------------------------------------------ run directory
@@ -343,6 +346,7 @@ class RLVRTrainer:
                 precision=self.precision,
                 world_size=distributed.world_size(),
                 at_step=self.start_step,
+                rewards_recorded=not isinstance(self.task, MathTask),
             )
             self.recorder.write_config(meta)
         self.recorder.start_ledger()

@@ -15,7 +15,9 @@ per_device_train_batch_size x gradient_accumulation_steps x world size completio
 off-policy).
 
 Ours: ``arm`` (a study arm's preset, ``rlvr_fast.train.arms``), ``ledger`` (write the study's
-ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``), ``tree``
+ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``),
+``allow_nonfinite`` (train on, and save, after a step's loss, gradient norm or weights turn NaN
+or infinite; by default ``train()`` stops there with ``NonFiniteError``, as the CLI does), ``tree``
 (two-stage K x B tree rollouts with TreeRL credit), ``skip_zero_variance_backward`` and
 ``fused_zero_grad_step`` (the zero-gradient AdamW step on zero-variance groups, exact against
 TRL's backward of a zero loss), ``tree_t_min`` / ``tree_t_max``. TRL fields older releases had
@@ -41,6 +43,9 @@ class GRPOConfig(TRLFields):
     # rlvr_fast's own settings
     arm: str | None = trl_field(None, "a study arm's preset on top of TRL's loss (rlvr_fast)")
     ledger: bool = trl_field(False, "write the study's ledger to output_dir/ledger (rlvr_fast)")
+    allow_nonfinite: bool = trl_field(
+        False, "train on and save after a non-finite loss, gradient norm or weight (rlvr_fast)"
+    )
     tree: bool = trl_field(False, "two-stage K x B tree rollouts with TreeRL credit (rlvr_fast)")
     tree_t_min: int = trl_field(96, "tree Stage 1 ends at the first newline from here (rlvr_fast)")
     tree_t_max: int = trl_field(160, "tree Stage 1's cap (rlvr_fast)")

@@ -92,6 +92,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         zero_var_step="zero_grad",
         fused_zero_grad_step=args.fused_zero_grad_step,
         eval_before=False,
+        allow_nonfinite=args.allow_nonfinite,
         t_min=args.tree_t_min,
         t_max=args.tree_t_max,
         questions_per_step=prompts_per_step,

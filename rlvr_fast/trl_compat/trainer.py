@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.train import distributed
-from rlvr_fast.train.trainer import RLVRTrainer
+from rlvr_fast.train.nonfinite import NonFiniteError, check_finite, first_nonfinite_weight
+from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
@@ -66,6 +67,8 @@ from rlvr_fast.trl_compat.run_setup import (
     refuse_unsupported_arguments,
     train_config,
 )
+
+ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
 
 
 class GRPOTrainer:
@@ -253,7 +256,7 @@ class GRPOTrainer:
         if checkpoint is not None:
             self._resume(checkpoint)
         first_step, started = state.global_step, time.time()
-        self._loss_total, self._last_logged = 0.0, state.global_step
+        self._loss_total, self._last_logged, self._totals = 0.0, state.global_step, {}
         self.control = self.callback_handler.on_train_begin(args, state, self.control)
         if args.eval_on_start and self.eval_tasks:
             self.evaluate()
@@ -277,7 +280,14 @@ class GRPOTrainer:
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = self._loss_total / max(steps, 0.001)
         self.log(dict(metrics))
-        self.trainer.close()
+        # A ledger of every step asked for is a finished run (verify reads it so); one stopped
+        # early by a callback stays unfinished.
+        finished = state.global_step == state.max_steps
+        self.trainer.close(
+            dict(arm=self.trainer.config.arm, steps=state.global_step, totals_this_run=self._totals)
+            if finished
+            else None
+        )
         self._sync_model()
         self.control = self.callback_handler.on_train_end(args, state, self.control)
         return TrainOutput(state.global_step, metrics["train_loss"], metrics)
@@ -288,6 +298,16 @@ class GRPOTrainer:
         started = time.perf_counter()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         result = self.trainer.step_on(state.global_step, self._step_problems(state.global_step))
+        if not self.args.allow_nonfinite:
+            check_finite(
+                state.global_step,
+                result.record,
+                self.policy.model,
+                learning_rate,
+                None,
+                ALLOW_NONFINITE,
+            )
+        add_to_totals(self._totals, result.record)
         with warnings.catch_warnings():
             # torch warns when a schedule steps before optimizer.step(); zero-gradient AdamW
             # steps (the fused kernel) advance the moments without calling it.
@@ -438,6 +458,11 @@ class GRPOTrainer:
         whole."""
         if not distributed.is_main():
             return
+        weight = first_nonfinite_weight(self.policy.model)
+        if weight is not None and not self.args.allow_nonfinite:
+            raise NonFiniteError(
+                f"save_model: weight {weight} is not finite; {ALLOW_NONFINITE} saves it"
+            )
         with files_into(Path(output_dir or self.args.output_dir)) as staging:
             self._write_model(staging)
 

@@ -15,6 +15,7 @@ import pytest
 
 from rlvr_fast.analysis.compare import BASE_LABEL, compare_paths
 from rlvr_fast.analysis.sweep import plan_sweep, run_sweep
+from rlvr_fast.utils.files import LOCK_NAME
 from rlvr_fast.analysis.tables import mean_sd_cell
 from rlvr_fast.cli.main import main
 from rlvr_fast.data.synthetic import synthetic_problems
@@ -314,7 +315,7 @@ def test_report_draws_every_figure_beside_the_tables(sweep_dir, tree_run, tmp_pa
         assert f"]({name})" in report
     assert "| Arm (seeds)" in report and "root_restart (1)" in report
     assert "`rlvr-fast verify`: 5 of 5 runs PASS" in report
-    assert sorted(p.name for p in out.iterdir()) == sorted(figures + ["report.md"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(figures + ["report.md", LOCK_NAME])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")], "staging removed"
 
 

@@ -293,13 +293,18 @@ def test_select_data_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, 
 @pytest.mark.parametrize("command", ["verify", "compare", "report"])
 def test_crafted_run_directories_are_one_line_errors(tmp_path, capsys, command):
     """A config.json nested past Python's recursion limit ended verify, compare and report in
-    a RecursionError traceback."""
+    a RecursionError traceback. verify fails the run (exit 1), the others exit 2."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     argv = [command, str(run)] + (["--out", str(tmp_path / "rep")] if command == "report" else [])
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("rlvr-fast: error:") and "\n" not in err, err
-    assert "config.json: JSON nested too deeply" in err
+    assert main(argv) == (1 if command == "verify" else 2)
+    captured = capsys.readouterr()
+    if command == "verify":
+        assert f"FAIL: {run}" in captured.out
+        assert "config.json: JSON nested too deeply" in captured.out
+    else:
+        err = captured.err.strip()
+        assert err.startswith("rlvr-fast: error:") and "\n" not in err, err
+        assert "config.json: JSON nested too deeply" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -11,6 +11,7 @@ from rlvr_fast.utils.files import (
     append_line,
     atomic_path,
     files_into,
+    lock_directory,
     remove_stale_files,
     replaced_directory,
     write_json_atomic,
@@ -34,23 +35,30 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
 
 
 def test_stale_temp_files_are_removed_on_start(tmp_path):
-    """A SIGKILL skips the writer's cleanup: its temp file stays until the next start."""
+    """A SIGKILL skips the writer's cleanup: its temp file stays until the next start. Only
+    the names our writers use go; look-alikes of other programs stay."""
     (tmp_path / "evals").mkdir()
     # .tmpAbC123: safetensors' own temp file, found beside a checkpoint killed mid-save.
     for name in (
-        ".config.json.abc123.tmp",
-        "evals/.t.jsonl.x.tmp",
-        "evals/.tmpAbC123",
+        ".config.json.abc12345.tmp",
+        "evals/.t.jsonl.x1y2z3w4.tmp",
         "keep.jsonl",
         ".keep",
         ".tmpfile",
+        ".notes.tmp",
+        ".tmpAB12CD",
     ):
         (tmp_path / name).write_text("x")
-    (tmp_path / ".final.q1w2.tmp").mkdir()
-    removed = remove_stale_files(tmp_path)
+    (tmp_path / "evals/.tmpAbC123").write_bytes((2).to_bytes(8, "little") + b"{}")
+    (tmp_path / ".final.q1w2e3r4.tmp").mkdir()
+    with lock_directory(tmp_path) as lock:
+        removed = remove_stale_files(lock, ["final"])
     assert len(removed) == 4
-    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         ".keep",
+        ".notes.tmp",
+        ".rlvr_fast.lock",
+        ".tmpAB12CD",
         ".tmpfile",
         "evals",
         "keep.jsonl",
@@ -72,12 +80,16 @@ def test_a_leftover_final_old_does_not_break_the_next_save(tmp_path):
 def test_a_directory_swap_cut_between_its_renames_is_undone_on_start(tmp_path):
     (tmp_path / ".final.old").mkdir()
     (tmp_path / ".final.old" / "model.safetensors").write_text("last good")
-    remove_stale_files(tmp_path)
+    (tmp_path / ".thesis.old").mkdir()
+    lock = lock_directory(tmp_path)
+    remove_stale_files(lock, ["final"])
     assert (tmp_path / "final" / "model.safetensors").read_text() == "last good"
-    assert sorted(os.listdir(tmp_path)) == ["final"]
+    listing = [".rlvr_fast.lock", ".thesis.old", "final"]
+    assert sorted(os.listdir(tmp_path)) == listing, "only a swapped directory's .old is ours"
     (tmp_path / ".final.old").mkdir()
-    remove_stale_files(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["final"], "a finished swap's .old is removed"
+    remove_stale_files(lock, ["final"])
+    lock.release()
+    assert sorted(os.listdir(tmp_path)) == listing, "a finished swap's .old is removed"
 
 
 def test_a_failed_directory_write_leaves_the_old_directory(tmp_path):

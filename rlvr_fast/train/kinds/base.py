@@ -90,7 +90,7 @@ class StepKind(Protocol):
 
     @classmethod
     def rederive(
-        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
     ) -> StepRecord: ...
 
 
@@ -120,6 +120,20 @@ def record_arguments(question: Question, inputs: RecordInputs, config, params: i
         grad_norm=inputs.grad_norm,
         seconds=inputs.seconds,
     )
+
+
+def recorded_rewards(recorded: dict, group: int) -> list[float | None]:
+    """A ledger line's rewards, taken as given: one number (or null, unscored) per text."""
+    rewards = recorded.get("rewards")
+    if not (
+        isinstance(rewards, list)
+        and len(rewards) == group
+        and all(
+            r is None or (isinstance(r, (int, float)) and not isinstance(r, bool)) for r in rewards
+        )
+    ):
+        raise ValueError(f"the ledger's rewards are not {group} numbers or nulls")
+    return rewards
 
 
 def recorded_inputs(line: dict, recorded: dict, config, params: int) -> dict:

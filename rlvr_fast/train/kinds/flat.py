@@ -5,6 +5,7 @@ the arm's ``loss_order``; a ledger line of G leaves in pairs (2i, 2i + 1) with p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,6 +23,7 @@ from rlvr_fast.train.kinds.base import (
     RecordInputs,
     record_arguments,
     recorded_inputs,
+    recorded_rewards,
     regraded,
 )
 from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, sequence_scales
@@ -198,12 +200,13 @@ class FlatKind:
 
     @classmethod
     def rederive(
-        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
     ) -> StepRecord:
         """The ledger record ``line`` (a rollouts line) should have: rewards re-graded from its
-        texts, sigma_R, the stepping rule, the token counts; engine counts, timings, loss and
-        gradient norm copied from ``recorded`` (nothing on disk determines them)."""
-        inputs = cls.rederive_inputs(line, recorded, config, params)
+        texts (or, ``regrade=False``, the recorded ones), sigma_R, the stepping rule, the token
+        counts; engine counts, timings, loss and gradient norm copied from ``recorded`` (nothing
+        on disk determines them)."""
+        inputs = cls.rederive_inputs(line, recorded, config, params, regrade)
         if "categories" in line:
             raise ValueError(
                 "config.json makes this a flat step, rollouts.jsonl records a tree one"
@@ -211,15 +214,22 @@ class FlatKind:
         return flat_step_record(lengths=line["lengths"], category=cls.category, **inputs)
 
     @classmethod
-    def rederive_inputs(cls, line: dict, recorded: dict, config, params: int) -> dict:
+    def rederive_inputs(
+        cls, line: dict, recorded: dict, config, params: int, regrade: bool = True
+    ) -> dict:
         from rlvr_fast.train.decision import decide_step
 
         texts, lengths = line["texts"], line["lengths"]
         if len(lengths) != len(texts):
             raise ValueError(f"rollouts.jsonl has {len(texts)} texts and {len(lengths)} lengths")
-        _, correct = regraded(texts, line["answer"], config.gate_min_chars)
-        rewards = [float(ok) for ok in correct]
-        sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
+        if regrade:
+            _, correct = regraded(texts, line["answer"], config.gate_min_chars)
+            rewards = [float(ok) for ok in correct]
+            sigma = float(group_stats(torch.tensor(rewards, dtype=torch.float32))[1])
+        else:
+            rewards = recorded_rewards(recorded, len(texts))
+            unscored = [math.nan if r is None else r for r in rewards]
+            sigma = standardised_advantages(unscored, scale=config.scale_rewards)[1]
         decision = decide_step(
             int(sigma != 0), skip_zero_var=config.skip_zero_var, zero_var_step=config.zero_var_step
         )

@@ -248,7 +248,7 @@ class ParallelKind:
 
     @classmethod
     def rederive(
-        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
     ) -> StepRecord:
         """The paths' and summaries' grades re-derived from their texts, r_out by the
         aggregator, and, for every deterministic credit (exact Shapley, leave-one-out,
@@ -258,6 +258,10 @@ class ParallelKind:
         conservation law."""
         from rlvr_fast.train.decision import decide_step
 
+        if not regrade:
+            raise ValueError(
+                "parallel-path steps vote on graded answers; their rewards are re-graded"
+            )
         texts = line["texts"]
         if len(line["lengths"]) != len(texts):
             raise ValueError(

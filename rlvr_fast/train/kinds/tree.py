@@ -111,7 +111,7 @@ class TreeKind(FlatKind):
 
     @classmethod
     def rederive(
-        cls, line: dict, recorded: dict, config, params: int, active_steps: int
+        cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
     ) -> StepRecord:
         """As a flat step during the warmup; on tree steps the pairs rebuilt from the rollouts
         line's categories, prefix and Stage-1 lengths."""
@@ -122,8 +122,8 @@ class TreeKind(FlatKind):
                 f"rollouts.jsonl records a {'flat' if tree_step else 'tree'} one"
             )
         if not tree_step:
-            return super().rederive(line, recorded, config, params, active_steps)
-        inputs = cls.rederive_inputs(line, recorded, config, params)
+            return super().rederive(line, recorded, config, params, active_steps, regrade=regrade)
+        inputs = cls.rederive_inputs(line, recorded, config, params, regrade)
         lengths = line["lengths"]
         # The ledger reads only the lengths of a pair's token lists, and rollouts.jsonl keeps the
         # lengths, not the tokens: the lists below stand in with zeros of those lengths.

@@ -1,0 +1,149 @@
+"""The KV cache on the CPU is sized by the run's need, a request that cannot fit is one line
+naming the setting, and fork is all-or-nothing (issue 28, item 9): the tiny model's engine used
+to reserve 2.1 GB, an address-space limit or a huge max_batch ended in allocator tracebacks, and
+fork(s, n=10**7) left 6.7 million sequences registered."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.engine import kv_storage
+from rlvr_fast.models.policy import load_policy
+
+PROMPT = list(range(1, 30))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny")
+
+
+def run_group(engine, rows=8, tokens=48, seed=0):
+    seq = engine.add(PROMPT)
+    group = engine.fork(seq, n=rows)
+    engine.free(seq)
+    engine.run(
+        group, SamplingParams(max_new_tokens=tokens), generator=torch.Generator().manual_seed(seed)
+    )
+    return [row.completion for row in group]
+
+
+def test_the_cpu_cache_holds_what_the_run_uses_not_a_share_of_memory(tiny):
+    """Regression: 2.1 GB reserved for the 886k-parameter model (max_batch x max_model_len)."""
+    engine = RolloutEngine.for_policy(tiny)
+    assert engine.storage.data.nbytes < 4 << 20
+    run_group(engine, rows=16, tokens=200)
+    peak = engine.counters.peak_kv_blocks
+    assert peak <= engine.storage.capacity <= max(2 * peak, kv_storage.INITIAL_CPU_BLOCKS)
+
+
+def test_a_cache_that_grows_mid_run_samples_what_a_full_one_samples(tiny, monkeypatch):
+    """Growth copies every block it holds: the same seeds give the same tokens as a storage
+    that held every block from the start."""
+    monkeypatch.setattr(kv_storage, "INITIAL_CPU_BLOCKS", 1 << 20)
+    full = RolloutEngine.for_policy(tiny, kv_blocks=512)
+    assert full.storage.capacity == 512
+    monkeypatch.setattr(kv_storage, "INITIAL_CPU_BLOCKS", 1)
+    growing = RolloutEngine.for_policy(tiny, kv_blocks=512)
+    assert run_group(growing, rows=12, tokens=96) == run_group(full, rows=12, tokens=96)
+    assert 1 < growing.storage.capacity <= 512
+
+
+CONFINED = """
+import resource, sys, torch
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.models.policy import load_policy
+policy = load_policy("tiny")
+engine = RolloutEngine.for_policy(policy, max_batch=int(sys.argv[2]), kv_blocks=1 << 17)
+seq = engine.add(list(range(1, 30)))
+rows = engine.fork(seq, n=int(sys.argv[3]))
+engine.free(seq)
+try:
+    engine.run(rows, SamplingParams(max_new_tokens=int(sys.argv[4])), generator=torch.Generator())
+    print("ran", engine.storage.capacity)
+except ValueError as err:
+    print("refused", err)
+"""
+
+
+def confined(limit_bytes: int, max_batch: int, rows: int, tokens: int) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", CONFINED, *map(str, (limit_bytes, max_batch, rows, tokens))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_under_a_2_5_gb_address_limit_a_group_runs_and_a_huge_batch_is_one_line():
+    """Regression: under a 2.5 GB address-space limit the run ended in an allocator traceback;
+    with max_batch=65536 too. Now a group runs, and 65,536 rows (a 4 GiB cache of 2**17 blocks
+    allowed) stop at the growth that finds no memory, with one line naming the settings."""
+    limit = 2_500_000_000
+    assert confined(limit, 65536, 8, 64).startswith("ran ")
+    message = confined(limit, 65536, 65536, 4000)
+    assert message.startswith("refused KV cache: no memory for ")
+    assert "lower max_batch, or bound the cache with kv_blocks or kv_memory_fraction" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(max_batch=1 << 17), "max_batch must be in \\[1, 65,536\\], got 131,072"),
+        (dict(max_model_len=1 << 40), "max_model_len must be in \\[1, 1,048,576\\]"),
+        (dict(kv_blocks=10**12), "kv_blocks=1,000,000,000,000 needs .* GiB of KV cache, more than"),
+    ],
+)
+def test_extreme_engine_settings_are_one_line_errors(tiny, settings, message):
+    with pytest.raises(ValueError, match=message) as err:
+        RolloutEngine.for_policy(tiny, **settings)
+    assert "\n" not in str(err.value)
+
+
+def test_a_fork_of_ten_million_is_refused_and_registers_nothing(tiny):
+    """Regression: MemoryError after 6,682,827 sequences were registered (5.3 GB held)."""
+    engine = RolloutEngine.for_policy(tiny)
+    seq = engine.add(PROMPT, keep_cache=True)
+    engine.prefill([seq])
+    before = engine.manager.num_sequences
+    with pytest.raises(ValueError, match="1 <= n <= 65,536, got num_tokens=29, n=10,000,000"):
+        engine.fork(seq, n=10**7)
+    assert engine.manager.num_sequences == before
+
+
+class FailingFork:
+    """The block manager, whose fork fails on its ``fail_at``-th call (out of memory)."""
+
+    def __init__(self, manager, fail_at: int) -> None:
+        self.manager, self.calls, self.fail_at = manager, 0, fail_at
+
+    def fork(self, seq_id, num_tokens):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise MemoryError
+        return self.manager.fork(seq_id, num_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.manager, name)
+
+
+def test_a_fork_cut_short_leaves_nothing_registered(tiny, monkeypatch):
+    engine = RolloutEngine.for_policy(tiny)
+    seq = engine.add(PROMPT)
+    engine.prefill([seq])
+    before = (engine.manager.num_sequences, engine.manager.num_free_blocks())
+    monkeypatch.setattr(engine, "manager", FailingFork(engine.manager, fail_at=6))
+    with pytest.raises(MemoryError):
+        engine.fork(seq, n=10)
+    monkeypatch.undo()
+    assert (engine.manager.num_sequences, engine.manager.num_free_blocks()) == before
+    engine.manager.check_invariants()
