@@ -49,7 +49,7 @@ def test_out_on_its_own_input_is_refused_and_the_input_kept(tmp_path, capsys):
     argv = ["select-data", "--data", str(data), "--k", "2", "--out", str(data), "--quiet"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "exists and select-data did not write it" in err
+    assert err.count("\n") == 1 and "--out is the --data file" in err
     assert digest(data) == before
     assert sorted(os.listdir(tmp_path)) == ["train.jsonl"], "no rates file, no lock"
 
