@@ -40,7 +40,7 @@ def weighted_token_nll_reference(
 
 # The torch row work goes this many rows at a time, so its fp32 temporaries stay a sliver of the
 # tile (a row's result does not depend on the rows beside it).
-TORCH_ROW_BLOCK = 16
+TORCH_ROW_BLOCK = 4
 
 
 def weighted_nll_rows_torch(

@@ -77,6 +77,7 @@ class _WeightedTokenNLL(torch.autograd.Function):
             if need_grad:
                 torch.mm(logits, weight, out=grad_hidden[start:end])
                 accumulate_grad_weight(grad_weight, logits, h)
+            del logits  # else the next chunk's tile is allocated while this one is alive
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.mark_non_differentiable(logprobs)
         return loss_of(logprobs), logprobs
@@ -114,7 +115,7 @@ def _check_inputs(hidden, weight, targets, weights, sequence_lengths) -> None:
     _check_weights(hidden.shape[0], weights, sequence_lengths)
     if len({hidden.device, weight.device, targets.device, weights.device}) != 1:
         raise ValueError("hidden, weight, targets and weights must be on one device")
-    _check_target_range(targets, weight.shape[0])
+    check_target_range(targets, weight.shape[0])
 
 
 def _check_weights(num_tokens: int, weights, sequence_lengths) -> None:
@@ -132,7 +133,7 @@ def _check_weights(num_tokens: int, weights, sequence_lengths) -> None:
         )
 
 
-def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
+def check_target_range(targets: torch.Tensor, vocab: int) -> None:
     """On CUDA an asynchronous device assert (reading the targets back would stall the host
     twice per call); on the CPU a ValueError, which costs no sync there."""
     message = f"targets must lie in [0, {vocab})"

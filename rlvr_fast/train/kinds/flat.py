@@ -17,7 +17,7 @@ from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.rollouts.trees import TreeRollout
 from rlvr_fast.train.kinds.base import Question, RecordInputs, recorded_inputs, regraded
-from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, sequence_scales
+from rlvr_fast.train.losses import fused_grpo_loss, fused_sum_then_scale_loss, sequence_scales
 from rlvr_fast.utils.phases import Phases
 
 
@@ -116,9 +116,9 @@ class FlatKind:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
         if config.loss_order == "sum_then_scale":
-            token_nll = completion_token_nll(model, question.prompt_ids, completions)
-            advantages = credit.advantages.to(token_nll.device)
-            return grpo_loss(token_nll, advantages, config.loss_order)
+            return fused_sum_then_scale_loss(
+                model, question.prompt_ids, completions, credit.advantages
+            )
         return fused_grpo_loss(
             model,
             question.prompt_ids,
