@@ -178,7 +178,11 @@ class _FusedPolicyLoss(torch.autograd.Function):
             loss, ratio, kl = objective(leaf)
             grad_logprobs = torch.autograd.grad(loss, leaf)[0] if need_grad else None
         grad_hidden = torch.empty_like(hidden) if need_grad else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_grad
+            else None
+        )
         for start in range(0, hidden.shape[0] if need_grad else 0, chunk):
             end = min(start + chunk, hidden.shape[0])
             h = hidden[start:end]
@@ -189,7 +193,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
             torch.mm(logits, weight, out=grad_hidden[start:end])
             accumulate_grad_weight(grad_weight, logits, h)
             del logits
-        ctx.save_for_backward(grad_hidden, grad_weight if need_grad else None)
+        ctx.save_for_backward(grad_hidden, grad_weight)
         outputs = (logprobs, entropy, ratio, kl)
         ctx.mark_non_differentiable(*outputs)
         return loss.detach(), *outputs
