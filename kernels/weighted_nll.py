@@ -38,24 +38,38 @@ def weighted_token_nll_reference(
     return -(weights.float() * logprobs).sum()
 
 
+# The torch row work goes this many rows at a time, so its fp32 temporaries stay a sliver of the
+# tile (a row's result does not depend on the rows beside it).
+TORCH_ROW_BLOCK = 4
+
+
 def weighted_nll_rows_torch(
     logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, write_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row work on [C, V] logits: returns (w_t * nll_t, log p_t) in fp32 and, with
     ``write_grad``, overwrites ``logits`` with w_t * (softmax - onehot)."""
+    logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], TORCH_ROW_BLOCK):
+        end = min(start + TORCH_ROW_BLOCK, logits.shape[0])
+        logprobs[start:end] = _rows_torch(
+            logits[start:end], targets[start:end], weights[start:end], write_grad
+        )
+    return -weights.float() * logprobs, logprobs
+
+
+def _rows_torch(logits, targets, weights, write_grad) -> torch.Tensor:
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
     rows = torch.arange(logits.shape[0], device=logits.device)
     logprobs = x[rows, targets] - lse
-    losses = -weights.float() * logprobs
     if write_grad:
-        # In place for fp32 (x is logits); a bf16 chunk gets one fp32 temporary, rounded once.
+        # In place for fp32 (x is logits); a bf16 block gets one fp32 temporary, rounded once.
         grad = x.sub_(lse[:, None]).exp_()
         grad[rows, targets] -= 1.0
         grad.mul_(weights.float()[:, None])
         if grad.data_ptr() != logits.data_ptr():
             logits.copy_(grad)
-    return losses, logprobs
+    return logprobs
 
 
 if triton is not None:

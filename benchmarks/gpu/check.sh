@@ -178,8 +178,8 @@ stage_decode() {
 }
 
 stage_ops() {
-  bench_stage benchmarks/bench_weighted_nll.py benchmarks/bench_zero_grad_adamw.py \
-    benchmarks/bench_paged_attention.py -k "$OPS_SELECT"
+  bench_stage benchmarks/bench_weighted_nll.py benchmarks/bench_policy_loss.py \
+    benchmarks/bench_zero_grad_adamw.py benchmarks/bench_paged_attention.py -k "$OPS_SELECT"
 }
 
 stage_profile() {

@@ -1,11 +1,11 @@
 """The GRPO losses, -(1/G) sum_i sum_t w_it log pi(y_t | x, y_<t), and what they need.
 
-- ``grpo_loss`` on eager per-token NLLs (``completion_token_nll``): "sum_then_scale" sums each
-  sequence's NLL first (the seed's run_baseline, arm 1), "token_weighted" scales every token's
-  NLL first (run_experiment);
-- ``fused_grpo_loss``: token-weighted, through the fused ``weighted_token_nll`` op from the final
-  hidden states and the LM head, never forming [tokens, vocab] logits; on the CPU the prompt is
-  packed once with every completion (``shared_prompt_batch``);
+- ``fused_grpo_loss`` (token-weighted) and ``fused_sum_then_scale_loss`` (each sequence's NLL
+  summed first: the seed's run_baseline, arm 1): through the fused ``weighted_token_nll`` op from
+  the final hidden states and the LM head, never forming [tokens, vocab] logits; on the CPU the
+  prompt is packed once with every completion (``shared_prompt_batch``);
+- ``grpo_loss`` on eager per-token NLLs (``completion_token_nll``), both orders: the eager
+  reference the fused losses are tested against;
 - ``parallel_grpo_loss``: parallel-path steps, paths and summaries together;
 - ``sequence_scales``: the per-sequence normalisers of ``loss_type`` (the study's sum and TRL's
   grpo, dapo and dr_grpo).
@@ -64,20 +64,44 @@ def fused_grpo_loss(
     weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
     head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
     (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
+    hidden, targets = completion_hidden(model, prompt_ids, completions)
+    if temperature != 1.0:
+        hidden = hidden / temperature
+    weights = torch.cat(token_weights).to(hidden.device) / len(completions)
+    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
+
+
+def fused_sum_then_scale_loss(
+    model, prompt_ids: list[int], completions: list[list[int]], advantages: torch.Tensor
+) -> torch.Tensor:
+    """Arm 1's loss, -(1/G) sum_i A_i (sum_t log pi(y_it)), in the seed's order (each
+    completion's NLL summed, then scaled by its advantage, summed and divided by G) through
+    ``weighted_token_nll``: no [tokens, vocab] logits."""
+    hidden, targets = completion_hidden(model, prompt_ids, completions)
+    loss = weighted_token_nll(
+        hidden,
+        model.lm_head.weight,
+        targets,
+        advantages.to(hidden.device),
+        sequence_lengths=[len(c) for c in completions],
+    )
+    return loss / len(completions)
+
+
+def completion_hidden(
+    model, prompt_ids: list[int], completions: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final hidden state that predicts each completion token [N, H] and those tokens [N],
+    completion after completion."""
     device = model.lm_head.weight.device
     if device.type == "cpu":
         # The prompt once and no padding: on a CPU the pass costs what it computes. On CUDA the
         # padded batch keeps SDPA's causal flash path, which an arbitrary mask would leave.
         ids, context, rows, targets = shared_prompt_batch(prompt_ids, completions, device)
-        hidden = model.model(ids, context)[0].index_select(0, rows)
-    else:
-        ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
-        hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1 :][mask]
-        targets = padded_targets[mask]
-    if temperature != 1.0:
-        hidden = hidden / temperature
-    weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
+        return model.model(ids, context)[0].index_select(0, rows), targets
+    ids, padded_targets, mask = completion_batch(prompt_ids, completions, device)
+    hidden = model(ids[:, :-1], return_hidden=True)[:, len(prompt_ids) - 1 :][mask]
+    return hidden, padded_targets[mask]
 
 
 def shared_prompt_batch(

@@ -8,6 +8,7 @@ import torch
 from devices import DEVICE, on_device
 from rlvr_fast.kernels.weighted_nll import weighted_token_nll_reference
 from rlvr_fast.ops import weighted_token_nll
+from rlvr_fast.ops.weighted_nll import CHUNK_BYTES, accumulate_grad_weight, default_chunk_size
 
 BACKENDS = ["torch", "triton"] if DEVICE == "cpu" else ["triton"]
 SHAPES = [(n, h, v) for n in (1, 63, 500) for h in (64, 96) for v in (77, 1000)] + [
@@ -111,3 +112,68 @@ def test_bad_inputs_are_clear_errors(change, message):
     inputs = make_inputs(5, 64, 100)
     with pytest.raises(ValueError, match=message):
         weighted_token_nll(*change(inputs))
+
+
+def sum_then_scale_reference(hidden, weight, targets, weights, lengths):
+    """The eager sum-then-scale loss: fp32 NLLs in a zero-padded [S, max_len] table, each row
+    summed, then scaled by its weight and summed."""
+    logits = (hidden @ weight.T).float()
+    nll = -torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+    padded = torch.nn.utils.rnn.pad_sequence(list(nll.split(lengths)), batch_first=True)
+    return (weights.float() * padded.sum(dim=1)).sum()
+
+
+@on_device
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sequence_weights_sum_each_sequence_then_scale(backend, dtype):
+    lengths = [7, 1, 0, 20, 3]
+    hidden, weight, targets, _ = make_inputs(sum(lengths), 64, 300, seed=4)
+    weights = torch.tensor([0.5, -1.5, 3.0, 0.0, -1.0], device=DEVICE)
+    expected = loss_and_grads(
+        lambda *a: sum_then_scale_reference(*a, lengths), hidden, weight, targets, weights, dtype
+    )
+    fused = loss_and_grads(
+        lambda *a: weighted_token_nll(*a, sequence_lengths=lengths, chunk_size=6, backend=backend),
+        *(hidden, weight, targets, weights),
+        dtype,
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for got, want in zip(fused, expected):
+        assert rel_err(got, want) <= tolerance
+    per_token = weights.repeat_interleave(torch.tensor(lengths, device=DEVICE))
+    token_grads = loss_and_grads(
+        lambda *a: weighted_token_nll(*a, chunk_size=6, backend=backend),
+        *(hidden, weight, targets, per_token),
+        dtype,
+    )
+    # The order of the sums changes the loss's rounding, never the gradients.
+    assert torch.equal(fused[1], token_grads[1]) and torch.equal(fused[2], token_grads[2])
+
+
+@pytest.mark.parametrize(
+    "tokens,vocab,element_size,expected",
+    [(2048, 151_936, 4, 205), (2048, 151_936, 2, 410), (441, 151_936, 2, 441), (3, 10**9, 4, 1)],
+)
+def test_default_chunks_fill_the_tile_budget_evenly(tokens, vocab, element_size, expected):
+    chunk = default_chunk_size(tokens, vocab, element_size)
+    assert chunk == expected and chunk * vocab * element_size <= max(CHUNK_BYTES, vocab * 4)
+
+
+def test_half_precision_grad_weight_accumulates_in_fp32_on_cpu():
+    generator = torch.Generator().manual_seed(5)
+    dlogits = torch.randn(9, 40, generator=generator).bfloat16()
+    h = torch.randn(9, 16, generator=generator).bfloat16()
+    grad_weight = torch.randn(40, 16, generator=generator)
+    expected = grad_weight + dlogits.double().T @ h.double()
+    accumulate_grad_weight(grad_weight, dlogits, h)
+    torch.testing.assert_close(grad_weight.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "lengths,message", [([3, 1], "sum to N=5"), ([6, -1], ">= 0"), ([2, 2, 1], "weights must be")]
+)
+def test_bad_sequence_lengths_are_clear_errors(lengths, message):
+    hidden, weight, targets, _ = make_inputs(5, 64, 100)
+    with pytest.raises(ValueError, match=message):
+        weighted_token_nll(hidden, weight, targets, torch.ones(2), sequence_lengths=lengths)

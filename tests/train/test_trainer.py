@@ -24,7 +24,12 @@ from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.utils.phases import Phases
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss
+from rlvr_fast.train.losses import (
+    completion_token_nll,
+    fused_grpo_loss,
+    fused_sum_then_scale_loss,
+    grpo_loss,
+)
 from rlvr_fast.credit.group import standardised_advantages
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
@@ -78,6 +83,27 @@ def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
     ).backward()
     for fused_grad, p in zip(fused_grads, model.parameters()):
         torch.testing.assert_close(fused_grad, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_sum_then_scale_loss_matches_the_eager_one(hf_qwen3):
+    model = load_model(hf_qwen3[1])
+    prompt, completions = [5, 6, 7], [[8, 9, 10, 0], [11], [12, 13], [14, 15, 16, 17, 18]]
+    advantages = torch.tensor([0.5, -1.5, 2.0, -1.0])
+    losses, grads = [], []
+    for loss_fn in (
+        lambda: grpo_loss(
+            completion_token_nll(model, prompt, completions), advantages, "sum_then_scale"
+        ),
+        lambda: fused_sum_then_scale_loss(model, prompt, completions, advantages),
+    ):
+        model.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        losses.append(float(loss.detach()))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    for fused_grad, eager_grad in zip(grads[1], grads[0]):
+        torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
 @pytest.fixture()

@@ -26,7 +26,7 @@ from rlvr_fast.train.kinds.base import (
     recorded_rewards,
     regraded,
 )
-from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, sequence_scales
+from rlvr_fast.train.losses import fused_grpo_loss, fused_sum_then_scale_loss, sequence_scales
 from rlvr_fast.utils.phases import Phases
 
 
@@ -149,9 +149,9 @@ class FlatKind:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
         if config.loss_order == "sum_then_scale":
-            token_nll = completion_token_nll(model, question.prompt_ids, completions)
-            advantages = credit.advantages.to(token_nll.device)
-            return grpo_loss(token_nll, advantages, config.loss_order)
+            return fused_sum_then_scale_loss(
+                model, question.prompt_ids, completions, credit.advantages
+            )
         return fused_grpo_loss(
             model,
             question.prompt_ids,

@@ -1,0 +1,282 @@
+"""``fused_policy_loss``: TRL's GRPO policy loss from hidden states and the LM head, chunked.
+
+Never materialises [tokens, vocab]. Pass 1 walks the tokens in chunks: cuBLAS forms a chunk's
+logits tile, the row kernel (``rlvr_fast.kernels.policy_loss``) reads it once for log p_t, the
+log-sum-exp and the entropy at the sampling temperature, and the tile is dropped. The loss is
+then a function of [N] vectors only (``policy_objective``: TRL 1.16's formulas, on the [S, T]
+padded layout TRL uses), so its gradient g = dL / d log p comes from autograd over [N] values,
+whatever the loss type or importance-sampling level (a sequence-level ratio needs every token
+of its sequence before any gradient is known, which is why the gradient waits for pass 1). Pass
+2 recomputes each tile, turns it in place into the logit gradient and runs the two backward
+GEMMs, dW accumulated in fp32 by the GEMM (``weighted_nll.accumulate_grad_weight``). The price of
+generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMMs, not 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from rlvr_fast.kernels.policy_loss import (
+    policy_rows_grad_torch,
+    policy_rows_grad_triton,
+    policy_rows_stats_torch,
+    policy_rows_stats_triton,
+)
+from rlvr_fast.ops.weighted_nll import (
+    accumulate_grad_weight,
+    check_target_range,
+    default_chunk_size,
+)
+
+BACKENDS = {
+    "torch": (policy_rows_stats_torch, policy_rows_grad_torch),
+    "triton": (policy_rows_stats_triton, policy_rows_grad_triton),
+}
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+LOSS_TYPES = (*CLIPPED_LOSS_TYPES, "cispo", "sapo")
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """TRL 1.16 GRPOConfig's loss fields, with its names and defaults. ``num_items_in_batch``
+    normalises dapo and cispo (TRL: the generation batch's completion tokens, rescaled to one
+    accumulation window; default here: this call's tokens); ``max_completion_length`` normalises
+    dr_grpo; ``gradient_accumulation_steps`` divides the other types, as TRL does in training."""
+
+    loss_type: str = "dapo"
+    importance_sampling_level: str = "token"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    beta: float = 0.0
+    use_bias_correction_kl: bool = False
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    max_completion_length: int | None = None
+    num_items_in_batch: float | None = None
+    gradient_accumulation_steps: int = 1
+
+    def __post_init__(self):
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(
+                f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"
+            )
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                "importance_sampling_level must be token or sequence, got "
+                f"{self.importance_sampling_level!r}"
+            )
+        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
+            raise ValueError("loss_type dr_grpo needs max_completion_length")
+
+
+class PolicyLossStats(NamedTuple):
+    """Detached per-token figures [N] (fp32): log p at the temperature, the entropy of the
+    token's distribution, the importance ratio (the sequence's on every token of it when
+    sequence-level) and the KL estimate (zeros when beta = 0)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    ratio: torch.Tensor
+    kl: torch.Tensor
+
+
+def padded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """[N] tokens of sequences back to back -> TRL's zero-padded [S, max_len]."""
+    return torch.nn.utils.rnn.pad_sequence(list(values.split(lengths)), batch_first=True)
+
+
+def unpadded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """[S, max_len] -> [N], by the host's lengths (a boolean mask would sync with the device)."""
+    return torch.cat([row[:n] for row, n in zip(values, lengths)])
+
+
+def policy_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    lengths: list[int],
+    settings: PolicyLossSettings,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TRL 1.16's ``GRPOTrainer._compute_loss`` after the log-probabilities, on [N] tokens of S
+    sequences (``lengths``) laid out as TRL's [S, T] with its mask: returns (loss, ratio [N],
+    kl [N]). ``advantages`` is [S]."""
+    per_token_logps, mask = padded(logprobs, lengths), padded(torch.ones_like(logprobs), lengths)
+    log_ratio = per_token_logps - padded(old_logprobs, lengths)
+    if settings.importance_sampling_level == "token":
+        log_importance_weights = log_ratio
+    else:
+        log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        log_importance_weights = log_importance_weights.unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    per_token_kl = torch.zeros_like(per_token_logps)
+    if settings.beta != 0.0:
+        ref = padded(ref_logprobs, lengths)
+        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+        if settings.use_bias_correction_kl:
+            per_token_kl = per_token_kl * coef_1
+    per_token_loss = _per_token_loss(coef_1, advantages.float()[:, None], per_token_logps, settings)
+    if settings.beta != 0.0:
+        per_token_loss = per_token_loss + settings.beta * per_token_kl
+    loss = _aggregate(per_token_loss, mask, settings)
+    ratio = unpadded(coef_1.expand_as(mask), lengths).detach()
+    return loss, ratio, unpadded(per_token_kl, lengths).detach()
+
+
+def _per_token_loss(coef_1, advantages, per_token_logps, settings) -> torch.Tensor:
+    epsilon_high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
+    if settings.loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
+        return -clamped_ratios * advantages * per_token_logps
+    if settings.loss_type == "sapo":
+        temperatures = torch.where(
+            advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg
+        )
+        soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+        return -soft_coef_1 * advantages
+    coef_2 = torch.clamp(coef_1, 1 - settings.epsilon, 1 + epsilon_high)
+    if settings.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=settings.delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def _aggregate(per_token_loss, mask, settings) -> torch.Tensor:
+    accumulation = settings.gradient_accumulation_steps
+    if settings.loss_type in ("grpo", "sapo"):
+        per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_sequence.mean() / accumulation
+    if settings.loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+    if settings.loss_type == "dr_grpo":
+        size = per_token_loss.size(0) * settings.max_completion_length
+        return (per_token_loss * mask).sum() / size / accumulation
+    if settings.loss_type == "luspo":
+        return (per_token_loss * mask).sum(-1).mean() / accumulation
+    items = settings.num_items_in_batch
+    normalizer = mask.sum() if items is None else torch.tensor(float(items))
+    return (per_token_loss * mask).sum() / normalizer.clamp(min=1.0)
+
+
+class _FusedPolicyLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, objective, temperature, chunk, backend, need_grad):
+        ctx.weight_dtype = weight.dtype
+        stats_fn, grad_fn = BACKENDS[backend]
+        stats = torch.empty(3, hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            end = min(start + chunk, hidden.shape[0])
+            logits = hidden[start:end] @ weight.T
+            stats[:, start:end] = torch.stack(stats_fn(logits, targets[start:end], temperature))
+            del logits  # else the next chunk's tile is allocated while this one is alive
+        logprobs, lse, entropy = stats
+        with torch.enable_grad():
+            leaf = logprobs.clone().requires_grad_()
+            loss, ratio, kl = objective(leaf)
+            grad_logprobs = torch.autograd.grad(loss, leaf)[0] if need_grad else None
+        grad_hidden = torch.empty_like(hidden) if need_grad else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_grad
+            else None
+        )
+        for start in range(0, hidden.shape[0] if need_grad else 0, chunk):
+            end = min(start + chunk, hidden.shape[0])
+            h = hidden[start:end]
+            logits = h @ weight.T  # [C, V], becomes the logit gradient in place
+            grad_fn(
+                logits, targets[start:end], lse[start:end], grad_logprobs[start:end], temperature
+            )
+            torch.mm(logits, weight, out=grad_hidden[start:end])
+            accumulate_grad_weight(grad_weight, logits, h)
+            del logits
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        outputs = (logprobs, entropy, ratio, kl)
+        ctx.mark_non_differentiable(*outputs)
+        return loss.detach(), *outputs
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        dh = dw = None
+        if ctx.needs_input_grad[0]:
+            dh = grad_hidden * grad_loss.to(grad_hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
+        return dh, dw, None, None, None, None, None, None
+
+
+def fused_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    sequence_lengths: list[int],
+    settings: PolicyLossSettings = PolicyLossSettings(),
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """TRL's GRPO loss (``policy_objective``) of the tokens ``targets`` [N] predicted by
+    ``hidden`` [N, H] through ``weight`` [V, H] at ``temperature``: S sequences back to back
+    (``sequence_lengths``), ``old_logprobs`` [N] and, for beta > 0, ``ref_logprobs`` [N]
+    (detached, at the same temperature), ``advantages`` [S]. Returns the 0-dim fp32 loss,
+    differentiable in hidden and weight, and the detached ``PolicyLossStats``."""
+    num_tokens = hidden.shape[0]
+    _check_inputs(hidden, weight, targets, old_logprobs, advantages, sequence_lengths)
+    if settings.beta != 0.0 and (ref_logprobs is None or ref_logprobs.shape != (num_tokens,)):
+        raise ValueError(f"beta > 0 needs ref_logprobs [N={num_tokens}]")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    backend = backend or ("triton" if hidden.is_cuda else "torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    chunk = chunk_size or default_chunk_size(
+        max(1, num_tokens), weight.shape[0], weight.element_size()
+    )
+    lengths = list(sequence_lengths)
+
+    def objective(logprobs):
+        return policy_objective(logprobs, old_logprobs, advantages, lengths, settings, ref_logprobs)
+
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    loss, *stats = _FusedPolicyLoss.apply(
+        hidden.contiguous(),
+        weight.contiguous(),
+        targets.contiguous(),
+        objective,
+        float(temperature),
+        chunk,
+        backend,
+        need_grad,
+    )
+    return loss, PolicyLossStats(*stats)
+
+
+def _check_inputs(hidden, weight, targets, old_logprobs, advantages, lengths) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} "
+            f"and {tuple(weight.shape)}"
+        )
+    if hidden.dtype != weight.dtype or not hidden.is_floating_point():
+        raise ValueError(
+            f"hidden and weight need one floating dtype, got {hidden.dtype} and {weight.dtype}"
+        )
+    num_tokens = hidden.shape[0]
+    if any(n < 0 for n in lengths) or sum(lengths) != num_tokens:
+        raise ValueError(f"sequence_lengths must be >= 0 and sum to N={num_tokens}, got {lengths}")
+    if targets.dtype != torch.int64 or targets.shape != (num_tokens,):
+        raise ValueError(f"targets must be int64 [N={num_tokens}], got {targets.dtype}")
+    if old_logprobs.shape != (num_tokens,) or advantages.shape != (len(lengths),):
+        raise ValueError(
+            f"old_logprobs must be [N={num_tokens}] and advantages [S={len(lengths)}], got "
+            f"{tuple(old_logprobs.shape)} and {tuple(advantages.shape)}"
+        )
+    check_target_range(targets, weight.shape[0])
