@@ -220,15 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
+    except distributed.ProcessGroupError as err:
+        print(f"rlvr-fast: error: {err}", file=sys.stderr)
+        return 3
     except (MemoryError, RuntimeError) as err:
         line = out_of_memory_line(err)
         if line is None:
             raise
         print(f"rlvr-fast: error: {line}", file=sys.stderr)
         return 2
-    except distributed.ProcessGroupError as err:
-        print(f"rlvr-fast: error: {err}", file=sys.stderr)
-        return 3
     return status
 
 

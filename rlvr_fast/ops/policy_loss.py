@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlvr_fast.ops import launch
 from rlvr_fast.kernels.policy_loss import (
     policy_rows_grad_torch,
     policy_rows_grad_triton,
@@ -246,16 +247,17 @@ def fused_policy_loss(
         return policy_objective(logprobs, old_logprobs, advantages, lengths, settings, ref_logprobs)
 
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss, *stats = _FusedPolicyLoss.apply(
-        hidden.contiguous(),
-        weight.contiguous(),
-        targets.contiguous(),
-        objective,
-        float(temperature),
-        chunk,
-        backend,
-        need_grad,
-    )
+    with launch.on_device(hidden):  # the gradients are computed here, in the forward
+        loss, *stats = _FusedPolicyLoss.apply(
+            hidden.contiguous(),
+            weight.contiguous(),
+            targets.contiguous(),
+            objective,
+            float(temperature),
+            chunk,
+            backend,
+            need_grad,
+        )
     return loss, PolicyLossStats(*stats)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.qk_norm_rope import qk_norm_rope_store_reference, qk_norm_rope_store_triton
+from rlvr_fast.ops import launch
 from rlvr_fast.ops.backends import inference_backend
 
 
@@ -26,18 +27,19 @@ def qk_norm_rope_store_op(
     slot_mapping: torch.Tensor,
     num_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return qk_norm_rope_store_triton(
-        qkv,
-        q_weight,
-        k_weight,
-        eps,
-        cos,
-        signed_sin,
-        key_slots,
-        value_slots,
-        slot_mapping,
-        num_heads,
-    )
+    with launch.on_device(qkv):
+        return qk_norm_rope_store_triton(
+            qkv,
+            q_weight,
+            k_weight,
+            eps,
+            cos,
+            signed_sin,
+            key_slots,
+            value_slots,
+            slot_mapping,
+            num_heads,
+        )
 
 
 @qk_norm_rope_store_op.register_fake

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.rms_norm import add_rms_norm_reference, rms_norm_reference, rms_norm_triton
+from rlvr_fast.ops import launch
 from rlvr_fast.ops.backends import inference_backend
 
 __all__ = ["add_rms_norm", "add_rms_norm_reference", "rms_norm", "rms_norm_reference"]
@@ -19,7 +20,8 @@ __all__ = ["add_rms_norm", "add_rms_norm_reference", "rms_norm", "rms_norm_refer
 
 @torch.library.custom_op("rlvr_fast::rms_norm", mutates_args=())
 def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return rms_norm_triton(x, weight, eps)[0]
+    with launch.on_device(x):
+        return rms_norm_triton(x, weight, eps)[0]
 
 
 @rms_norm_op.register_fake
@@ -31,7 +33,8 @@ def _(x, weight, eps):
 def add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return rms_norm_triton(x, weight, eps, residual)
+    with launch.on_device(x):
+        return rms_norm_triton(x, weight, eps, residual)
 
 
 @add_rms_norm_op.register_fake

@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 
 from rlvr_fast.kernels.silu_mul import silu_mul_reference, silu_mul_triton
+from rlvr_fast.ops import launch
 from rlvr_fast.ops.backends import inference_backend
 
 
 @torch.library.custom_op("rlvr_fast::silu_mul", mutates_args=())
 def silu_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
-    return silu_mul_triton(gate_up)
+    with launch.on_device(gate_up):
+        return silu_mul_triton(gate_up)
 
 
 @silu_mul_op.register_fake

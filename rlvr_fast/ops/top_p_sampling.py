@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr_fast.ops import launch
 from rlvr_fast.kernels.top_p_sampling import (
     BINS,
     device_scalar,
@@ -17,7 +18,8 @@ from rlvr_fast.kernels.top_p_sampling import (
 
 @torch.library.custom_op("rlvr_fast::sampler_row_stats", mutates_args=())
 def row_stats_op(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    return row_stats_triton(logits, temperature)
+    with launch.on_device(logits):
+        return row_stats_triton(logits, temperature)
 
 
 @row_stats_op.register_fake
@@ -29,7 +31,8 @@ def _(logits, temperature):
 def histogram_op(
     logits: torch.Tensor, temperature: torch.Tensor, stats: torch.Tensor
 ) -> torch.Tensor:
-    return histogram_triton(logits, temperature, stats)
+    with launch.on_device(logits):
+        return histogram_triton(logits, temperature, stats)
 
 
 @histogram_op.register_fake
@@ -47,7 +50,8 @@ def draw_op(
     seeds: torch.Tensor,
     positions: torch.Tensor,
 ) -> torch.Tensor:
-    return draw_triton(logits, temperature, top_p, stats, counts, seeds, positions)
+    with launch.on_device(logits):
+        return draw_triton(logits, temperature, top_p, stats, counts, seeds, positions)
 
 
 @draw_op.register_fake

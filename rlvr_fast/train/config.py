@@ -404,51 +404,11 @@ class TrainConfig:
             for check, error in f.metadata["checks"]:
                 if not check(getattr(self, f.name)):
                     raise ValueError(error.format(value=getattr(self, f.name)))
-        self._check_settings_of_other_samplers()
-        self._check_loss()
+        _check_settings_of_other_samplers(self)
+        _check_loss(self)
         _check_shapley(self)
-        self._check_ablations()
+        _check_ablations(self)
         step_kind(self.sampler).check_config(self)
-
-    def _check_settings_of_other_samplers(self) -> None:
-        for f in dataclasses.fields(self):
-            if f.metadata["only_for"] is None:
-                continue
-            kind, error = f.metadata["only_for"]
-            if kind != self.sampler and getattr(self, f.name) != f.default:
-                raise ValueError(error)
-
-    def _check_loss(self) -> None:
-        if self.loss_order != "token_weighted" and (
-            self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
-        ):
-            raise ValueError(
-                "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
-                "token_weighted"
-            )
-
-    def _check_ablations(self) -> None:
-        if self.questions_per_step > 1 and not self.skip_zero_var:
-            raise ValueError(
-                "questions_per_step > 1 needs skip_zero_var: a zero-variance question has no "
-                "gradient to scale to unit norm"
-            )
-        if self.questions_per_step > 1 and self.loss_order != "token_weighted":
-            raise ValueError("questions_per_step > 1 needs loss_order token_weighted")
-        if self.questions_per_step == 1 and self.combine_questions != "unit_norm":
-            raise ValueError("combine_questions combines the questions of questions_per_step > 1")
-        if self.advantage_std == "batch" and not self.scale_rewards:
-            raise ValueError("advantage_std batch scales rewards: it needs scale_rewards")
-        if not 0 <= self.polyak_start <= self.steps:
-            raise ValueError(
-                f"polyak_start must be in [0, steps = {self.steps}] (0: no Polyak average), got "
-                f"{self.polyak_start}"
-            )
-        if self.active_steps is not None and not 1 <= self.active_steps <= self.steps:
-            raise ValueError(
-                f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
-                f"{self.active_steps}"
-            )
 
     @classmethod
     def from_arm(cls, name: str, **overrides) -> "TrainConfig":
@@ -538,3 +498,46 @@ def _is_number_pair(value) -> bool:
     return isinstance(value, (list, tuple)) and all(
         isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
     )
+
+
+def _check_settings_of_other_samplers(self: TrainConfig) -> None:
+    for f in dataclasses.fields(self):
+        if f.metadata["only_for"] is None:
+            continue
+        kind, error = f.metadata["only_for"]
+        if kind != self.sampler and getattr(self, f.name) != f.default:
+            raise ValueError(error)
+
+
+def _check_loss(self: TrainConfig) -> None:
+    if self.loss_order != "token_weighted" and (
+        self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
+    ):
+        raise ValueError(
+            "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
+            "token_weighted"
+        )
+
+
+def _check_ablations(self: TrainConfig) -> None:
+    if self.questions_per_step > 1 and not self.skip_zero_var:
+        raise ValueError(
+            "questions_per_step > 1 needs skip_zero_var: a zero-variance question has no "
+            "gradient to scale to unit norm"
+        )
+    if self.questions_per_step > 1 and self.loss_order != "token_weighted":
+        raise ValueError("questions_per_step > 1 needs loss_order token_weighted")
+    if self.questions_per_step == 1 and self.combine_questions != "unit_norm":
+        raise ValueError("combine_questions combines the questions of questions_per_step > 1")
+    if self.advantage_std == "batch" and not self.scale_rewards:
+        raise ValueError("advantage_std batch scales rewards: it needs scale_rewards")
+    if not 0 <= self.polyak_start <= self.steps:
+        raise ValueError(
+            f"polyak_start must be in [0, steps = {self.steps}] (0: no Polyak average), got "
+            f"{self.polyak_start}"
+        )
+    if self.active_steps is not None and not 1 <= self.active_steps <= self.steps:
+        raise ValueError(
+            f"active_steps must be in [1, steps = {self.steps}] (steps caps the run), got "
+            f"{self.active_steps}"
+        )

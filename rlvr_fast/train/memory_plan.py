@@ -6,21 +6,26 @@ first backward).
 Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - weights P*e: what the forward runs on and the rollout engine decodes from (under bf16-mixed the
   bf16 copy of the fp32 masters that the engine's CUDA graphs hold);
+- the RoPE cos / sin tables, every position below ``max_position_embeddings`` in the compute
+  dtype, which the model makes at its first pass and keeps (training and the engine share them);
 - fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
   bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
   (the unit-gradient average keeps it beside each question's gradient);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
-  final norm and RoPE tables, plus backward's working set (``backward_bytes_per_token``); with
-  activation checkpointing one hidden state per layer instead, plus one layer recomputed.
+  final norm and each token's cos / sin rows, plus backward's working set
+  (``backward_bytes_per_token``); with activation checkpointing one hidden state per layer
+  instead, plus one layer recomputed.
   Verified on the meta device at Qwen3 shapes (tests/train/test_memory_plan.py);
-- the fused loss: one [chunk, V] logits tile, dW accumulated in fp32 [V, H] with the chunk's
-  [V, H] product and its fp32 cast beside it, the hidden states and their gradient [N, H];
-  or, with ``eager_loss`` (the baseline arm), the [N, V] logits, their fp32 copy, the saved
-  log-softmax and the logits' gradients;
-- the decode working set: the sampler's temporaries at ``max_batch`` rows of V logits
-  (``SAMPLER_BYTES_PER_LOGIT``, measured), which the CUDA graphs' private pool keeps;
+- the fused loss (every loss order the trainer runs): dW accumulated in fp32 [V, H] by the GEMM,
+  the hidden states and their gradient [N, H], then the larger of the forward's [chunk, V]
+  logits tile and backward's dW cast to the compute dtype beside the scaled hidden gradient;
+  or, with ``eager_loss`` (the eager reference ``grpo_loss``, which no arm trains with), the
+  [N, V] logits, their fp32 copy, the saved log-softmax and the logits' gradients;
+- the decode working set: ``max_batch`` rows of V logits in the compute dtype and the Triton
+  sampler's buffers per row (``SAMPLER_BYTES_PER_ROW``, measured; they do not grow with V),
+  which the CUDA graphs' private pool keeps;
 - a judge model's weights and its own engine's KV cache;
 - an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
 - the KV cache: ``kv_blocks`` if given, else ``kv_memory_fraction`` of what is left, at most what
@@ -44,10 +49,10 @@ from rlvr_fast.models.config import ConfigError, ModelConfig
 
 GIB = 1 << 30
 RUNTIME_ALLOWANCE = 1 * GIB
-# Peak bytes of ``sample_tokens``' temporaries per logit of a sampled draw (softmax, sort values
-# and int64 ids, cumulative mass, the kept mask, the int64 hash of the noise, its uniform and
-# exponential): measured on the meta device at V = 151,936 (36-37 B; tests check it).
-SAMPLER_BYTES_PER_LOGIT = 37
+# Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
+# (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
+# and the int64 token. Measured on the meta device with the launches left out (tests check it).
+SAMPLER_BYTES_PER_ROW = 34_832
 DEFAULT_MAX_MODEL_LEN = 16384  # the engine's default cap on max_position_embeddings
 UNITS = {
     "B": 1,
@@ -198,8 +203,14 @@ def saved_bytes_per_token_layer(config: ModelConfig, e: int) -> int:
 
 
 def tail_bytes_per_token(config: ModelConfig, e: int) -> int:
-    """Kept outside the layers per token: the final norm, the RoPE cos / sin tables."""
+    """Kept outside the layers per token: the final norm, the cos / sin rows gathered from the
+    RoPE tables."""
     return _norm_saved(config.hidden_size, 1, e) + 2 * e * config.head_dim
+
+
+def rope_table_bytes(config: ModelConfig, e: int) -> int:
+    """``RotaryEmbedding``'s cos and signed sin tables [max_position_embeddings, 1, D]."""
+    return 2 * config.max_position_embeddings * config.head_dim * e
 
 
 def backward_bytes_per_token(config: ModelConfig, e: int) -> int:
@@ -222,10 +233,14 @@ def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bo
 
 
 def fused_loss_bytes(config: ModelConfig, e: int, tokens: int, chunk: int) -> int:
-    """``weighted_token_nll`` on CUDA (the row kernel works in place)."""
+    """``weighted_token_nll`` on CUDA: the fp32 dW [V, H] (the GEMM accumulates into it, no
+    per-chunk product), the hidden states and their gradient [N, H]; in the forward one logits
+    tile [chunk, V] (the row kernel turns it into its gradient in place), in backward dW cast to
+    the compute dtype (none in fp32) and the hidden gradient scaled by the incoming one."""
     vh = config.vocab_size * config.hidden_size
-    product = (e + 4) * vh if e < 4 else 0  # a chunk's dW in e, then cast to fp32
-    return 4 * vh + product + chunk * config.vocab_size * e + 2 * tokens * config.hidden_size * e
+    nh = tokens * config.hidden_size * e
+    backward = (e * vh if e < 4 else 0) + nh
+    return 4 * vh + 2 * nh + max(chunk * config.vocab_size * e, backward)
 
 
 def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
@@ -235,17 +250,14 @@ def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
 
 
 def sampler_bytes(config: ModelConfig, e: int, rows: int) -> int:
-    return rows * config.vocab_size * (e + SAMPLER_BYTES_PER_LOGIT)
+    """``rows`` rows of logits [V] in the compute dtype and the sampler's buffers per row."""
+    return rows * (config.vocab_size * e + SAMPLER_BYTES_PER_ROW)
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, e: int) -> int:
-    return (
-        config.num_hidden_layers
-        * 2
-        * block_size
-        * config.num_key_value_heads
-        * (config.head_dim * e)
-    )
+    """Keys and values of ``block_size`` tokens in every layer."""
+    width = config.num_key_value_heads * config.head_dim * e
+    return config.num_hidden_layers * 2 * block_size * width
 
 
 # ---------------------------------------------------------------------- the plan
@@ -352,6 +364,8 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     params = config.num_parameters(untied=run.untied)
     count = _count(config, run.untied)
     terms = [Term(f"weights ({_dtype(e)})", params * e, f"{count} x {e} B")]
+    rope = f"2 x {config.max_position_embeddings:,} positions x {config.head_dim} x {e} B"
+    terms.append(Term("RoPE cos / sin tables", rope_table_bytes(config, e), rope))
     if precision.master:
         terms.append(Term("fp32 master weights", params * 4, f"{count} x 4 B"))
     terms.append(
@@ -416,7 +430,7 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
             eager_loss_bytes(config, e, tokens),
             f"{tokens:,} x {config.vocab_size:,} logits",
         )
-    chunk = run.loss_chunk_tokens or default_chunk_size(tokens, config.vocab_size)
+    chunk = run.loss_chunk_tokens or default_chunk_size(tokens, config.vocab_size, e)
     return Term(
         "fused loss",
         fused_loss_bytes(config, e, tokens, min(chunk, tokens)),
@@ -433,8 +447,8 @@ def engine_terms(config: ModelConfig, run: RunShape) -> list[Term]:
         Term(
             "decode working set (CUDA-graph pool)",
             sampler_bytes(config, e, run.max_batch),
-            f"{run.max_batch} rows x {config.vocab_size:,} logits x "
-            f"{e + SAMPLER_BYTES_PER_LOGIT} B",
+            f"{run.max_batch} rows x ({config.vocab_size:,} logits x {e} B + "
+            f"{SAMPLER_BYTES_PER_ROW:,} B of sampler buffers)",
         )
     ]
 
@@ -480,7 +494,6 @@ def plan_for_training(
         kv_memory_fraction=config.kv_memory_fraction,
         kv_blocks=config.kv_blocks,
         max_model_len=config.max_model_len,
-        eager_loss=config.loss_order == "sum_then_scale",
         untied=not model_config.tie_word_embeddings,
         cuda_graphs=config.cuda_graphs,
     )
@@ -543,7 +556,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of what is left that the KV cache takes",
     )
     parser.add_argument("--activation-checkpointing", action="store_true")
-    parser.add_argument("--eager-loss", action="store_true", help="the baseline arm's loss")
+    parser.add_argument("--eager-loss", action="store_true", help="the eager reference loss")
     parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")

@@ -37,12 +37,11 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.train import distributed
-from rlvr_fast.train.nonfinite import NonFiniteError, check_finite, first_nonfinite_weight
+from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
-from rlvr_fast.trl_compat.evaluation import evaluate_dataset
 from rlvr_fast.trl_compat.model_io import (
     is_transformers_model,
     load_processing_class,
@@ -50,7 +49,6 @@ from rlvr_fast.trl_compat.model_io import (
     meta_transformers_model,
     model_directory,
     policy_dtype,
-    synced_transformers_model,
 )
 from rlvr_fast.trl_compat.reporting import (
     CompletionsLog,
@@ -59,19 +57,17 @@ from rlvr_fast.trl_compat.reporting import (
     window_means,
 )
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, RewardModel, callable_name
-from rlvr_fast.utils.files import files_into
 from rlvr_fast.trl_compat.run_setup import (
     dataset_rows,
     eval_datasets,
-    model_card,
     refuse_unsupported_arguments,
     train_config,
 )
 
-ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
+from rlvr_fast.trl_compat.saving import ALLOW_NONFINITE, SavingAndSurface
 
 
-class GRPOTrainer:
+class GRPOTrainer(SavingAndSurface):
     """TRL 1.16's ``GRPOTrainer`` on rlvr_fast (see the module docstring)."""
 
     def __init__(
@@ -396,35 +392,6 @@ class GRPOTrainer:
         self._metrics = {}
         return logs
 
-    def log(self, logs: dict, start_time: float | None = None) -> None:
-        """transformers' ``Trainer.log``: epoch and step added, appended to log_history, handed
-        to the callbacks (which print and report it); the completions table after it."""
-        logs = {**logs, "epoch": self.state.epoch}
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
-        if self.completions_log is not None and distributed.is_main():
-            self.completions_log.flush(self.state.global_step)
-
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        """Evaluate every eval dataset (``rlvr_fast.trl_compat.evaluation``), log and return the
-        metrics (a dict of eval datasets adds their names to the prefix, as transformers)."""
-        if eval_dataset is not None:
-            rows = eval_datasets(eval_dataset, self.args.remove_unused_columns)
-            tasks = {k: (self._task(v, self.task.gate_min_chars), len(v)) for k, v in rows.items()}
-        else:
-            tasks = self.eval_tasks
-        if not tasks:
-            raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        metrics = {}
-        for name, (task, rows) in tasks.items():
-            prefix = metric_key_prefix if name == "" else f"{metric_key_prefix}_{name}"
-            metrics.update(evaluate_dataset(self, task, rows, prefix, self.state.global_step))
-        self.log(dict(metrics))
-        self.control = self.callback_handler.on_evaluate(
-            self.args, self.state, self.control, metrics=metrics
-        )
-        return metrics
-
     # ------------------------------------------------------------------ prompts
     def _encode_prompt(self, prompt) -> list[int]:
         """Prompt ids as TRL makes them: the processing class's chat template for a message
@@ -445,107 +412,3 @@ class GRPOTrainer:
         if self.args.max_prompt_length is not None:
             ids = ids[-self.args.max_prompt_length :]
         return ids
-
-    # ------------------------------------------------------------------ saving and resuming
-    def _sync_model(self) -> None:
-        """Give ``self.model`` (a transformers model) the policy's weights."""
-        self.model = synced_transformers_model(self.policy, self.model, self.model_dir)
-        self.callback_handler.model = self.model
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """The trained model as a Hugging Face directory (config, safetensors, tokenizer),
-        written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
-        whole."""
-        if not distributed.is_main():
-            return
-        weight = first_nonfinite_weight(self.policy.model)
-        if weight is not None and not self.args.allow_nonfinite:
-            raise NonFiniteError(
-                f"save_model: weight {weight} is not finite; {ALLOW_NONFINITE} saves it"
-            )
-        with files_into(Path(output_dir or self.args.output_dir)) as staging:
-            self._write_model(staging)
-
-    def _write_model(self, directory: Path) -> None:
-        self._sync_model()
-        self.model.save_pretrained(directory)
-        self.processing_class.save_pretrained(directory)
-
-    def _save_checkpoint(self) -> None:
-        if not distributed.is_main():
-            return
-        write_state = None
-        if not self.args.save_only_model:
-            step, world = self.state.global_step, distributed.world_size()
-
-            def write_state(path: Path) -> None:
-                self.trainer.checkpointer.save(path, step, world)
-
-        output_dir = Path(self.args.output_dir)
-        checkpoints.write_checkpoint(
-            output_dir, self.state.global_step, self._write_model, write_state, self.state
-        )
-        checkpoints.rotate(output_dir, self.args.save_total_limit)
-
-    def _resume(self, checkpoint: Path) -> None:
-        """Continue from ``checkpoint``: the trainer state, every component's state, and the
-        schedule stepped to the checkpoint's step."""
-        from transformers import TrainerState
-
-        if self.args.ledger:
-            raise ValueError(
-                "resume_from_checkpoint: a run with ledger=True resumes through its ledger "
-                "directory (rlvr-fast train --resume), not from checkpoint-N"
-            )
-        saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
-        step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
-        if step != saved.global_step:
-            raise ValueError(
-                f"{checkpoint}: state of step {step}, trainer state of step {saved.global_step}"
-            )
-        for name in ("global_step", "epoch", "log_history", "num_input_tokens_seen", "total_flos"):
-            setattr(self.state, name, getattr(saved, name))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            for _ in range(step):
-                self.lr_scheduler.step()
-
-    # ------------------------------------------------------------------ the Trainer surface
-    def is_world_process_zero(self) -> bool:
-        return distributed.is_main()
-
-    def is_local_process_zero(self) -> bool:
-        return distributed.is_main()
-
-    def log_metrics(self, split: str, metrics: dict) -> None:
-        from transformers.trainer_pt_utils import log_metrics
-
-        log_metrics(self, split, metrics)
-
-    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
-        from transformers.trainer_pt_utils import save_metrics
-
-        save_metrics(self, split, metrics, combined)
-
-    def save_state(self) -> None:
-        from transformers.trainer_pt_utils import save_state
-
-        save_state(self)
-
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs) -> None:
-        """A README.md model card in output_dir: base model, datasets, tags, the settings."""
-        if not distributed.is_main():
-            return
-        path = Path(self.args.output_dir) / "README.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(model_card(self, model_name, dataset_name, tags), encoding="utf-8")
-
-    def push_to_hub(self, *args, **kwargs):
-        raise RuntimeError(
-            "push_to_hub: rlvr_fast never contacts the Hub; save_model(DIR) writes a Hugging "
-            "Face directory to upload with huggingface_hub"
-        )
-
-    def end(self) -> None:
-        """TRL's ``trainer.end()``: finish the trackers and destroy the process group."""
-        self.accelerator.end_training()

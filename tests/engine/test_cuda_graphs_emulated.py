@@ -170,7 +170,8 @@ def test_graphs_replay_the_triton_decode_kernel_as_eager_decode_runs_it(model):
     eager, graphed, expected, got = run_both(model, "trees", params, backend="triton")
     assert got == expected
     for graph, _ in graphed.runner.graphs.graphs.values():
-        assert graph.kernels() == ["_paged_attention_kernel"] * model.config.num_hidden_layers
+        kernels = graph.kernels()
+        assert kernels.count("_paged_attention_kernel") == model.config.num_hidden_layers, kernels
 
 
 def decode_inputs(rows: int, position: int) -> DecodeInputs:

@@ -47,7 +47,7 @@ def stepped(precision: str, decisions, lr: float = 1e-5):
         return torch.nn.functional.cross_entropy(logits[0], TOKENS[0, 1:])
 
     for decision in decisions:
-        stepping.update(Phases(torch.device("cpu")), decision, [loss], unit_gradients=False)
+        stepping.update(Phases(torch.device("cpu")), decision, [loss])
     return stepping, start, dict(trained.named_parameters())
 
 

@@ -81,8 +81,10 @@ def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
     grpo_loss(
         completion_token_nll(model, prompt, completions), advantages, "token_weighted"
     ).backward()
+    # atol 5e-6: the fused dW sums its chunks' fp32 products in another order than eager's one
+    # GEMM, and the GEMM's own order changes with the thread count (1e-6 held at two threads).
     for fused_grad, p in zip(fused_grads, model.parameters()):
-        torch.testing.assert_close(fused_grad, p.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(fused_grad, p.grad, rtol=1e-4, atol=5e-6)
 
 
 def test_fused_sum_then_scale_loss_matches_the_eager_one(hf_qwen3):
@@ -103,7 +105,7 @@ def test_fused_sum_then_scale_loss_matches_the_eager_one(hf_qwen3):
         grads.append([p.grad.clone() for p in model.parameters()])
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
     for fused_grad, eager_grad in zip(grads[1], grads[0]):
-        torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=5e-6)  # as above
 
 
 @pytest.fixture()

@@ -72,12 +72,14 @@ def test_a_ledger_run_passes_verify(tmp_path, reward):
 
 
 def test_a_ledger_run_stopped_by_a_callback_is_unfinished(tmp_path):
-    class StopAtOnce:
+    from transformers import TrainerCallback
+
+    class StopAtOnce(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = True
 
     trainer = facade(tmp_path, varied, ledger=True)
-    trainer.callbacks.append(StopAtOnce())
+    trainer.add_callback(StopAtOnce())
     trainer.train()
     assert all(torch.isfinite(p).all() for p in trainer.policy.model.parameters())
     failures = [f for c in verify_run(tmp_path / "out" / "ledger").checks for f in c.failures]

@@ -1,0 +1,155 @@
+"""``GRPOTrainer``'s saving and resuming (``save_model``, transformers' ``checkpoint-N``) and the
+rest of the ``Trainer`` surface scripts call (``evaluate``, ``log_metrics``, ``save_state``,
+``push_to_hub``, ...), a mixin over the state ``rlvr_fast.trl_compat.trainer.GRPOTrainer`` holds."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from rlvr_fast.train import distributed
+from rlvr_fast.train.nonfinite import NonFiniteError, first_nonfinite_weight
+from rlvr_fast.trl_compat import checkpoints
+from rlvr_fast.trl_compat.evaluation import evaluate_dataset
+from rlvr_fast.trl_compat.model_io import synced_transformers_model
+from rlvr_fast.utils.files import files_into
+from rlvr_fast.trl_compat.run_setup import eval_datasets, model_card
+
+ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
+
+
+class SavingAndSurface:
+    """Mixed into ``GRPOTrainer``: reads its args, state, policy, trainer and callbacks."""
+
+    # ------------------------------------------------------------------ saving and resuming
+    def _sync_model(self) -> None:
+        """Give ``self.model`` (a transformers model) the policy's weights."""
+        self.model = synced_transformers_model(self.policy, self.model, self.model_dir)
+        self.callback_handler.model = self.model
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The trained model as a Hugging Face directory (config, safetensors, tokenizer),
+        written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
+        whole."""
+        if not distributed.is_main():
+            return
+        weight = first_nonfinite_weight(self.policy.model)
+        if weight is not None and not self.args.allow_nonfinite:
+            raise NonFiniteError(
+                f"save_model: weight {weight} is not finite; {ALLOW_NONFINITE} saves it"
+            )
+        with files_into(Path(output_dir or self.args.output_dir)) as staging:
+            self._write_model(staging)
+
+    def _write_model(self, directory: Path) -> None:
+        self._sync_model()
+        self.model.save_pretrained(directory)
+        self.processing_class.save_pretrained(directory)
+
+    def _save_checkpoint(self) -> None:
+        if not distributed.is_main():
+            return
+        write_state = None
+        if not self.args.save_only_model:
+            step, world = self.state.global_step, distributed.world_size()
+
+            def write_state(path: Path) -> None:
+                self.trainer.checkpointer.save(path, step, world)
+
+        output_dir = Path(self.args.output_dir)
+        checkpoints.write_checkpoint(
+            output_dir, self.state.global_step, self._write_model, write_state, self.state
+        )
+        checkpoints.rotate(output_dir, self.args.save_total_limit)
+
+    def _resume(self, checkpoint: Path) -> None:
+        """Continue from ``checkpoint``: the trainer state, every component's state, and the
+        schedule stepped to the checkpoint's step."""
+        from transformers import TrainerState
+
+        if self.args.ledger:
+            raise ValueError(
+                "resume_from_checkpoint: a run with ledger=True resumes through its ledger "
+                "directory (rlvr-fast train --resume), not from checkpoint-N"
+            )
+        saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
+        step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
+        if step != saved.global_step:
+            raise ValueError(
+                f"{checkpoint}: state of step {step}, trainer state of step {saved.global_step}"
+            )
+        for name in ("global_step", "epoch", "log_history", "num_input_tokens_seen", "total_flos"):
+            setattr(self.state, name, getattr(saved, name))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(step):
+                self.lr_scheduler.step()
+
+    # ------------------------------------------------------------------ the Trainer surface
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        """transformers' ``Trainer.log``: epoch and step added, appended to log_history, handed
+        to the callbacks (which print and report it); the completions table after it."""
+        logs = {**logs, "epoch": self.state.epoch}
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+        if self.completions_log is not None and distributed.is_main():
+            self.completions_log.flush(self.state.global_step)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """Evaluate every eval dataset (``rlvr_fast.trl_compat.evaluation``), log and return the
+        metrics (a dict of eval datasets adds their names to the prefix, as transformers)."""
+        if eval_dataset is not None:
+            rows = eval_datasets(eval_dataset, self.args.remove_unused_columns)
+            tasks = {k: (self._task(v, self.task.gate_min_chars), len(v)) for k, v in rows.items()}
+        else:
+            tasks = self.eval_tasks
+        if not tasks:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        metrics = {}
+        for name, (task, rows) in tasks.items():
+            prefix = metric_key_prefix if name == "" else f"{metric_key_prefix}_{name}"
+            metrics.update(evaluate_dataset(self, task, rows, prefix, self.state.global_step))
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics=metrics
+        )
+        return metrics
+
+    def is_world_process_zero(self) -> bool:
+        return distributed.is_main()
+
+    def is_local_process_zero(self) -> bool:
+        return distributed.is_main()
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        from transformers.trainer_pt_utils import log_metrics
+
+        log_metrics(self, split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        from transformers.trainer_pt_utils import save_metrics
+
+        save_metrics(self, split, metrics, combined)
+
+    def save_state(self) -> None:
+        from transformers.trainer_pt_utils import save_state
+
+        save_state(self)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs) -> None:
+        """A README.md model card in output_dir: base model, datasets, tags, the settings."""
+        if not distributed.is_main():
+            return
+        path = Path(self.args.output_dir) / "README.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(model_card(self, model_name, dataset_name, tags), encoding="utf-8")
+
+    def push_to_hub(self, *args, **kwargs):
+        raise RuntimeError(
+            "push_to_hub: rlvr_fast never contacts the Hub; save_model(DIR) writes a Hugging "
+            "Face directory to upload with huggingface_hub"
+        )
+
+    def end(self) -> None:
+        """TRL's ``trainer.end()``: finish the trackers and destroy the process group."""
+        self.accelerator.end_training()
