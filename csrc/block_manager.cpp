@@ -18,7 +18,7 @@
 // several Python threads must be serialised by the caller (the GIL is held throughout each call,
 // so two calls never interleave inside the manager).
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -120,7 +120,7 @@ class BlockManager {
   // append(seq, num_tokens) for every sequence in order, as one call that either succeeds
   // whole or changes nothing. Returns the block copies to perform first and the cache slot
   // (block * block_size + offset) of every new token, int64 [len(seq_ids), num_tokens].
-  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_batch(
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, at::Tensor> append_batch(
       const std::vector<int64_t>& seq_ids, int64_t num_tokens) {
     if (num_tokens < 0) {
       throw pybind11::value_error("append_batch: num_tokens must be >= 0");
@@ -133,7 +133,7 @@ class BlockManager {
 
   // append(seq_ids[i], counts[i]) for every i in order, all or nothing; the slots of all new
   // tokens, row after row, as one flat int64 tensor [sum(counts)].
-  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_many(
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, at::Tensor> append_many(
       const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts) {
     return append_rows(seq_ids, counts, "append_many");
   }
@@ -148,16 +148,16 @@ class BlockManager {
     sequences_.erase(seq_id);
   }
 
-  torch::Tensor block_table(int64_t seq_id) {
+  at::Tensor block_table(int64_t seq_id) {
     const Sequence& seq = find(seq_id);
-    auto table = torch::empty({static_cast<int64_t>(seq.blocks.size())}, torch::kInt32);
+    auto table = at::empty({static_cast<int64_t>(seq.blocks.size())}, at::kInt);
     std::copy(seq.blocks.begin(), seq.blocks.end(), table.data_ptr<int32_t>());
     return table;
   }
 
   // Block tables of several sequences as one zero-padded int32 tensor
   // [len(seq_ids), max(min_width, longest table)].
-  torch::Tensor block_tables(const std::vector<int64_t>& seq_ids, int64_t min_width) {
+  at::Tensor block_tables(const std::vector<int64_t>& seq_ids, int64_t min_width) {
     // No sequence holds more blocks than exist, so a wider table is padding only.
     if (min_width > num_blocks()) {
       throw pybind11::value_error("block_tables: min_width " + std::to_string(min_width) +
@@ -169,7 +169,7 @@ class BlockManager {
       rows.push_back(&find(id));
       width = std::max<int64_t>(width, static_cast<int64_t>(rows.back()->blocks.size()));
     }
-    auto tables = torch::zeros({static_cast<int64_t>(rows.size()), width}, torch::kInt32);
+    auto tables = at::zeros({static_cast<int64_t>(rows.size()), width}, at::kInt);
     int32_t* out = tables.data_ptr<int32_t>();
     for (const Sequence* seq : rows) {
       std::copy(seq->blocks.begin(), seq->blocks.end(), out);
@@ -225,7 +225,7 @@ class BlockManager {
 
  private:
   // The all-or-nothing append of append_batch and append_many; `op` names the caller in errors.
-  std::pair<std::vector<std::pair<int32_t, int32_t>>, torch::Tensor> append_rows(
+  std::pair<std::vector<std::pair<int32_t, int32_t>>, at::Tensor> append_rows(
       const std::vector<int64_t>& seq_ids, const std::vector<int64_t>& counts, const char* op) {
     require_free(count_needed(seq_ids, counts, op), op);
     int64_t total = 0;
@@ -238,7 +238,7 @@ class BlockManager {
                                   std::to_string(kMaxSlotsPerCall));
     }
     std::vector<std::pair<int32_t, int32_t>> copies;
-    auto slots = torch::empty({total}, torch::kInt64);
+    auto slots = at::empty({total}, at::kLong);
     int64_t* slot = slots.data_ptr<int64_t>();
     for (size_t i = 0; i < seq_ids.size(); ++i) {
       Sequence& seq = sequences_.find(seq_ids[i])->second;

@@ -11,7 +11,7 @@
 // same memory by slot [N * S, Hkv, D]; slot_mapping [R * T]; block_tables [R, M] int32;
 // context_lens [R, T] int64 (the pass attends through the cache: not a fresh prefill).
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <optional>
 
@@ -19,14 +19,14 @@
 
 namespace {
 
-torch::Tensor decoder_layer_cpu(
-    torch::Tensor x, torch::Tensor input_norm, torch::Tensor qkv_weight,
-    std::optional<torch::Tensor> qkv_bias, std::optional<torch::Tensor> q_norm,
-    std::optional<torch::Tensor> k_norm, torch::Tensor o_weight, torch::Tensor post_norm,
-    torch::Tensor gate_up_weight, torch::Tensor down_weight, double eps, torch::Tensor cos,
-    torch::Tensor sin, torch::Tensor keys, torch::Tensor values, torch::Tensor key_slots,
-    torch::Tensor value_slots, torch::Tensor slot_mapping, torch::Tensor block_tables,
-    torch::Tensor context_lens, int64_t num_heads) {
+at::Tensor decoder_layer_cpu(
+    at::Tensor x, at::Tensor input_norm, at::Tensor qkv_weight,
+    std::optional<at::Tensor> qkv_bias, std::optional<at::Tensor> q_norm,
+    std::optional<at::Tensor> k_norm, at::Tensor o_weight, at::Tensor post_norm,
+    at::Tensor gate_up_weight, at::Tensor down_weight, double eps, at::Tensor cos,
+    at::Tensor sin, at::Tensor keys, at::Tensor values, at::Tensor key_slots,
+    at::Tensor value_slots, at::Tensor slot_mapping, at::Tensor block_tables,
+    at::Tensor context_lens, int64_t num_heads) {
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "decoder_layer_cpu: x must be a float32 CPU tensor [R, T, H]");
   const int64_t rows = x.size(0), tokens = x.size(1);

@@ -1,6 +1,6 @@
 // rlvr_fast._C: one Python module for every C++ source in csrc/; each registers its functions.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 void register_zero_grad_adamw(pybind11::module& m);
 void register_block_manager(pybind11::module& m);

@@ -10,7 +10,7 @@
 // time when D is a multiple of 8 (on x86-64 builds; see cpu_features.h).
 // The result equals the torch reference (gather + SDPA) up to float32 rounding, not bitwise.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include "decode_ops.h"
 
@@ -128,8 +128,8 @@ void fill_slots(const int32_t* table, int64_t block_size, int64_t length, int64_
 
 }  // namespace
 
-torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                  torch::Tensor block_tables, torch::Tensor context_lens) {
+at::Tensor paged_attention_cpu(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                  at::Tensor block_tables, at::Tensor context_lens) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 4,
               "paged_attention_cpu: q must be a float32 CPU tensor [R, Hq, T, D]");
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
@@ -169,7 +169,7 @@ torch::Tensor paged_attention_cpu(torch::Tensor q, torch::Tensor k_cache, torch:
                   " in row ", r, " is outside the cache (", num_blocks, " blocks)");
     }
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   auto attend_head = attend_head_baseline;
 #if RLVR_FAST_AVX2
   if (cpu_has_avx2_fma() && dim % 8 == 0) attend_head = attend_head_avx2;

@@ -8,7 +8,7 @@
 // already used), and RoPE forms x * cos, roll(x) * sin and their sum as three roundings, as the
 // element-wise torch ops do (setup.py compiles with -ffp-contract=off).
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include "decode_ops.h"
 
@@ -20,9 +20,9 @@
 
 namespace {
 
-void check_inputs(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                  const torch::Tensor& key_slots, const torch::Tensor& value_slots,
-                  const torch::Tensor& slot_mapping, int64_t num_heads) {
+void check_inputs(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                  const at::Tensor& key_slots, const at::Tensor& value_slots,
+                  const at::Tensor& slot_mapping, int64_t num_heads) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 2,
               "qk_norm_rope_store_cpu: qkv must be a float32 CPU tensor [N, (Hq + 2 Hkv) D]");
   TORCH_CHECK(key_slots.dim() == 3 && key_slots.sizes() == value_slots.sizes() &&
@@ -56,17 +56,17 @@ void rotate(const float* x, const float* cos, const float* sin, int64_t dim, flo
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_store_cpu(
-    torch::Tensor qkv, std::optional<torch::Tensor> q_weight,
-    std::optional<torch::Tensor> k_weight, double eps, torch::Tensor cos, torch::Tensor sin,
-    torch::Tensor key_slots, torch::Tensor value_slots, torch::Tensor slot_mapping,
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_store_cpu(
+    at::Tensor qkv, std::optional<at::Tensor> q_weight,
+    std::optional<at::Tensor> k_weight, double eps, at::Tensor cos, at::Tensor sin,
+    at::Tensor key_slots, at::Tensor value_slots, at::Tensor slot_mapping,
     int64_t num_heads) {
   check_inputs(qkv, cos, sin, key_slots, value_slots, slot_mapping, num_heads);
   const int64_t tokens = qkv.size(0), kv_heads = key_slots.size(1), dim = key_slots.size(2);
   const int64_t slots = key_slots.size(0);
   const bool norm = q_weight.has_value();
   TORCH_CHECK(norm == k_weight.has_value(), "qk_norm_rope_store_cpu: give both weights or none");
-  torch::Tensor qw, kw;
+  at::Tensor qw, kw;
   if (norm) {
     qw = q_weight->contiguous();
     kw = k_weight->contiguous();
@@ -83,8 +83,8 @@ std::tuple<torch::Tensor, torch::Tensor> qk_norm_rope_store_cpu(
     TORCH_CHECK(slot[n] >= 0 && slot[n] < slots, "qk_norm_rope_store_cpu: slot ", slot[n],
                 " is outside the cache (", slots, " slots)");
   }
-  auto q = torch::empty({tokens, num_heads, dim}, qkv.options());
-  auto k = torch::empty({tokens, kv_heads, dim}, qkv.options());
+  auto q = at::empty({tokens, num_heads, dim}, qkv.options());
+  auto k = at::empty({tokens, kv_heads, dim}, qkv.options());
   const float* in = qkv.data_ptr<float>();
   const float* cos_data = cos.data_ptr<float>();
   const float* sin_data = sin.data_ptr<float>();

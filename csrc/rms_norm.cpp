@@ -9,7 +9,7 @@
 // per head) or just [D]. Rows go through rms_norm_row (rms_row.h): equal to torch's to float32
 // rounding of the mean, not bitwise; the add is torch's add, bitwise.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include "decode_ops.h"
 
@@ -19,7 +19,7 @@
 
 namespace {
 
-void check_norm_inputs(const torch::Tensor& x, const torch::Tensor& weight, const char* op) {
+void check_norm_inputs(const at::Tensor& x, const at::Tensor& weight, const char* op) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat &&
                   weight.scalar_type() == at::kFloat && x.dim() >= 1 && weight.dim() >= 1,
               op, ": x and weight must be float32 CPU tensors");
@@ -41,11 +41,11 @@ void normalise_rows(const float* in, const float* weight, int64_t rows, int64_t 
 
 }  // namespace
 
-torch::Tensor rms_norm_cpu(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm_cpu(at::Tensor x, at::Tensor weight, double eps) {
   check_norm_inputs(x, weight, "rms_norm_cpu");
   x = x.contiguous();
   weight = weight.contiguous();
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t dim = x.size(-1);
   const int64_t rows = dim ? x.numel() / dim : 0;
   const int64_t weight_rows = dim ? weight.numel() / dim : 1;
@@ -54,8 +54,8 @@ torch::Tensor rms_norm_cpu(torch::Tensor x, torch::Tensor weight, double eps) {
   return out;
 }
 
-std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_cpu(torch::Tensor x, torch::Tensor residual,
-                                                          torch::Tensor weight, double eps) {
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(at::Tensor x, at::Tensor residual,
+                                                          at::Tensor weight, double eps) {
   check_norm_inputs(x, weight, "add_rms_norm_cpu");
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == at::kFloat,
               "add_rms_norm_cpu: residual must be float32 of x's shape");
@@ -63,8 +63,8 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_cpu(torch::Tensor x, torch
   x = x.contiguous();
   residual = residual.contiguous();
   weight = weight.contiguous();
-  auto summed = torch::empty_like(x);
-  auto out = torch::empty_like(x);
+  auto summed = at::empty_like(x);
+  auto out = at::empty_like(x);
   const float* a = x.data_ptr<float>();
   const float* b = residual.data_ptr<float>();
   float* s = summed.data_ptr<float>();

@@ -9,7 +9,7 @@
 // computes. Rows run in parallel. Equal to the torch version up to float32 rounding of exp / log
 // (not bitwise): a draw can differ only where two ranks' p / E are within an ulp.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <ATen/Parallel.h>
 
@@ -84,7 +84,7 @@ int64_t draw_row(const float* logits, int64_t vocab, float temperature, float to
   return token;
 }
 
-torch::Tensor sample_top_p_cpu(torch::Tensor logits, torch::Tensor seeds, torch::Tensor positions,
+at::Tensor sample_top_p_cpu(at::Tensor logits, at::Tensor seeds, at::Tensor positions,
                                double temperature, double top_p) {
   TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2,
               "sample_top_p_cpu: logits must be a float32 CPU tensor [B, V]");
@@ -99,7 +99,7 @@ torch::Tensor sample_top_p_cpu(torch::Tensor logits, torch::Tensor seeds, torch:
   logits = logits.contiguous();
   seeds = seeds.contiguous();
   positions = positions.contiguous();
-  auto tokens = torch::empty({rows}, torch::kLong);
+  auto tokens = at::empty({rows}, at::kLong);
   const float* data = logits.data_ptr<float>();
   const int64_t* seed = seeds.data_ptr<int64_t>();
   const int64_t* position = positions.data_ptr<int64_t>();

@@ -3,11 +3,11 @@
 // ops), called from C++: what it saves a dispatch-bound small model is the Python-side split and
 // two dispatches per layer.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include "decode_ops.h"
 
-torch::Tensor silu_mul_cpu(const torch::Tensor& gate_up) {
+at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.device().is_cpu() && gate_up.scalar_type() == at::kFloat &&
                   gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
               "silu_mul_cpu: gate_up must be a float32 CPU tensor [..., 2 I]");

@@ -12,7 +12,7 @@
 // bf16 tensors compute each op in float and round to bf16 where torch stores a tensor. The file
 // is compiled with -ffp-contract=off so the compiler fuses nothing torch does not.
 
-#include <torch/extension.h>
+#include "torch_api.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -138,7 +138,7 @@ void zero_grad_steps(T* param, T* exp_avg, T* exp_avg_sq, int64_t numel, float l
   });
 }
 
-void zero_grad_adamw_(torch::Tensor param, torch::Tensor exp_avg, torch::Tensor exp_avg_sq,
+void zero_grad_adamw_(at::Tensor param, at::Tensor exp_avg, at::Tensor exp_avg_sq,
                       double one_minus_beta1, double beta2, double eps,
                       const std::vector<double>& decay, const std::vector<double>& denom_scale,
                       const std::vector<double>& neg_step) {

@@ -46,7 +46,7 @@ def build(directory: Path):
         raise SystemExit(f"csrc/ files with AVX2 code are {with_avx2}; update AVX2_SOURCES")
     module = directory / "scalar_module.cpp"
     module.write_text(
-        "#include <torch/extension.h>\n"
+        '#include "torch_api.h"\n'
         + "".join(f"void {name}(pybind11::module& m);\n" for name in AVX2_SOURCES.values())
         + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
         + "".join(f"  {name}(m);\n" for name in AVX2_SOURCES.values())
@@ -58,6 +58,7 @@ def build(directory: Path):
         sources=sources,
         extra_cflags=FLAGS,
         extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(ROOT / "csrc")],
         build_directory=str(directory),
         verbose=False,
     )

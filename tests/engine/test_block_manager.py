@@ -269,7 +269,7 @@ class RandomOperations(RuleBasedStateMachine):
 
 TestRandomOperations = RandomOperations.TestCase
 TestRandomOperations.settings = settings(
-    max_examples=100, stateful_step_count=200, deadline=None, derandomize=True
+    max_examples=50, stateful_step_count=150, deadline=None, derandomize=True
 )
 
 

@@ -107,15 +107,24 @@ def forked_runs(engine: RolloutEngine, params: SamplingParams) -> list[list[int]
     return [seq.completion for seq in rows + branches]
 
 
-def tree_runs(engine: RolloutEngine, params: SamplingParams) -> list[list[int]]:
-    """Two stages as the tree planner runs them: K = 3 roots kept in the cache, each forked B = 2
-    times after its third generated token, the branches run to their cap together."""
-    roots = [engine.add(PROMPTS[k], seed=k, keep_cache=True) for k in range(3)]
-    engine.run(roots, SamplingParams(max_new_tokens=5, temperature=params.temperature))
+def tree_runs(
+    engine: RolloutEngine,
+    params: SamplingParams,
+    root_count: int = 3,
+    root_tokens: int = 5,
+    fork_after: int = 3,
+) -> list[list[int]]:
+    """Two stages as the tree planner runs them: K roots kept in the cache, each forked B = 2
+    times after its ``fork_after``-th generated token, the branches run to their cap together."""
+    stage_one = SamplingParams(max_new_tokens=root_tokens, temperature=params.temperature)
+    roots = [engine.add(PROMPTS[k], seed=k, keep_cache=True) for k in range(root_count)]
+    engine.run(roots, stage_one)
     branches = [
         branch
         for k, root in enumerate(roots)
-        for branch in engine.fork(root, len(PROMPTS[k]) + 3, n=2, seeds=[10 * k, 10 * k + 1])
+        for branch in engine.fork(
+            root, len(PROMPTS[k]) + fork_after, n=2, seeds=[10 * k, 10 * k + 1]
+        )
     ]
     for root in roots:
         engine.free(root)
@@ -137,10 +146,10 @@ SCENARIOS = {
 }
 
 
-def run_both(model, scenario: str, params: SamplingParams, backend: str = "torch"):
+def run_both(model, scenario: str, params: SamplingParams):
     """The scenario on an eager engine and on a graphed one: (eager, graphed, their outputs)."""
     run, settings = SCENARIOS[scenario]
-    eager, graphed = (make_engine(model, graphs, backend, **settings) for graphs in (False, True))
+    eager, graphed = (make_engine(model, graphs, **settings) for graphs in (False, True))
     return eager, graphed, run(eager, params), run(graphed, params)
 
 
@@ -164,11 +173,14 @@ def test_graph_decode_samples_what_eager_decode_samples(model, scenario, mode):
 
 
 def test_graphs_replay_the_triton_decode_kernel_as_eager_decode_runs_it(model):
-    """Trees, sampled, on the Triton paged-attention kernel and the engine's own tables: the
-    graphs launch the kernel once per layer and draw what eager decode draws."""
-    params = SamplingParams(max_new_tokens=4)
-    eager, graphed, expected, got = run_both(model, "trees", params, backend="triton")
+    """A small tree (2 roots of 3 tokens, forked inside a block after the first), sampled, on the
+    Triton paged-attention kernel and the engine's own tables: the graphs launch the kernel once
+    per layer and draw what eager decode draws (the interpreter takes about a second a launch)."""
+    params = SamplingParams(max_new_tokens=2)
+    eager, graphed = (make_engine(model, graphs, "triton") for graphs in (False, True))
+    expected, got = (tree_runs(engine, params, 2, 3, 1) for engine in (eager, graphed))
     assert got == expected
+    assert graphed.counters.block_copies > 0, "copy-on-write ran"
     for graph, _ in graphed.runner.graphs.graphs.values():
         kernels = graph.kernels()
         assert kernels.count("_paged_attention_kernel") == model.config.num_hidden_layers, kernels
