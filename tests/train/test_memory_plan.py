@@ -306,7 +306,7 @@ def test_the_engine_takes_the_plans_kv_cache():
     plan's bytes; without a plan the engine sizes its cache from the settings."""
     policy = load_policy("tiny")
     config = TrainConfig(max_new_tokens=32, max_batch=4)
-    plan = plan_for_training(policy.config, config, "fp32", 20, 1 << 30).check()
+    plan = plan_for_training(policy.config, config, "fp32", 20, 2 << 30).check()
     engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
     assert engine.num_blocks == plan.kv_blocks
     assert bytes_per_block(policy.config, 16, torch.float32) == plan.block_bytes

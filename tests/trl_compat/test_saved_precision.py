@@ -5,10 +5,11 @@ holds a bf16-mixed run's fp32 masters, not their bf16 rounding."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
-from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.model_io import (
     meta_transformers_model,
     policy_dtype,
@@ -17,8 +18,9 @@ from rlvr_fast.trl_compat.model_io import (
 )
 
 
-def test_the_policy_loads_in_float32_unless_a_dtype_is_asked(tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), bf16=True, report_to="none")
+def test_the_policy_loads_in_float32_unless_a_dtype_is_asked():
+    """Under bf16 too: a GRPOConfig's bf16 (on CUDA, bf16-mixed) never rounds the load."""
+    args = SimpleNamespace(bf16=True, model_init_kwargs=None)
     assert requested_dtype(args) is None and policy_dtype(args) == torch.float32
     args.model_init_kwargs = {"dtype": "bfloat16"}
     assert policy_dtype(args) == torch.bfloat16
