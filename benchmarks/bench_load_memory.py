@@ -4,7 +4,7 @@ beside ``transformers.AutoModelForCausalLM.from_pretrained``, each in a fresh pr
 The checkpoint is written once to ``--checkpoint`` (default /tmp/qwen3-0.6b-fp32): the published
 Qwen3-0.6B-Base configuration with its LM head untied (751.6M parameters, as the study counts
 them) in float32, 3.0 GB of seeded random weights and a byte-level tokenizer
-(``scripts/make_checkpoint.py``). Each loader runs in a child process, which reports its resident
+(``scripts/make_checkpoint.py``'s tokenizer). Each loader runs in a child process, which reports its resident
 set after the imports, its peak (``VmHWM``) while loading and its resident set after; the figure
 that matters is the peak above the imports minus the weights' bytes (a loader that copies the
 weights shows a second copy there; the file pages a memory-mapped read touches count too).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,9 +43,16 @@ def reset_peak() -> None:
 
 
 def ensure_checkpoint(directory: Path) -> Path:
-    """The benchmark's checkpoint at ``directory``, written unless a config.json is there."""
+    """The benchmark's checkpoint at ``directory``, written unless a config.json is there: each
+    tensor drawn and written on its own (N(0, 0.02), norms 1), so writing takes one tensor of
+    memory, not the model."""
     if (directory / "config.json").is_file():
         return directory
+    import torch
+
+    from rlvr_fast.models.checkpoint import empty_model, hf_layout
+    from rlvr_fast.models.config import ModelConfig
+
     spec = importlib.util.spec_from_file_location(
         "make_checkpoint", REPO / "scripts" / "make_checkpoint.py"
     )
@@ -52,11 +60,38 @@ def ensure_checkpoint(directory: Path) -> Path:
     spec.loader.exec_module(make_checkpoint)
     raw = json.loads(make_checkpoint.NAMED_CONFIGS["qwen3-0.6b"].read_text())
     raw.update(tie_word_embeddings=False, torch_dtype="float32")
-    config = Path(f"{directory}.config.json")
-    config.write_text(json.dumps(raw, indent=2) + "\n")
-    make_checkpoint.make_checkpoint(config, directory)
-    config.unlink()
+    config = ModelConfig.from_hf_dict(raw)
+    shapes = {name: slot.shape for name, slot in hf_layout(empty_model(config)).items()}
+    directory.mkdir(parents=True, exist_ok=True)
+    write_streamed(directory / "model.safetensors", shapes, torch.Generator().manual_seed(0))
+    make_checkpoint.write_tokenizer(directory, config)
+    (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return directory
+
+
+def write_streamed(path: Path, shapes: dict[str, tuple[int, ...]], generator) -> None:
+    """A float32 safetensors file of ``shapes``, one tensor in memory at a time."""
+    import torch
+
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 4 * math.prod(shape)
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as file:
+        file.write(len(text).to_bytes(8, "little") + text)
+        for name, shape in shapes.items():
+            if name.endswith("norm.weight"):
+                tensor = torch.ones(shape)
+            else:
+                tensor = torch.empty(shape).normal_(0.0, 0.02, generator=generator)
+            file.write(tensor.numpy().tobytes())
 
 
 def load(loader: str, directory: Path):
