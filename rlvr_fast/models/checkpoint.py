@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from rlvr_fast.utils.files import (
@@ -48,6 +47,14 @@ PACKED = {
 # safetensors dtypes a weight may have (anything else, an integer tensor say, is not a weight
 # this model computes with), with their element sizes.
 FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+TORCH_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+# Elements whose finiteness is checked at once while loading (16 MiB of fp32).
+FINITE_CHECK_ELEMENTS = 1 << 22
 # safetensors' own limit on a header, checked before the header is read.
 MAX_HEADER_BYTES = 100 << 20
 
@@ -59,6 +66,7 @@ class TensorEntry:
     path: Path
     dtype: str
     shape: tuple[int, ...]
+    offset: int  # of the tensor's first byte in the file
 
 
 @dataclass(frozen=True)
@@ -104,10 +112,13 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         raise CheckpointError(f"{path}: not a safetensors file (its header is not an object)")
     header.pop("__metadata__", None)
     data_bytes = size - 8 - length
-    return {name: header_entry(path, name, entry, data_bytes) for name, entry in header.items()}
+    return {
+        name: header_entry(path, name, entry, data_bytes, 8 + length)
+        for name, entry in header.items()
+    }
 
 
-def header_entry(path: Path, name: str, entry, data_bytes: int) -> TensorEntry:
+def header_entry(path: Path, name: str, entry, data_bytes: int, data_start: int) -> TensorEntry:
     where = f"{path}: tensor {name!r}"
     if not isinstance(entry, dict):
         raise CheckpointError(f"{where}: not a tensor entry")
@@ -124,7 +135,7 @@ def header_entry(path: Path, name: str, entry, data_bytes: int) -> TensorEntry:
             f"{where}: bytes {begin}..{end} do not hold a {dtype} tensor of shape {shape} "
             f"inside the file's {data_bytes:,} data bytes"
         )
-    return TensorEntry(path, dtype, tuple(shape))
+    return TensorEntry(path, dtype, tuple(shape), data_start + begin)
 
 
 def is_count(value) -> bool:
@@ -192,28 +203,83 @@ def empty_model(config: ModelConfig) -> Qwen3ForCausalLM:
     return model
 
 
+def allocated(model: Qwen3ForCausalLM, device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+    """``model`` (on meta) given uninitialised parameters of ``dtype`` on ``device``: the one
+    copy of the weights that loading fills."""
+    model.to(dtype)  # on meta: no memory, so the weights are never held in two dtypes
+    model.to_empty(device=device)
+    model.tie_weights()
+    return model
+
+
+def slot_view(params: dict[str, torch.nn.Parameter], slot: Slot) -> torch.Tensor:
+    """The rows of ``slot.param`` a Hugging Face tensor fills (rows of dim 0: contiguous)."""
+    return params[slot.param].detach()[slot.start : slot.start + slot.shape[0]]
+
+
+def check_finite(target: torch.Tensor, name: str, source: str) -> None:
+    """A weight holding NaN or infinity is refused: such a model evaluates to 0% and trains to
+    NaN without a word. Checked a slice at a time: ``isfinite`` over a whole embedding makes
+    temporaries of its size (1.1 GB for Qwen3-0.6B's in fp32)."""
+    for part in target.reshape(-1).split(FINITE_CHECK_ELEMENTS):
+        if not bool(torch.isfinite(part).all()):
+            raise CheckpointError(f"{source}: {name} holds NaN or infinite values")
+
+
 def filled(
     model: Qwen3ForCausalLM,
-    device,
     tensors: Iterator[tuple[str, torch.Tensor]],
     layout: dict[str, Slot],
     source: str,
 ) -> Qwen3ForCausalLM:
-    """``model`` (on meta) made real on ``device`` and filled tensor by tensor: one tensor is
-    in memory beside the model at a time, never the whole checkpoint. A weight holding NaN or
-    infinity is refused: such a model evaluates to 0% and trains to NaN without a word."""
-    model.to_empty(device=device)
-    model.tie_weights()
+    """``model`` (allocated) with in-memory ``tensors`` copied into their rows."""
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in tensors:
-            if name not in layout:
-                continue
-            if not bool(torch.isfinite(tensor).all()):
-                raise CheckpointError(f"{source}: {name} holds NaN or infinite values")
-            slot = layout[name]
-            params[slot.param][slot.start : slot.start + slot.shape[0]].copy_(tensor)
+            if name in layout:
+                target = slot_view(params, layout[name])
+                target.copy_(tensor)
+                check_finite(target, name, source)
     return model
+
+
+def read_files(
+    model: Qwen3ForCausalLM, index: dict[str, TensorEntry], layout: dict[str, Slot], source: str
+) -> Qwen3ForCausalLM:
+    """``model`` (allocated) filled from the checkpoint's files, each tensor read (no memory
+    map, whose touched pages would count as a second copy of the weights) straight into its
+    rows, or through a buffer of its own size when its dtype or device differs: the peak is
+    the model plus at most one tensor."""
+    params = dict(model.named_parameters())
+    for path in sorted({index[name].path for name in layout}):
+        names = sorted((n for n in layout if index[n].path == path), key=lambda n: index[n].offset)
+        try:
+            with open_regular(path, 1 << 62, "safetensors file") as file:
+                for name in names:
+                    target = slot_view(params, layout[name])
+                    read_tensor(file, index[name], target)
+                    check_finite(target, name, source)
+        except UnreadableFileError as err:
+            raise CheckpointError(str(err)) from None
+    return model
+
+
+def read_tensor(file, entry: TensorEntry, target: torch.Tensor) -> None:
+    """``entry``'s bytes (little-endian, as safetensors stores them) into ``target``."""
+    dtype = TORCH_DTYPES[entry.dtype]
+    direct = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous()
+    buffer = target if direct else torch.empty(entry.shape, dtype=dtype)
+    view = memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+    file.seek(entry.offset)
+    done = 0
+    while done < len(view):
+        count = file.readinto(view[done:])
+        if not count:
+            raise CheckpointError(f"{entry.path}: the file ends inside a tensor")
+        done += count
+    if not direct:
+        with torch.no_grad():
+            target.copy_(buffer)
 
 
 def packed_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -254,22 +320,7 @@ def load_model(
     layout = hf_layout(model)
     shapes = {name: entry.shape for name, entry in index.items()}
     check_tensors(shapes, layout, config.tie_word_embeddings, str(directory))
-    tensors = shard_tensors(index, layout)
-    return filled(model, device, tensors, layout, str(directory)).to(dtype).eval()
-
-
-def shard_tensors(
-    index: dict[str, TensorEntry], layout: dict[str, Slot]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors ``layout`` wants, read shard by shard, one at a time."""
-    for path in sorted({entry.path for entry in index.values()}):
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    if name in layout:
-                        yield name, handle.get_tensor(name)
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from None
+    return read_files(allocated(model, device, dtype), index, layout, str(directory)).eval()
 
 
 def build_model(
@@ -286,7 +337,8 @@ def build_model(
     layout = hf_layout(model)
     shapes = {name: tuple(tensor.shape) for name, tensor in hf_tensors.items()}
     check_tensors(shapes, layout, config.tie_word_embeddings, source)
-    return filled(model, device, iter(hf_tensors.items()), layout, source).to(dtype).eval()
+    model = allocated(model, device, dtype)
+    return filled(model, iter(hf_tensors.items()), layout, source).eval()
 
 
 def save_model(model: Qwen3ForCausalLM, directory: str | os.PathLike) -> None:
@@ -295,13 +347,19 @@ def save_model(model: Qwen3ForCausalLM, directory: str | os.PathLike) -> None:
         write_model_files(model, staging)
 
 
-def write_model_files(model: Qwen3ForCausalLM, directory: Path) -> None:
-    """config.json + model.safetensors into an existing ``directory`` (a staging directory)."""
+def write_model_files(
+    model: Qwen3ForCausalLM, directory: Path, weights: dict[str, torch.Tensor] | None = None
+) -> None:
+    """config.json + model.safetensors into an existing ``directory`` (a staging directory):
+    the model's parameters, or in their place ``weights`` of the same names (fp32 masters, say,
+    written in their own dtype, which config.json's torch_dtype then names)."""
     state = {name: p.detach().cpu() for name, p in model.named_parameters()}
+    state.update({name: t.detach().cpu() for name, t in (weights or {}).items()})
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     config = model.config.to_hf_dict()
-    config["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = state["model.embed_tokens.weight"].dtype
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
     save_file(
         packed_to_hf(state, model.config),
         str(directory / "model.safetensors"),

@@ -42,17 +42,20 @@ class Policy:
         """Trainable parameters the way the study counts them (see ModelConfig.num_parameters)."""
         return self.config.num_parameters(untied=untied)
 
-    def save(self, directory: str | os.PathLike) -> None:
+    def save(
+        self, directory: str | os.PathLike, weights: dict[str, torch.Tensor] | None = None
+    ) -> None:
         """Write weights, config and tokenizer files as a Hugging Face directory, replacing
-        ``directory`` whole and atomically."""
+        ``directory`` whole and atomically; ``weights`` (by parameter name) in place of the
+        model's, such as a bf16-mixed run's fp32 masters."""
         with replaced_directory(directory) as staging:
-            self.write_files(staging)
+            self.write_files(staging, weights)
 
-    def write_files(self, directory: Path) -> None:
+    def write_files(self, directory: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Weights, config and tokenizer files into an existing ``directory`` (a staging one).
         The tokenizer files are copied from the model directory the way they were read: regular
         files inside it, bounded (a link out of it is refused, not copied)."""
-        write_model_files(self.model, directory)
+        write_model_files(self.model, directory, weights)
         for name in TOKENIZER_FILES:
             source = model_file(self.path, name)
             if source is not None:

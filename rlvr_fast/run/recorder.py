@@ -45,8 +45,8 @@ class RunRecorder:
         self.ledger.write(record)
         append_line(self.layout.rollouts, json.dumps(line))
 
-    def save_model(self, policy, *, polyak: bool = False) -> None:
-        policy.save(self.layout.model(polyak))
+    def save_model(self, policy, *, polyak: bool = False, weights=None) -> None:
+        policy.save(self.layout.model(polyak), weights)
 
     def finish(self, summary: dict) -> None:
         write_json_atomic(self.layout.summary, summary)

@@ -154,11 +154,13 @@ class OptimizerStepping:
                 loss = loss_fn()
             with phase("backward"):
                 (loss * weight).backward()
+                if self.masters is not None:  # summed in fp32, not in the bf16 .grad
+                    self.masters.take_gradients()
             value = float(loss.detach())
             update.loss += weight * value
             update.question_losses.append(value)
             update.question_grad_norms.append(None)
-        for p in self.params:
+        for p in self.stepped:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         return update

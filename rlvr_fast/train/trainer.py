@@ -59,7 +59,7 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
-from rlvr_fast.train.memory_plan import plan_for_training
+from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
@@ -116,21 +116,15 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         # Before the engine: the stepping casts the model to the precision's compute dtype.
         self.precision = resolve_precision(config.precision, policy.device)
+        plan = None
         if policy.device.type == "cuda":
             longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-            self.check_memory(longest)
+            plan = self.check_memory(longest)
         self.stepping = OptimizerStepping(policy.model, config, self.precision)
         self.num_params = self.stepping.num_params
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
-        self.engine = RolloutEngine.for_policy(
-            policy,
-            max_batch=config.max_batch,
-            cuda_graphs=config.cuda_graphs,
-            kv_memory_fraction=config.kv_memory_fraction,
-            kv_blocks=config.kv_blocks,
-            max_model_len=config.max_model_len,
-        )
+        self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
         policy.model.model.activation_checkpointing = config.activation_checkpointing
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
@@ -165,7 +159,7 @@ class RLVRTrainer:
     def optimizer(self) -> torch.optim.AdamW:
         return self.stepping.optimizer
 
-    def check_memory(self, prompt_tokens: int) -> None:
+    def check_memory(self, prompt_tokens: int) -> MemoryPlan:
         """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
         printed by rank 0; PlanError, naming the largest term, when the run cannot fit."""
         device = self.policy.device
@@ -176,13 +170,19 @@ class RLVRTrainer:
         )
         if self.progress:
             print(plan.render())
-        plan.check()
+        return plan.check()
 
     @property
     def trained_weights(self):
         """What the optimizer steps, by name: the model, or under bf16-mixed its fp32 masters."""
         masters = self.stepping.masters
         return masters if masters is not None else self.policy.model
+
+    def saved_weights(self) -> dict | None:
+        """What model/ holds in place of the model's weights: under bf16-mixed the fp32 masters
+        the optimizer steps (the checkpoint's precision), not their bf16 rounding."""
+        masters = self.stepping.masters
+        return masters.state_dict() if masters is not None else None
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
@@ -229,7 +229,7 @@ class RLVRTrainer:
         if self.eval_data:
             summary["eval_after"] = self.evaluator.run("after")
         if self.recorder is not None:
-            self.recorder.save_model(self.policy)
+            self.recorder.save_model(self.policy, weights=self.saved_weights())
         if self.polyak is not None:
             summary.update(self.finish_polyak())
         if self.recorder is not None:
@@ -299,7 +299,8 @@ class RLVRTrainer:
             if self.eval_data:
                 info["eval_polyak"] = self.evaluator.run("polyak")
             if self.recorder is not None:
-                self.recorder.save_model(self.policy, polyak=True)
+                average = self.polyak.average() if self.stepping.masters is not None else None
+                self.recorder.save_model(self.policy, polyak=True, weights=average)
         return info
 
     def close(self, summary: dict | None = None) -> None:
@@ -359,6 +360,19 @@ class RLVRTrainer:
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""
         return self.checkpointer.load(path, distributed.check_world_size)
+
+
+def engine_settings(config: TrainConfig, plan: MemoryPlan | None) -> dict:
+    """The rollout engine's settings from ``config``; when the memory plan ran (on CUDA) the KV
+    cache is the plan's blocks, so that the engine takes what the plan left it rather than a
+    fraction of whatever is free when it starts."""
+    return dict(
+        max_batch=config.max_batch,
+        cuda_graphs=config.cuda_graphs,
+        kv_memory_fraction=config.kv_memory_fraction,
+        kv_blocks=plan.kv_blocks if plan is not None else config.kv_blocks,
+        max_model_len=config.max_model_len,
+    )
 
 
 def add_to_totals(totals: dict[str, float], record: dict) -> None:

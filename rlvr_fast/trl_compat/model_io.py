@@ -32,21 +32,26 @@ def is_transformers_model(model) -> bool:
     )
 
 
-def policy_dtype(args, device: torch.device) -> torch.dtype:
-    """``model_init_kwargs["dtype"]`` when it names one, else bfloat16 on CUDA under bf16 and
-    float32 otherwise (the CPU computes in float32)."""
+def requested_dtype(args) -> torch.dtype | None:
+    """``model_init_kwargs["dtype"]`` when it names one (None for none or "auto")."""
     requested = (
         (args.model_init_kwargs or {}).get("dtype")
         if isinstance(args.model_init_kwargs, dict)
         else None
     )
-    if isinstance(requested, torch.dtype):
-        return requested
-    if requested not in (None, "auto"):
-        if requested not in DTYPES:
-            raise ValueError(f"model_init_kwargs dtype {requested!r}: use one of {list(DTYPES)}")
-        return DTYPES[requested]
-    return torch.bfloat16 if args.bf16 and device.type == "cuda" else torch.float32
+    if isinstance(requested, torch.dtype) or requested in (None, "auto"):
+        return None if requested == "auto" else requested
+    if requested not in DTYPES:
+        raise ValueError(f"model_init_kwargs dtype {requested!r}: use one of {list(DTYPES)}")
+    return DTYPES[requested]
+
+
+def policy_dtype(args) -> torch.dtype:
+    """The dtype the policy loads in: the one ``model_init_kwargs`` names, else float32. Under
+    bf16 on CUDA (bf16-mixed) the stepping copies these weights into fp32 masters before it
+    casts the model to bfloat16, so the masters start from the checkpoint's own values rather
+    than their bf16 rounding."""
+    return requested_dtype(args) or torch.float32
 
 
 def model_directory(model) -> Path | None:
@@ -121,22 +126,26 @@ def meta_transformers_model(directory: Path):
         return AutoModelForCausalLM.from_config(config)
 
 
-def synced_transformers_model(policy: Policy, hf_model, directory: Path | None):
-    """``hf_model`` holding the policy's weights: copied in, after loading the checkpoint's
-    weights (buffers and all) when ``hf_model`` is still on the meta device."""
+def synced_transformers_model(policy: Policy, hf_model, directory: Path | None, weights=None):
+    """``hf_model`` holding the policy's weights, or ``weights`` of the same names in their
+    place (a bf16-mixed run's fp32 masters): copied in, after loading the checkpoint's weights
+    (buffers and all) in the dtype of what is copied when ``hf_model`` is still on the meta
+    device."""
     if next(hf_model.parameters()).device.type == "meta":
         from transformers import AutoModelForCausalLM
 
-        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=policy.dtype)
+        dtype = next(iter(weights.values())).dtype if weights else policy.dtype
+        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         hf_model.to(policy.device)
-    copy_weights_to(policy, hf_model)
+    copy_weights_to(policy, hf_model, weights)
     return hf_model
 
 
-def copy_weights_to(policy: Policy, hf_model) -> None:
-    """Copy the policy's weights into ``hf_model`` (Hugging Face names; tied heads share the
-    embedding there, so copying it covers both)."""
+def copy_weights_to(policy: Policy, hf_model, weights=None) -> None:
+    """Copy the policy's weights (or ``weights`` in their place) into ``hf_model`` (Hugging Face
+    names; tied heads share the embedding there, so copying it covers both)."""
     state = {name: p.detach() for name, p in policy.model.named_parameters()}
+    state.update({name: t.detach() for name, t in (weights or {}).items()})
     if policy.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     tensors = packed_to_hf(state, policy.config)

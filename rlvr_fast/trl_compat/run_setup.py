@@ -96,6 +96,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         t_min=args.tree_t_min,
         t_max=args.tree_t_max,
         questions_per_step=prompts_per_step,
+        activation_checkpointing=args.gradient_checkpointing,
     )
     if prompts_per_step > 1:
         if not args.skip_zero_variance_backward:

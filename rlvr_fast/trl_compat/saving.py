@@ -11,7 +11,7 @@ from rlvr_fast.train import distributed
 from rlvr_fast.train.nonfinite import NonFiniteError, first_nonfinite_weight
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.evaluation import evaluate_dataset
-from rlvr_fast.trl_compat.model_io import synced_transformers_model
+from rlvr_fast.trl_compat.model_io import requested_dtype, synced_transformers_model
 from rlvr_fast.utils.files import files_into
 from rlvr_fast.trl_compat.run_setup import eval_datasets, model_card
 
@@ -24,7 +24,13 @@ class SavingAndSurface:
     # ------------------------------------------------------------------ saving and resuming
     def _sync_model(self) -> None:
         """Give ``self.model`` (a transformers model) the policy's weights."""
-        self.model = synced_transformers_model(self.policy, self.model, self.model_dir)
+        # A bf16-mixed run's model is its fp32 masters (what the Trainer saves of a bf16 run),
+        # in the dtype model_init_kwargs asks for when it names one.
+        weights = self.trainer.saved_weights()
+        dtype = requested_dtype(self.args)
+        if weights is not None and dtype is not None:
+            weights = {name: t.to(dtype) for name, t in weights.items()}
+        self.model = synced_transformers_model(self.policy, self.model, self.model_dir, weights)
         self.callback_handler.model = self.model
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -36,6 +36,7 @@ HONOURED = {
     "gradient_accumulation_steps": "micro-batches per optimizer step",
     "num_train_epochs": "run length when max_steps is not set",
     "max_steps": "optimizer steps of the run",
+    "gradient_checkpointing": "each decoder layer recomputed in backward (the same gradient)",
     "learning_rate": "AdamW's learning rate",
     "lr_scheduler_type": "transformers' schedule of that name",
     "lr_scheduler_kwargs": "passed to transformers' schedule",
@@ -90,7 +91,6 @@ HONOURED = {
 }
 
 NO_EFFECT = {
-    "gradient_checkpointing": "activation memory only; the loss and gradient are the same",
     "gradient_checkpointing_kwargs": "activation memory only",
     "activation_checkpointing": "activation memory only",
     "activation_checkpointing_kwargs": "activation memory only",

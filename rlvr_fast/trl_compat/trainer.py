@@ -107,7 +107,7 @@ class GRPOTrainer(SavingAndSurface):
         self.accelerator = Accelerator(device)
         self.processing_class = load_processing_class(model, processing_class)
         self.policy = load_trl_policy(
-            model, self.processing_class, device=device, dtype=policy_dtype(args, device)
+            model, self.processing_class, device=device, dtype=policy_dtype(args)
         )
         self.model_dir = model_directory(model)
         self.model = model if is_transformers_model(model) else None

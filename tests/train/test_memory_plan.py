@@ -24,12 +24,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from rlvr_fast.cli.main import main as rlvr_fast_main
+from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine.kv_storage import bytes_per_block
 from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.kernels import top_p_sampling
 from rlvr_fast.models import qwen3
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.policy import load_policy
 from rlvr_fast.train import memory_plan
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.trainer import engine_settings
 from rlvr_fast.train.memory_plan import (
     SAMPLER_BYTES_PER_ROW,
     PlanError,
@@ -295,3 +299,15 @@ def test_the_trainer_plans_from_its_settings():
     arm_one_plan = plan_for_training(config, arm_one, "bf16-mixed", 200, CARDS["24GB"])
     assert arm_one.loss_order == "sum_then_scale"
     assert [t.name for t in arm_one_plan.terms if "loss" in t.name] == ["fused loss"]
+
+
+def test_the_engine_takes_the_plans_kv_cache():
+    """When the plan ran, plan and engine agree: the engine holds the plan's blocks, each of the
+    plan's bytes; without a plan the engine sizes its cache from the settings."""
+    policy = load_policy("tiny")
+    config = TrainConfig(max_new_tokens=32, max_batch=4)
+    plan = plan_for_training(policy.config, config, "fp32", 20, 2 << 30).check()
+    engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
+    assert engine.num_blocks == plan.kv_blocks
+    assert bytes_per_block(policy.config, 16, torch.float32) == plan.block_bytes
+    assert engine_settings(TrainConfig(kv_blocks=7), None)["kv_blocks"] == 7

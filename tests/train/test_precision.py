@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 
 import pytest
 import torch
 
 from rlvr_fast.cli.options import training_precision
 from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.state_file import load_state
@@ -132,6 +134,12 @@ def test_a_bf16_mixed_run_checkpoints_its_masters_and_resumes_bit_for_bit(tmp_pa
     saved = load_state(RunLayout(tmp_path / "whole").checkpoint)
     assert all(t.dtype == torch.float32 for t in saved["masters"].values())
     assert all(t.dtype == torch.bfloat16 for t in saved["model"].values())
+    # model/ holds the masters in fp32, not their bf16 rounding.
+    final = RunLayout(tmp_path / "whole").model()
+    assert json.loads((final / "config.json").read_text())["torch_dtype"] == "float32"
+    final_weights = dict(load_model(final).named_parameters())
+    for name, master in whole.stepping.masters.named_parameters():
+        assert torch.equal(final_weights[name], master), name
 
     interrupted = trainer("resumed")
     interrupted.run_step(0)
