@@ -24,6 +24,8 @@ theta, softmax scale 1/sqrt(D).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -158,11 +160,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, context):
-        if (
-            context.backend == "cpp"
-            and context.block_tables is not None
-            and torch.is_inference_mode_enabled()
-        ):
+        if runs_in_cpp(context):
             return self.paged_pass_cpp(x, cos, sin, context)
         return self.pass_ops(x, cos, sin, context)
 
@@ -182,21 +180,10 @@ class DecoderLayer(nn.Module):
         inference mode); the model's norms share one eps."""
         from rlvr_fast._C import decoder_layer_cpu  # built by setup.py
 
-        attn, mlp = self.self_attn, self.mlp
-        cache = context.kv_cache[attn.layer_idx]
-        norms = (
-            (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
-        )
+        cache = context.kv_cache[self.self_attn.layer_idx]
         return decoder_layer_cpu(
             x,
-            self.input_layernorm.weight,
-            attn.qkv_proj.weight,
-            attn.qkv_proj.bias,
-            *norms,
-            attn.o_proj.weight,
-            self.post_attention_layernorm.weight,
-            mlp.gate_up_proj.weight,
-            mlp.down_proj.weight,
+            *self.cpp_weights(),
             self.input_layernorm.eps,
             cos,
             sin,
@@ -207,8 +194,25 @@ class DecoderLayer(nn.Module):
             context.slot_mapping,
             context.block_tables,
             context.context_lens,
-            attn.num_heads,
+            self.self_attn.num_heads,
         )
+
+    def cpp_weights(self) -> list[torch.Tensor | None]:
+        """The layer's weights in the order the C++ layer takes them (None: absent)."""
+        attn, mlp = self.self_attn, self.mlp
+        norms = (
+            [attn.q_norm.weight, attn.k_norm.weight] if attn.q_norm is not None else [None, None]
+        )
+        return [
+            self.input_layernorm.weight,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            *norms,
+            attn.o_proj.weight,
+            self.post_attention_layernorm.weight,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+        ]
 
 
 class DecoderModel(nn.Module):
@@ -296,12 +300,77 @@ class Qwen3ForCausalLM(nn.Module):
     def infer(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         """One rollout-engine pass over input_ids [R, T]: logits [R, V] of each row's last real
         token (``context.logits_index``; the only token when T = 1)."""
+        if runs_in_cpp(context):
+            return self.paged_pass_cpp(input_ids, context)
         hidden = self.model(input_ids, context)
         if context.logits_index is None:
             last = hidden[:, -1]
         else:
             last = hidden.flatten(0, 1).index_select(0, context.logits_index)
         return self.lm_head(last)
+
+    def paged_pass_cpp(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """``infer`` in one C++ call (``csrc/decoder_layer.cpp``'s ``DecoderModelCpu``, bitwise
+        the modules' pass): the embedding, the RoPE lookup, every layer, the final norm and the
+        LM head, where the Python around the layers costs a small model's decode step a third
+        of its time. A float32 CPU pass through the paged cache (not a fresh prefill)."""
+        return self.cpp_decoder().logits(
+            input_ids,
+            context.positions,
+            context.kv_cache,
+            context.slot_mapping,
+            context.block_tables,
+            context.context_lens,
+            context.logits_index,
+        )
+
+    def cpp_decoder(self):
+        """The C++ pass holding this model's weights: the parameter tensors themselves, so an
+        optimizer's in-place step needs no refresh. Made on first use and again whenever a
+        parameter was replaced by another tensor (``untie_weights``, a load with
+        ``assign=True``); kept beside the model, not on it, so the model still deep-copies."""
+        from rlvr_fast._C import DecoderModelCpu  # built by setup.py
+
+        layers = [layer.cpp_weights() for layer in self.model.layers]
+        weights = [self.model.embed_tokens.weight, self.model.norm.weight, self.lm_head.weight]
+        held = _CPP_DECODERS.get(self)
+        if held is not None and _same_tensors(held[0], (layers, weights)):
+            return held[1]
+        model = self.model
+        cos, sin = model.rotary.table(weights[0].device, weights[0].dtype)
+        decoder = DecoderModelCpu(
+            weights[0],
+            layers,
+            weights[1],
+            weights[2],
+            cos,
+            sin,
+            model.norm.eps,
+            self.config.num_attention_heads,
+        )
+        _CPP_DECODERS[self] = ((layers, weights), decoder)
+        return decoder
+
+
+# Qwen3ForCausalLM.cpp_decoder: each model's C++ pass and the tensors it holds.
+_CPP_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _same_tensors(held, current) -> bool:
+    (held_layers, held_weights), (layers, weights) = held, current
+    return all(a is b for a, b in zip(held_weights, weights)) and all(
+        a is b for old, new in zip(held_layers, layers) for a, b in zip(old, new)
+    )
+
+
+def runs_in_cpp(context: ForwardContext) -> bool:
+    """A pass that C++ runs: float32 CPU (the engine resolved backend "cpp"), through the paged
+    cache (block tables: not a fresh prefill), under inference mode."""
+    return (
+        context.backend == "cpp"
+        and context.block_tables is not None
+        and torch.is_inference_mode_enabled()
+    )
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
