@@ -70,8 +70,8 @@ at::Tensor decoder_layer_cpu(at::Tensor x, at::Tensor input_norm, at::Tensor qkv
                              at::Tensor value_slots, at::Tensor slot_mapping,
                              at::Tensor block_tables, at::Tensor context_lens,
                              int64_t num_heads) {
-  const LayerWeights weights{input_norm, qkv_weight,     qkv_bias,   q_norm, k_norm,
-                             o_weight,   post_norm,      gate_up_weight, down_weight};
+  const LayerWeights weights{input_norm, qkv_weight, qkv_bias, q_norm, k_norm,
+                             o_weight, post_norm, gate_up_weight, down_weight};
   return layer_pass(weights, x, eps, {keys, values, key_slots, value_slots},
                     {cos, sin, slot_mapping, block_tables, context_lens}, num_heads);
 }
