@@ -10,7 +10,8 @@ Entry points:
   fused loss op, which multiplies them by ``lm_head.weight`` chunk by chunk.
 - ``infer(input_ids, context)``: one pass of the rollout engine (prefill or decode) on its paged
   KV cache, described by a ``ForwardContext``; returns the logits of each row's last real token
-  ``[R, V]``. The model holds no cache: each layer reads the context.
+  ``[R, V]``. The model holds no cache: each layer reads the context. A float32 CPU pass through
+  the cache (the engine's decode) runs whole in one C++ call (``paged_pass_cpp``).
 
 ``model.activation_checkpointing = True`` keeps only each decoder layer's input for backward and
 recomputes the layer's activations there (``torch.utils.checkpoint``, non-reentrant), in training
