@@ -10,7 +10,8 @@ Entry points:
   fused loss op, which multiplies them by ``lm_head.weight`` chunk by chunk.
 - ``infer(input_ids, context)``: one pass of the rollout engine (prefill or decode) on its paged
   KV cache, described by a ``ForwardContext``; returns the logits of each row's last real token
-  ``[R, V]``. The model holds no cache: each layer reads the context.
+  ``[R, V]``. The model holds no cache: each layer reads the context. A float32 CPU pass through
+  the cache (the engine's decode) runs whole in one C++ call (``paged_pass_cpp``).
 
 ``model.activation_checkpointing = True`` keeps only each decoder layer's input for backward and
 recomputes the layer's activations there (``torch.utils.checkpoint``, non-reentrant), in training
@@ -23,6 +24,10 @@ theta, softmax scale 1/sqrt(D).
 """
 
 from __future__ import annotations
+
+import itertools
+import operator
+import weakref
 
 import torch
 from torch import nn
@@ -158,11 +163,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, context):
-        if (
-            context.backend == "cpp"
-            and context.block_tables is not None
-            and torch.is_inference_mode_enabled()
-        ):
+        if runs_in_cpp(context):
             return self.paged_pass_cpp(x, cos, sin, context)
         return self.pass_ops(x, cos, sin, context)
 
@@ -182,21 +183,10 @@ class DecoderLayer(nn.Module):
         inference mode); the model's norms share one eps."""
         from rlvr_fast._C import decoder_layer_cpu  # built by setup.py
 
-        attn, mlp = self.self_attn, self.mlp
-        cache = context.kv_cache[attn.layer_idx]
-        norms = (
-            (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
-        )
+        cache = context.kv_cache[self.self_attn.layer_idx]
         return decoder_layer_cpu(
             x,
-            self.input_layernorm.weight,
-            attn.qkv_proj.weight,
-            attn.qkv_proj.bias,
-            *norms,
-            attn.o_proj.weight,
-            self.post_attention_layernorm.weight,
-            mlp.gate_up_proj.weight,
-            mlp.down_proj.weight,
+            *self.cpp_weights(),
             self.input_layernorm.eps,
             cos,
             sin,
@@ -207,8 +197,25 @@ class DecoderLayer(nn.Module):
             context.slot_mapping,
             context.block_tables,
             context.context_lens,
-            attn.num_heads,
+            self.self_attn.num_heads,
         )
+
+    def cpp_weights(self) -> list[torch.Tensor | None]:
+        """The layer's weights in the order the C++ layer takes them (None: absent)."""
+        attn, mlp = self.self_attn, self.mlp
+        norms = (
+            [attn.q_norm.weight, attn.k_norm.weight] if attn.q_norm is not None else [None, None]
+        )
+        return [
+            self.input_layernorm.weight,
+            attn.qkv_proj.weight,
+            attn.qkv_proj.bias,
+            *norms,
+            attn.o_proj.weight,
+            self.post_attention_layernorm.weight,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+        ]
 
 
 class DecoderModel(nn.Module):
@@ -296,12 +303,85 @@ class Qwen3ForCausalLM(nn.Module):
     def infer(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         """One rollout-engine pass over input_ids [R, T]: logits [R, V] of each row's last real
         token (``context.logits_index``; the only token when T = 1)."""
+        if runs_in_cpp(context):
+            return self.paged_pass_cpp(input_ids, context)
         hidden = self.model(input_ids, context)
         if context.logits_index is None:
             last = hidden[:, -1]
         else:
             last = hidden.flatten(0, 1).index_select(0, context.logits_index)
         return self.lm_head(last)
+
+    def paged_pass_cpp(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """``infer`` in one C++ call (``csrc/decoder_layer.cpp``'s ``DecoderModelCpu``, bitwise
+        the modules' pass): the embedding, the RoPE lookup, every layer, the final norm and the
+        LM head, where the Python around the layers costs a small model's decode step a third
+        of its time. A float32 CPU pass through the paged cache (not a fresh prefill)."""
+        return self.cpp_decoder().logits(
+            input_ids,
+            context.positions,
+            context.kv_cache,
+            context.slot_mapping,
+            context.block_tables,
+            context.context_lens,
+            context.logits_index,
+        )
+
+    def cpp_decoder(self):
+        """The C++ pass holding this model's weights: the parameter tensors themselves, so an
+        optimizer's in-place step needs no refresh. Made on first use and again whenever a
+        parameter was replaced by another tensor (``untie_weights``, a load with
+        ``assign=True``); kept beside the model, not on it, so the model still deep-copies."""
+        held = _CPP_DECODERS.get(self)
+        if held is None or not held.current():
+            held = _CPP_DECODERS[self] = HeldDecoder(self)
+        return held.decoder
+
+
+class HeldDecoder:
+    """A model's ``DecoderModelCpu`` and the parameters it was made from. ``current`` checks,
+    at C speed (a pass of the tiny model takes about 2 ms; walking its modules in Python took
+    a sixth of that), that each of the model's modules still holds those very parameters."""
+
+    def __init__(self, model: Qwen3ForCausalLM) -> None:
+        from rlvr_fast._C import DecoderModelCpu  # built by setup.py
+
+        decoder = model.model
+        self.slots = [module._parameters for module in model.modules()]
+        self.parameters = self._parameters_now()
+        embedding = decoder.embed_tokens.weight
+        cos, sin = decoder.rotary.table(embedding.device, embedding.dtype)
+        self.decoder = DecoderModelCpu(
+            embedding,
+            [layer.cpp_weights() for layer in decoder.layers],
+            decoder.norm.weight,
+            model.lm_head.weight,
+            cos,
+            sin,
+            decoder.norm.eps,
+            model.config.num_attention_heads,
+        )
+
+    def _parameters_now(self) -> tuple:
+        return tuple(itertools.chain.from_iterable(map(dict.values, self.slots)))
+
+    def current(self) -> bool:
+        now = self._parameters_now()
+        return len(now) == len(self.parameters) and all(map(operator.is_, now, self.parameters))
+
+
+# Qwen3ForCausalLM.cpp_decoder: each model's C++ pass (a model's modules stay its own).
+_CPP_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def runs_in_cpp(context: ForwardContext) -> bool:
+    """A pass that C++ runs: float32 CPU (the engine resolved backend "cpp"), through the paged
+    cache (block tables: not a fresh prefill), under inference mode."""
+    return (
+        context.backend == "cpp"
+        and context.block_tables is not None
+        and torch.is_inference_mode_enabled()
+    )
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

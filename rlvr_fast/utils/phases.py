@@ -14,7 +14,10 @@ def profile_range(name: str, device: torch.device, *, synchronize: bool = False)
     """A profiler range named ``name``, with an NVTX range on a CUDA ``device``; with
     ``synchronize`` the range closes after the device's queued work has finished (a host sync:
     only where the range is to time that work)."""
-    with torch.profiler.record_function(name):
+    # Outside a profiler the range records nothing; entering it anyway costs a CPU decode
+    # step about 3% (two operator calls through the dispatcher).
+    recorded = torch.autograd._profiler_enabled()
+    with torch.profiler.record_function(name) if recorded else contextlib.nullcontext():
         if device.type != "cuda":
             yield
             return
