@@ -388,7 +388,9 @@ if triton is not None:
             b_kth = _radix_floor(
                 p_row, V, b_temperature, b_max, b_sum, 1 << 62, ID_BITS, BLOCK_V, NUM_TILES, b_k
             )
-            b_z = _mass_from(p_row, V, b_temperature, b_max, b_sum, b_kth, ID_BITS, BLOCK_V, NUM_TILES)
+            b_z = _mass_from(
+                p_row, V, b_temperature, b_max, b_sum, b_kth, ID_BITS, BLOCK_V, NUM_TILES
+            )
         o_c = tl.arange(0, CAP)
         while b_done == 0:
             if b_first == 0:

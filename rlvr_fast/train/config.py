@@ -460,9 +460,7 @@ class TrainConfig:
     @property
     def sampler_options(self) -> dict:
         """top_k, min_p and repetition_penalty as ``SamplingParams`` takes them."""
-        return dict(
-            top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty
-        )
+        return dict(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty)
 
     @property
     def questions_needed(self) -> int:

@@ -88,7 +88,9 @@ def log_vllm_settings(args) -> None:
         return
     logger.warning("use_vllm=True: rollouts run on rlvr_fast's engine (no vLLM is started)")
     vllm = [f for f in dataclasses.fields(args) if f.name.startswith("vllm_") and f.init]
-    changed = [f"{f.name}={getattr(args, f.name)!r}" for f in vllm if getattr(args, f.name) != f.default]
+    changed = [
+        f"{f.name}={getattr(args, f.name)!r}" for f in vllm if getattr(args, f.name) != f.default
+    ]
     logger.warning(
         "the vllm_* settings have no effect on rlvr_fast's engine: "
         + (", ".join(changed) if changed else "all at TRL's defaults")
