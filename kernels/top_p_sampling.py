@@ -117,22 +117,26 @@ def top_p_probs(
     logits: torch.Tensor, temperature, top_p, top_k=0, min_p=0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] -> (kept probabilities in descending order, 0 where dropped [B, V], and the
-    token id of each rank [B, V]). ``temperature`` and ``top_p`` are floats or 0-d tensors,
-    ``top_k`` an int (0: off) and ``min_p`` a float (0: off), or 0-d tensors read on the host."""
+    token id of each rank [B, V]). ``temperature``, ``top_p``, ``top_k`` (0: off) and ``min_p``
+    (0: off) are numbers or 0-d tensors (read on the device: a CUDA graph can capture it)."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
     cumulative = sorted_probs.cumsum(dim=-1)
     mass_before = cumulative - sorted_probs
-    top_k, min_p = int(top_k), float(min_p)
-    by_top_k = 0 < top_k < logits.shape[1]
+    if isinstance(top_k, int) and isinstance(min_p, (int, float)) and not (top_k or min_p):
+        # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
+        return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
+    # Options as tensors: off, k = V, the renormaliser is 1 and min_p 0, which drop nothing.
+    rows, vocab = logits.shape
+    top_k = torch.as_tensor(top_k, device=logits.device)
+    by_top_k = (top_k > 0) & (top_k < vocab)
+    k = torch.where(by_top_k, top_k, vocab).long()
     # top-p over the distribution renormalised on the k first ranks (transformers' order).
-    threshold = top_p * cumulative[:, top_k - 1 : top_k] if by_top_k else top_p
-    # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
-    dropped = mass_before >= threshold
-    if by_top_k:
-        dropped[:, top_k:] = True
-    if min_p > 0:
-        dropped |= sorted_probs < min_p * sorted_probs[:, :1]
+    mass_k = cumulative.gather(1, (k - 1).expand(rows, 1))
+    threshold = top_p * torch.where(by_top_k, mass_k, 1.0)
+    ranks = torch.arange(vocab, device=logits.device)
+    dropped = (mass_before >= threshold) | (ranks >= k)
+    dropped |= sorted_probs < min_p * sorted_probs[:, :1]
     return sorted_probs.masked_fill(dropped, 0.0), sorted_ids
 
 
