@@ -14,7 +14,11 @@ ops appear as the ``rlvr_fast::`` custom ops that each launch one Triton kernel.
   and not as the kernels they launch;
 - sampler full-vocab passes: ops of the draw alone (``sample_tokens`` as the step calls it) that
   read or write a tensor of at least B x V elements.
-A per-op table follows (calls per step; calls touching a [B, V] tensor).
+A per-op table follows (calls per step; calls touching a [B, V] tensor), then the sampler's
+figures with TRL's options on: top_k and min_p (the same three passes) and the repetition
+penalty over a ``--context``-token history (a float32 copy of the logits, then a gather and a
+scatter of [B, context] elements of the copy: three more ops touching a [B, V] tensor, of
+which the copy alone reads and writes all of it).
 """
 
 from __future__ import annotations
@@ -111,16 +115,23 @@ def decode_step_cost(config: ModelConfig, batch: int, context: int = 512) -> OpC
 
 
 @torch.no_grad()
-def sampler_cost(config: ModelConfig, batch: int) -> OpCounts:
-    """Ops of the draw alone, called as ``DecodeGraphs._step`` calls it."""
+def sampler_cost(config: ModelConfig, batch: int, context: int = 0, **options) -> OpCounts:
+    """Ops of the draw alone, called as ``DecodeGraphs._step`` calls it; ``options``: the
+    sampler's top_k, min_p (0-d device tensors, as the graphs hold them) or
+    repetition_penalty (with a history of ``context`` tokens a row)."""
     with torch.device("meta"):
         logits = torch.empty(batch, config.vocab_size, dtype=torch.bfloat16)
         seeds = torch.empty(batch, dtype=torch.long)
         positions = torch.empty(batch, dtype=torch.long)
         temperature, top_p = torch.empty(()), torch.empty(())
+        for name in ("top_k", "min_p"):
+            if name in options:
+                options[name] = torch.full((), float(options[name]))
+        if options.get("repetition_penalty", 1) != 1:
+            options["history"] = torch.empty(batch, context, dtype=torch.long)
     counts = OpCounts(wide=batch * config.vocab_size)
     with CountKernels(counts):
-        sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False)
+        sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False, **options)
     return counts
 
 
@@ -148,6 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"kernels per decode step: {step.kernels}")
     print(f"sampler kernels: {sampler.kernels}")
     print(f"sampler full-vocab passes: {sampler.wide_passes}")
+    filtered = sampler_cost(config, args.batch, top_k=50, min_p=0.05)
+    print(f"with top_k and min_p: {filtered.kernels} kernels, {filtered.wide_passes} passes")
+    penalized = sampler_cost(config, args.batch, args.context, repetition_penalty=1.1)
+    print(
+        f"with repetition_penalty ({args.context}-token history): {penalized.kernels} kernels, "
+        f"{penalized.wide_passes} ops on [B, V] ({', '.join(sorted(penalized.wide_calls))}), "
+        "decoded eagerly (no CUDA graph)"
+    )
 
 
 if __name__ == "__main__":

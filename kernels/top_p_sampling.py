@@ -3,6 +3,19 @@ sort-free Triton version in three passes over the logits.
 
 Rule (seed §1): p = softmax(logits / T); rank tokens by p descending; keep rank r while the
 probability mass of the ranks before it is < top_p (rank 0 always); draw among the kept.
+Options, off by default (off, the rule and every draw are exactly the above), in the order of
+transformers' ``_get_logits_processor`` in the path TRL's GRPOTrainer generates with
+(``RepetitionPenaltyLogitsProcessor`` among the processors, then the warpers
+``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``):
+- ``repetition_penalty`` (1: off; ``penalize_repeats``): before the temperature, each token
+  present in the row's prompt + completion so far has its logit divided by the penalty where
+  positive and multiplied where negative;
+- ``top_k`` (0: off, or >= V): ranks >= k are dropped, and the top-p test runs on the
+  distribution renormalised over the k first ranks (top-p after top-k): rank r is kept while
+  the mass before it is < top_p times the mass of the k first ranks. Ties at the k-th
+  probability keep exactly k ranks (lower ids first) where transformers keeps every tie;
+- ``min_p`` (0: off): ranks with p < min_p times the largest p are dropped (after temperature;
+  renormalising by top-k / top-p changes no ratio to the largest p, which is always kept).
 
 The draw is an exponential race: with E_r ~ Exp(1) independent, argmax_r p_r / E_r over the
 kept ranks is distributed as the renormalised kept p. E_r = -log u_r where u_r is a
@@ -32,6 +45,12 @@ histogram in place of an iterative pivot search, and exact for the rank-keyed ra
    still open continues exactly, in windows of the next ``CAP`` tokens in rank order, each
    found by a radix select over the (p, -id) key (7 histogram passes) and gathered (one more):
    slow, and only for rows whose nucleus spreads over more than ``CAP`` tokens.
+With top-k or min-p on, the bound b* is also the highest bin with k tokens at or above it, and
+the bin of min_p * p_max: both only shrink the candidates, and the pass count stays 3. The mass
+of the k first ranks comes from the head window when it holds them (the usual case); else a
+radix select of the k-th key and one more pass sum it (8 more passes, for that row only).
+The repetition penalty runs before the passes, on a float32 copy of the logits
+(``penalize_repeats``: one copy, then a gather and a scatter of the [B, L] history).
 The probabilities, cumulative sums and noise are fp32 as the reference's, computed in another
 order: a draw differs from the reference's only where two ranks' p / E are within float32
 rounding.
@@ -94,21 +113,54 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, width: int) -> t
     return (bits.float() + 0.5) * (1.0 / 2**UNIFORM_BITS)
 
 
-def top_p_probs(logits: torch.Tensor, temperature, top_p) -> tuple[torch.Tensor, torch.Tensor]:
+def top_p_probs(
+    logits: torch.Tensor, temperature, top_p, top_k=0, min_p=0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] -> (kept probabilities in descending order, 0 where dropped [B, V], and the
-    token id of each rank [B, V]). ``temperature`` and ``top_p`` are floats or 0-d tensors."""
+    token id of each rank [B, V]). ``temperature``, ``top_p``, ``top_k`` (0: off) and ``min_p``
+    (0: off) are numbers or 0-d tensors (read on the device: a CUDA graph can capture it)."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
-    return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
+    cumulative = sorted_probs.cumsum(dim=-1)
+    mass_before = cumulative - sorted_probs
+    if isinstance(top_k, int) and isinstance(min_p, (int, float)) and not (top_k or min_p):
+        # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
+        return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
+    # Options as tensors: off, k = V, the renormaliser is 1 and min_p 0, which drop nothing.
+    rows, vocab = logits.shape
+    top_k = torch.as_tensor(top_k, device=logits.device)
+    by_top_k = (top_k > 0) & (top_k < vocab)
+    k = torch.where(by_top_k, top_k, vocab).long()
+    # top-p over the distribution renormalised on the k first ranks (transformers' order).
+    mass_k = cumulative.gather(1, (k - 1).expand(rows, 1))
+    threshold = top_p * torch.where(by_top_k, mass_k, 1.0)
+    ranks = torch.arange(vocab, device=logits.device)
+    dropped = (mass_before >= threshold) | (ranks >= k)
+    dropped |= sorted_probs < min_p * sorted_probs[:, :1]
+    return sorted_probs.masked_fill(dropped, 0.0), sorted_ids
+
+
+def penalize_repeats(logits: torch.Tensor, history: torch.Tensor, penalty) -> torch.Tensor:
+    """float32 copy of logits [B, V] with the logit of every token in ``history`` [B, L] int64
+    (row b: ids of its prompt + completion so far, repeats allowed, so a short row pads with
+    one of its own ids) divided by ``penalty`` where positive, multiplied where negative."""
+    penalized = logits.to(torch.float32, copy=True)
+    seen = penalized.gather(1, history)
+    return penalized.scatter_(1, history, torch.where(seen < 0, seen * penalty, seen / penalty))
 
 
 def sample_tokens_reference(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature, top_p
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    temperature,
+    top_p,
+    top_k=0,
+    min_p=0.0,
 ) -> torch.Tensor:
-    """The sampled draw in torch ops: the definition every other version follows."""
-    kept, ids = top_p_probs(logits, temperature, top_p)
+    """The sampled draw in torch ops: the definition every other version follows (the
+    repetition penalty, when on, is applied to ``logits`` before: ``penalize_repeats``)."""
+    kept, ids = top_p_probs(logits, temperature, top_p, top_k, min_p)
     exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))
     choice = (kept / exponential).argmax(dim=-1, keepdim=True)
     return ids.gather(1, choice).squeeze(1)
@@ -222,9 +274,10 @@ if triton is not None:
     @triton.jit
     def _radix_floor(p_row, V, b_temperature, b_max, b_sum, b_hi, ID_BITS, BLOCK_V, NUM_TILES, CAP):
         """The CAP-th largest key below hi (0 when at most CAP keys are below hi): an MSD radix
-        select over the 51-bit keys, one 8-bit digit per pass (the first digit has 3 bits)."""
+        select over the 51-bit keys, one 8-bit digit per pass (the first digit has 3 bits).
+        CAP may be a run-time count (top-k's k)."""
         b_prefix = tl.full([], 0, tl.int64)
-        b_need = tl.full([], CAP, tl.int32)
+        b_need = tl.full([], 0, tl.int32) + CAP
         b_all = tl.full([], 0, tl.int32)
         o_d = tl.arange(0, 256)
         for level in tl.static_range(7):
@@ -247,6 +300,18 @@ if triton is not None:
         return tl.where(b_all <= CAP, 0, b_prefix)
 
     @triton.jit
+    def _mass_from(p_row, V, b_temperature, b_max, b_sum, b_lo, ID_BITS, BLOCK_V, NUM_TILES):
+        """The probability mass of the row's keys >= lo."""
+        b_mass = tl.full([], 0.0, tl.float32)
+        for i_t in range(0, NUM_TILES):
+            o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
+            m_v = o_v < V
+            b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
+            b_key = _rank_keys_of(b_p, o_v, m_v, ID_BITS)
+            b_mass += tl.sum(tl.where(m_v & (b_key >= b_lo), b_p, 0.0), axis=0)
+        return b_mass
+
+    @triton.jit
     def _min_exponential(b_key, b_first, b_last, BLOCK_V: tl.constexpr):
         """min E_r over the ranks [first, last) (+inf when empty). A while loop: the interpreter
         cannot take a computed value as a loop bound."""
@@ -265,6 +330,8 @@ if triton is not None:
         stride_row,
         p_temperature,
         p_top_p,
+        p_top_k,
+        p_min_p,
         p_stats,
         p_counts,
         p_seeds,
@@ -285,6 +352,12 @@ if triton is not None:
         b_top_p = tl.load(p_top_p)
         b_max = tl.load(p_stats + 2 * i_b)
         b_sum = tl.load(p_stats + 2 * i_b + 1)
+        # Off: k = V and min_p = 0 keep every rank, and the renormaliser b_z is 1.
+        b_top_k = tl.load(p_top_k).to(tl.int32)
+        b_by_top_k = (b_top_k > 0) & (b_top_k < V)
+        b_k = tl.where(b_by_top_k, b_top_k, V)
+        b_min_p = tl.load(p_min_p)
+        b_p_max = 1.0 / b_sum  # the largest p, exp(0) / sum, as _probabilities forms it
         b_seed = tl.load(p_seeds + i_b).to(tl.uint64, bitcast=True)
         b_position = tl.load(p_positions + i_b).to(tl.uint64, bitcast=True)
         b_stream = b_seed * 0x9E3779B97F4A7C15 + b_position * 0xD1B54A32D192ED03
@@ -296,6 +369,12 @@ if triton is not None:
         # A margin over float32 rounding of the sums of mass (the reference's and ours).
         b_star = tl.max(tl.where(b_floor_mass >= b_top_p * 1.00390625, o_bin, 0), axis=0)
         b_counted = tl.cumsum(b_counts, axis=0, reverse=True)  # tokens in bins >= b
+        # Below the highest bin with k tokens at or above it every rank is >= k; below the bin
+        # of min_p * p_max every p is smaller.
+        b_star_k = tl.max(tl.where(b_counted >= b_k, o_bin, 0), axis=0)
+        b_star = tl.where(b_by_top_k, tl.maximum(b_star, b_star_k), b_star)
+        b_star_min_p = (b_min_p * b_p_max).to(tl.int32, bitcast=True) >> 21
+        b_star = tl.where(b_min_p > 0, tl.maximum(b_star, b_star_min_p), b_star)
         b_total = tl.sum(tl.where(o_bin >= b_star, b_counts, 0), axis=0)  # ranks that may be kept
         b_head = tl.min(tl.where((b_counted <= CAP) & (o_bin >= b_star), o_bin, BINS), axis=0)
         b_hi = tl.full([], 1 << 62, tl.int64)
@@ -306,6 +385,16 @@ if triton is not None:
         b_mass = tl.full([], 0.0, tl.float32)  # their probability mass
         b_best = tl.full([], -1.0, tl.float32)
         b_token = tl.full([], 0, tl.int64)
+        # The mass of the k first ranks: from the head window when it holds them, else now.
+        b_z = tl.full([], 1.0, tl.float32)
+        b_head_count = tl.sum(tl.where(o_bin == b_head, b_counted, 0), axis=0)
+        if b_by_top_k & (b_head_count < b_k):
+            b_kth = _radix_floor(
+                p_row, V, b_temperature, b_max, b_sum, 1 << 62, ID_BITS, BLOCK_V, NUM_TILES, b_k
+            )
+            b_z = _mass_from(
+                p_row, V, b_temperature, b_max, b_sum, b_kth, ID_BITS, BLOCK_V, NUM_TILES
+            )
         o_c = tl.arange(0, CAP)
         while b_done == 0:
             if b_first == 0:
@@ -336,7 +425,11 @@ if triton is not None:
             b_p = tl.where(m_c, b_p, 0.0)  # [CAP], descending
             b_cumulative = b_mass + tl.cumsum(b_p, axis=0)
             o_rank = b_rank + o_c
-            m_kept = m_c & ((o_rank == 0) | (b_cumulative - b_p < b_top_p))
+            m_kth = m_c & b_by_top_k & (o_rank == b_k - 1) & (b_first == 1)
+            if tl.sum(m_kth.to(tl.int32), axis=0) > 0:
+                b_z = tl.sum(tl.where(m_kth, b_cumulative, 0.0), axis=0)
+            m_rule = (b_cumulative - b_p < b_top_p * b_z) & (o_rank < b_k)
+            m_kept = m_c & ((o_rank == 0) | (m_rule & (b_p >= b_min_p * b_p_max)))
             b_e = _exponential(b_stream, o_rank)
             b_score = tl.where(m_kept, b_p / b_e, -1.0)
             b_window_best = tl.max(b_score, axis=0)
@@ -351,12 +444,13 @@ if triton is not None:
             b_rank += b_n
             b_hi = tl.where(b_n > 0, b_lo, b_hi)
             b_first = 0
-            if b_cut | (b_rank >= b_total):
+            b_open = tl.minimum(b_total, b_k)  # ranks that may still be kept
+            if b_cut | (b_rank >= b_open):
                 b_done = 1
             else:
                 # Ranks still open cannot beat b_best when even the smallest E among them
                 # could not lift the largest p they may have above it.
-                b_tail = b_last_p / _min_exponential(b_stream, b_rank, b_total, BLOCK_V)
+                b_tail = b_last_p / _min_exponential(b_stream, b_rank, b_open, BLOCK_V)
                 if b_best >= b_tail:
                     b_done = 1
         tl.store(p_tokens + i_b, b_token)
@@ -406,10 +500,11 @@ def histogram_triton(logits, temperature, stats) -> torch.Tensor:
 
 
 def draw_triton(
-    logits, temperature, top_p, stats, counts, seeds, positions, cap: int = CAP
+    logits, temperature, top_p, top_k, min_p, stats, counts, seeds, positions, cap: int = CAP
 ) -> torch.Tensor:
-    """Pass 3: per row the drawn token [B] int64; ``cap`` candidate slots per row (a power of
-    two; tests take small ones, which send more rows down the windowed path)."""
+    """Pass 3: per row the drawn token [B] int64; ``top_k`` and ``min_p`` 0-d float32 device
+    tensors (0: off); ``cap`` candidate slots per row (a power of two; tests take small ones,
+    which send more rows down the windowed path)."""
     rows = logits.shape[0]
     scratch = torch.empty((rows, cap), dtype=torch.int64, device=logits.device)
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -418,6 +513,8 @@ def draw_triton(
         logits.stride(0),
         temperature,
         top_p,
+        top_k,
+        min_p,
         stats,
         counts,
         seeds,
@@ -435,14 +532,26 @@ def draw_triton(
     return tokens
 
 
-def sample_top_p_triton(logits, seeds, positions, temperature, top_p) -> torch.Tensor:
+def sample_top_p_triton(
+    logits, seeds, positions, temperature, top_p, top_k=0, min_p=0.0
+) -> torch.Tensor:
     """Triton version of ``sample_tokens_reference`` (CUDA, or CPU under TRITON_INTERPRET=1):
     logits [B, V] (V < 2^20, the last dim contiguous), seeds and positions [B] int64,
-    temperature and top_p floats or 0-d tensors."""
+    temperature, top_p, top_k and min_p numbers or 0-d tensors."""
     if triton is None:
         raise RuntimeError("the Triton backend needs the triton package")
-    temperature = device_scalar(temperature, logits.device)
-    top_p = device_scalar(top_p, logits.device)
+    device = logits.device
+    temperature = device_scalar(temperature, device)
     stats = row_stats_triton(logits, temperature)
     counts = histogram_triton(logits, temperature, stats)
-    return draw_triton(logits, temperature, top_p, stats, counts, seeds, positions)
+    return draw_triton(
+        logits,
+        temperature,
+        device_scalar(top_p, device),
+        device_scalar(top_k, device),
+        device_scalar(min_p, device),
+        stats,
+        counts,
+        seeds,
+        positions,
+    )

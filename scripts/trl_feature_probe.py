@@ -102,6 +102,10 @@ FEATURES = {
     "top_k=10": ({"top_k": 10}, None),
     "min_p=0.1": ({"min_p": 0.1}, None),
     "repetition_penalty=1.1": ({"repetition_penalty": 1.1}, None),
+    "generation_kwargs top_k=10, min_p=0.1": (
+        {"generation_kwargs": {"top_k": 10, "min_p": 0.1}},
+        None,
+    ),
     "top_p=0.9": ({"top_p": 0.9}, None),
     "2 prompts per step (batch 8)": ({"per_device_train_batch_size": 8}, None),
     "gradient_accumulation_steps=2": (

@@ -8,7 +8,8 @@ token 0 at position 0 with the scratch block as their whole block table, so they
 and values to the scratch slot only and attend to that one slot (not to a stale length through a
 stale table left by an earlier, larger batch). Every input lives in a static device buffer that
 a step overwrites in place (token ids, positions, slots and seeds in one packed copy, the block
-tables in another), the temperature and top-p are 0-d device tensors, and the block tables have
+tables in another), the temperature, top-p, top-k and min-p are 0-d device tensors (the same
+graph serves every setting), and the block tables have
 the fixed width of ``max_model_len``; the Triton decode kernel reads each row's length at run
 time, so a short row costs its own length. Prefill passes stay eager. Capture and replay run
 with the storage's device made current (graphs, streams and Triton launches use the current
@@ -62,6 +63,8 @@ class DecodeGraphs:
         )
         self.temperature = torch.ones((), device=device)
         self.top_p = torch.ones((), device=device)
+        self.top_k = torch.zeros((), device=device)
+        self.min_p = torch.zeros((), device=device)
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
@@ -97,6 +100,8 @@ class DecodeGraphs:
         self.block_tables[:rows, :width].copy_(inputs.block_tables, non_blocking=True)
         self.temperature.fill_(params.temperature)
         self.top_p.fill_(params.top_p)
+        self.top_k.fill_(params.top_k)
+        self.min_p.fill_(params.min_p)
 
     def _step(self, bucket: int, greedy: bool) -> torch.Tensor:
         positions = self.inputs[POSITIONS, :bucket]
@@ -116,6 +121,8 @@ class DecodeGraphs:
             self.temperature,
             self.top_p,
             greedy=greedy,
+            top_k=self.top_k,
+            min_p=self.min_p,
         )
 
     def _capture(self, bucket: int, greedy: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -4,7 +4,8 @@ draws the next tokens.
 Prefill passes run eagerly: rows right-padded to the longest pending suffix, padding written to
 the scratch slot; rows with nothing cached attend densely within the pass, otherwise through the
 paged cache. Decode passes run one token per row, through the paged cache; on CUDA they are
-replayed from CUDA graphs (``DecodeGraphs``) when the engine captured them.
+replayed from CUDA graphs (``DecodeGraphs``) when the engine captured them, except under a
+repetition penalty, whose per-row history changes shape every step (those decode eagerly).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import torch
 from rlvr_fast.engine.kv_storage import PagedKVStorage
 from rlvr_fast.engine.scheduler import Batch
 from rlvr_fast.engine.sequence import Sequence
-from rlvr_fast.engine.token_sampler import SamplingParams, default_sampler_backend, sample_tokens
+from rlvr_fast.engine.token_sampler import (
+    SamplingParams,
+    default_sampler_backend,
+    history_of,
+    sample_tokens,
+)
 from rlvr_fast.models.context import ForwardContext
 
 
@@ -34,6 +40,8 @@ class ModelRunner:
         # the two differ in the last bit, which would let graph and eager decode draw apart.
         self.temperature = torch.ones((), device=self.device)
         self.top_p = torch.ones((), device=self.device)
+        self.top_k = torch.zeros((), device=self.device)
+        self.min_p = torch.zeros((), device=self.device)
 
     def prefill(self, batch: Batch) -> torch.Tensor:
         """Run every row's pending tokens; logits [R, V] after each row's last one."""
@@ -77,10 +85,11 @@ class ModelRunner:
             slots=batch.slots,
             block_tables=self.manager.block_tables([seq.block_id for seq in rows], 0),
             seeds=seeds_of(rows),
+            history=self._history(rows, params),
         )
         for seq in rows:
             seq.num_cached = len(seq.token_ids)
-        if self.graphs is not None and self.graphs.fits(inputs):
+        if self.graphs is not None and inputs.history is None and self.graphs.fits(inputs):
             return self.graphs.run(inputs, params)
         return self.decode_eager(inputs, params)
 
@@ -102,6 +111,7 @@ class ModelRunner:
             *self._sampling_scalars(params),
             greedy=params.is_greedy,
             backend=self.sampler,
+            **self._sampling_options(params, inputs.history),
         )
 
     def draw(
@@ -116,7 +126,26 @@ class ModelRunner:
             *self._sampling_scalars(params),
             greedy=params.is_greedy,
             backend=self.sampler,
+            **self._sampling_options(params, self._history(rows, params)),
         )
+
+    def _history(self, rows: list[Sequence], params: SamplingParams) -> torch.Tensor | None:
+        """The rows' tokens so far [R, L], only under a repetition penalty."""
+        if not params.penalizes_repeats:
+            return None
+        return history_of([seq.token_ids for seq in rows])
+
+    def _sampling_options(self, params: SamplingParams, history) -> dict:
+        """top_k, min_p (numbers for C++, else the runner's 0-d device tensors, filled now) and
+        the repetition penalty with its history on the device."""
+        options = dict(repetition_penalty=params.repetition_penalty)
+        if params.penalizes_repeats:
+            options["history"] = self._to_device(history)
+        if self.sampler == "cpp" or params.is_greedy:
+            return dict(options, top_k=params.top_k, min_p=params.min_p)
+        self.top_k.fill_(params.top_k)
+        self.min_p.fill_(params.min_p)
+        return dict(options, top_k=self.top_k, min_p=self.min_p)
 
     def _sampling_scalars(self, params: SamplingParams) -> tuple:
         """(temperature, top_p) as the sampler backend takes them: floats for C++, else the
@@ -138,14 +167,16 @@ class ModelRunner:
 
 @dataclass
 class DecodeInputs:
-    """One decode pass's host-side inputs, R rows: token_ids, positions, slots, seeds [R] int64
-    and block_tables [R, M] int32."""
+    """One decode pass's host-side inputs, R rows: token_ids, positions, slots, seeds [R] int64,
+    block_tables [R, M] int32, and under a repetition penalty each row's tokens so far
+    (history [R, L] int64, else None)."""
 
     token_ids: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     block_tables: torch.Tensor
     seeds: torch.Tensor
+    history: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -1,5 +1,8 @@
 """Next-token sampling with the study's temperature + top-p rule, on the device, one stream per
-sequence: ``SamplingParams`` and the one switch ``sample_tokens``.
+sequence: ``SamplingParams`` and the one switch ``sample_tokens``. TRL's ``top_k``, ``min_p``
+and ``repetition_penalty`` are options, off by default (off, every draw is what it was without
+them); their order is transformers' (penalty, temperature, top-k, top-p, min-p: see
+``rlvr_fast.kernels.top_p_sampling``).
 
 The rule and the draw (an exponential race on noise hashed from the sequence's seed, the position
 and the rank, so that a sequence's tokens never depend on the batch) are defined in
@@ -21,6 +24,7 @@ from rlvr_fast.kernels.top_p_sampling import (
     MIX_2,
     POSITION_MULTIPLIER,
     SEED_MULTIPLIER,
+    penalize_repeats,
     sample_tokens_reference,
     top_p_probs,
     uniform_noise,
@@ -32,6 +36,8 @@ __all__ = [
     "SamplingParams",
     "default_sampler_backend",
     "derive_seed",
+    "history_of",
+    "penalize_repeats",
     "sample_tokens",
     "sample_tokens_reference",
     "top_p_probs",
@@ -42,11 +48,17 @@ __all__ = [
 @dataclass(frozen=True)
 class SamplingParams:
     """max_new_tokens: cap on generated tokens per sequence (EOS included);
-    temperature: softmax temperature, 0 for greedy; top_p: nucleus mass in (0, 1]."""
+    temperature: softmax temperature, 0 for greedy; top_p: nucleus mass in (0, 1];
+    top_k: sample among the k most likely tokens (0: all); min_p: drop tokens below min_p times
+    the largest probability (0: none); repetition_penalty: divide (multiply, when negative) the
+    logits of tokens already in the sequence, prompt included, by it (1: none; greedy too)."""
 
     max_new_tokens: int = 512
     temperature: float = 0.8
     top_p: float = 0.9
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -55,6 +67,12 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     @classmethod
     def greedy(cls, max_new_tokens: int = 2048) -> "SamplingParams":
@@ -63,6 +81,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalizes_repeats(self) -> bool:
+        return self.repetition_penalty != 1
 
 
 def default_sampler_backend(device: torch.device) -> str:
@@ -82,25 +104,46 @@ def sample_tokens(
     *,
     greedy: bool,
     backend: str | None = None,
+    top_k=0,
+    min_p=0.0,
+    repetition_penalty: float = 1.0,
+    history: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64, on logits' device).
 
     ``seeds`` [B] int64 is each sequence's stream and ``positions`` [B] int64 the index in the
-    sequence of the token being drawn; both ignored when greedy. ``backend`` "torch" (any
-    device; temperature and top_p may be 0-d tensors), "triton" (CUDA, or CPU under
-    TRITON_INTERPRET=1) or "cpp" (CPU, float temperature and top_p); the last two equal "torch"
-    up to float32 rounding. Default: "triton" on CUDA and meta tensors, else "torch"."""
-    if greedy:
-        return logits.argmax(dim=-1)
+    sequence of the token being drawn; both ignored when greedy. ``top_k`` (0: off) and
+    ``min_p`` (0: off) as ``SamplingParams`` reads them; ``repetition_penalty`` (1: off) needs
+    ``history`` [B, L] int64, each row's tokens so far (``history_of``). ``backend`` "torch"
+    (any device; temperature, top_p, top_k and min_p may be 0-d tensors), "triton" (CUDA, or CPU
+    under TRITON_INTERPRET=1) or "cpp" (CPU, numbers; the penalty inside its one call); the last
+    two equal "torch" up to float32 rounding. Default: "triton" on CUDA and meta tensors, else
+    "torch"."""
+    penalized = repetition_penalty != 1
+    if penalized and history is None:
+        raise ValueError(f"repetition_penalty={repetition_penalty} needs the rows' history")
     if backend is None:
         backend = "triton" if logits.device.type in TRITON_DEVICES else "torch"
-    if backend == "triton":
-        return sample_top_p(logits, seeds, positions, temperature, top_p)
-    if backend == "cpp":
+    if backend == "cpp" and not greedy:
         from rlvr_fast._C import sample_top_p_cpu  # built by setup.py
 
-        return sample_top_p_cpu(logits.float(), seeds, positions, temperature, top_p)
-    return sample_tokens_reference(logits, seeds, positions, temperature, top_p)
+        options = (top_k, min_p, repetition_penalty, history if penalized else None)
+        return sample_top_p_cpu(logits.float(), seeds, positions, temperature, top_p, *options)
+    if penalized:
+        logits = penalize_repeats(logits, history, repetition_penalty)
+    if greedy:
+        return logits.argmax(dim=-1)
+    if backend == "triton":
+        return sample_top_p(logits, seeds, positions, temperature, top_p, top_k, min_p)
+    return sample_tokens_reference(logits, seeds, positions, temperature, top_p, top_k, min_p)
+
+
+def history_of(token_ids: list[list[int]], device: torch.device | None = None) -> torch.Tensor:
+    """Rows' tokens so far as one [B, L] int64 tensor for the repetition penalty: each row
+    padded with its own last token (a repeat, which the penalty counts once)."""
+    width = max(len(ids) for ids in token_ids)
+    rows = [ids + [ids[-1]] * (width - len(ids)) for ids in token_ids]
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 def derive_seed(base: int, index: int) -> int:

@@ -124,6 +124,7 @@ def sample_trees_ids(
     early_eos_mode: str = "terminal_dup",
     temperature: float = 0.8,
     top_p: float = 0.9,
+    sampler_options: dict | None = None,
     generator: torch.Generator | None = None,
     bases: Sequence[int] | None = None,
     reprefill: bool = False,
@@ -134,13 +135,13 @@ def sample_trees_ids(
     runs in one batch, then every tree's Stage 2 in another. Tree q draws from its own base
     seed ``bases[q]`` (default: one ``base_seed`` draw per prompt, in order), so a one-prompt
     call samples the tree ``sample_tree_ids`` samples and a tree does not depend on the
-    others."""
+    others. ``sampler_options``: ``SamplingParams``' top_k, min_p, repetition_penalty."""
     if not prompts:
         raise ValueError("sample_tree: no prompts")
     for prompt_ids in prompts:
         _check_arguments(prompt_ids, k, b, t_min, t_max, max_new_tokens, early_eos_mode)
     prompts = [list(prompt_ids) for prompt_ids in prompts]
-    params = SamplingParams(max_new_tokens, temperature, top_p)
+    params = SamplingParams(max_new_tokens, temperature, top_p, **(sampler_options or {}))
     newline = frozenset(newline_token_ids)
     if bases is None:
         bases = [base_seed(generator) for _ in prompts]

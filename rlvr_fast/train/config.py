@@ -3,7 +3,8 @@
 Settings by section (each field's ``metadata["help"]`` says what it does):
 - run: ``arm`` (the preset, ``rlvr_fast.train.arms``), ``steps``, ``seed``, ``checkpoint_every``,
   ``allow_nonfinite``;
-- rollouts: ``group_size``, ``temperature``, ``top_p``, ``max_new_tokens``, ``max_batch``,
+- rollouts: ``group_size``, ``temperature``, ``top_p`` (and TRL's ``top_k``, ``min_p``,
+  ``repetition_penalty``, off by default), ``max_new_tokens``, ``max_batch``,
   ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
 - optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
   ``fused_zero_grad_step``;
@@ -133,6 +134,30 @@ class TrainConfig:
         "nucleus of the study's top-p rule",
         lambda v: 0 < v <= 1,
         "top_p must be in (0, 1], got {value}",
+    )
+    # TRL's sampler options (rlvr_fast.engine.token_sampler), off by default; config.json holds
+    # them only when set, as runs written before them did.
+    top_k: int = setting(
+        0,
+        "sample among the k most likely tokens, top-p then renormalised over them (0: off)",
+        lambda v: v >= 0,
+        "top_k must be >= 0, got {value}",
+        written_when_set=True,
+    )
+    min_p: float = setting(
+        0.0,
+        "drop tokens below min_p times the most likely token's probability (0: off)",
+        lambda v: 0 <= v <= 1,
+        "min_p must be in [0, 1], got {value}",
+        written_when_set=True,
+    )
+    repetition_penalty: float = setting(
+        1.0,
+        "divide (multiply, when negative) the logits of tokens already in the prompt or the "
+        "completion by this (1: off)",
+        lambda v: v > 0,
+        "repetition_penalty must be > 0, got {value}",
+        written_when_set=True,
     )
     max_new_tokens: int = setting(
         512,
@@ -431,6 +456,11 @@ class TrainConfig:
             for f in dataclasses.fields(self)
             if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
         }
+
+    @property
+    def sampler_options(self) -> dict:
+        """top_k, min_p and repetition_penalty as ``SamplingParams`` takes them."""
+        return dict(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty)
 
     @property
     def questions_needed(self) -> int:

@@ -144,6 +144,15 @@ class GRPOConfig(TRLFields):
             ),
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k is None or self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (
+                self.min_p is None or 0 <= self.min_p <= 1,
+                f"min_p must be in [0, 1] or None, got {self.min_p}",
+            ),
+            (
+                self.repetition_penalty > 0,
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            ),
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}"),
             (
                 self.warmup_ratio is None or 0 <= self.warmup_ratio <= 1,

@@ -30,7 +30,9 @@ def evaluate_dataset(
     args, policy, config = trainer.args, trainer.policy, trainer.trainer.config
     group = args.num_generations_eval or args.num_generations
     per_batch = max(1, args.per_device_eval_batch_size * args.world_size // group)
-    sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+    sampling = SamplingParams(
+        config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
+    )
     generator = torch.Generator(device=policy.device).manual_seed(args.seed + step)
     problems = task.problems()
     order = eval_order(rows, args.seed)

@@ -4,10 +4,14 @@ model card."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 # TRL's loss types that are ours under another name: bnpo normalises by the step's tokens as dapo
@@ -62,8 +66,40 @@ def eval_datasets(eval_dataset, remove_unused_columns: bool) -> dict[str, list[d
     return {"": dataset_rows(eval_dataset, remove_unused_columns, "eval_dataset")}
 
 
+def sampler_settings(args) -> dict:
+    """top_p, top_k, min_p and repetition_penalty as TRL generates with them: the fields,
+    overridden by ``generation_kwargs`` (TRL updates its GenerationConfig with them)."""
+    given = dict(
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+    )
+    given.update({k: v for k, v in (args.generation_kwargs or {}).items() if k in given})
+    # None turns a warper off in transformers, as these values do here.
+    off = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
+    return {k: off[k] if v is None else v for k, v in given.items()}
+
+
+def log_vllm_settings(args) -> None:
+    """use_vllm=True is accepted: one line says where rollouts run, one which vllm_* settings
+    have no effect."""
+    if not args.use_vllm:
+        return
+    logger.warning("use_vllm=True: rollouts run on rlvr_fast's engine (no vLLM is started)")
+    vllm = [f for f in dataclasses.fields(args) if f.name.startswith("vllm_") and f.init]
+    changed = [
+        f"{f.name}={getattr(args, f.name)!r}" for f in vllm if getattr(args, f.name) != f.default
+    ]
+    logger.warning(
+        "the vllm_* settings have no effect on rlvr_fast's engine: "
+        + (", ".join(changed) if changed else "all at TRL's defaults")
+    )
+
+
 def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
+    log_vllm_settings(args)
     study_loss = args.loss_type == "sum"
     # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
     # (step std + 1e-4) is the group-centred advantage over the step's std.
@@ -75,7 +111,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         seed=args.seed,
         group_size=args.num_generations,
         temperature=args.temperature,
-        top_p=args.top_p,
+        **sampler_settings(args),
         max_new_tokens=args.max_completion_length,
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),

@@ -13,6 +13,7 @@ the installed ``trl`` and fails on a field none classifies):
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
@@ -25,8 +26,14 @@ MODEL_INIT_KEYS = frozenset(
     | {"use_cache", "low_cpu_mem_usage", "device_map"}
 )
 
+# generation_kwargs keys: overriding GRPOConfig's sampling fields, as TRL's update of its
+# GenerationConfig does; taken with no effect; or only at the value TRL gives them.
+GENERATION_KWARGS = ("top_p", "top_k", "min_p", "repetition_penalty")
+GENERATION_KWARGS_NO_EFFECT = ("use_cache", "cache_implementation", "disable_compile")
+GENERATION_KWARGS_FIXED = {"do_sample": True}
+
 ON_POLICY = "rlvr_fast steps once per generation batch, where the importance ratio is 1"
-NO_VLLM = "only with use_vllm, which rlvr_fast refuses: it generates on its own engine"
+NO_VLLM = "rlvr_fast generates on its own engine, with or without use_vllm (logged)"
 NO_HUB = "rlvr_fast never contacts the Hub"
 NO_LOADER = "rlvr_fast reads prompts from memory, with no data loader or sampler of transformers"
 
@@ -75,6 +82,11 @@ HONOURED = {
     "steps_per_generation": "micro-batches per generation batch",
     "temperature": "sampling temperature (and TRL's tempered log-probabilities in the loss)",
     "top_p": "nucleus sampling",
+    "top_k": "top-k sampling before top-p, as transformers orders them",
+    "min_p": "min-p sampling after top-p (relative to the largest probability)",
+    "repetition_penalty": "transformers' penalty over the prompt and the completion so far",
+    "generation_kwargs": f"its keys {', '.join(GENERATION_KWARGS)} (others refused)",
+    "use_vllm": "accepted: rollouts run on rlvr_fast's engine, and a log line says so",
     "chat_template_kwargs": "passed to the chat template",
     "epsilon": f"the ratio clip, which never binds: {ON_POLICY}",
     "epsilon_high": f"the ratio clip, which never binds: {ON_POLICY}",
@@ -216,11 +228,6 @@ REFUSED = {
     "fsdp_config": "sharded training (rlvr_fast's data parallel all-reduces gradients)",
     "deepspeed": "DeepSpeed (rlvr_fast's data parallel all-reduces gradients)",
     "debug": "transformers' debug modes",
-    "top_k": "top-k sampling (rlvr_fast samples with temperature and top-p)",
-    "min_p": "min-p sampling (rlvr_fast samples with temperature and top-p)",
-    "repetition_penalty": "a repetition penalty (rlvr_fast samples with temperature and top-p)",
-    "generation_kwargs": "extra generation settings (rlvr_fast samples with temperature and top-p)",
-    "use_vllm": "vLLM (rlvr_fast generates on its own engine)",
     "beta": "the KL penalty against a reference model",
     "sync_ref_model": "a reference model",
     "num_iterations": f"several optimizer passes per generation batch ({ON_POLICY})",
@@ -253,6 +260,11 @@ VALUE_LIMITS = {
         lambda v: all(r in REPORTERS + ("none", "all") for r in _listed(v)),
         f"rlvr_fast reports to {', '.join(REPORTERS)}",
     ),
+    "generation_kwargs": (
+        lambda v: _generation_kwargs_accepted(v),
+        f"generation_kwargs takes {', '.join(GENERATION_KWARGS)}, do_sample=True and "
+        f"{', '.join(GENERATION_KWARGS_NO_EFFECT)} (no effect)",
+    ),
     "model_init_kwargs": (
         lambda v: not isinstance(v, dict) or set(v) <= MODEL_INIT_KEYS,
         f"from_pretrained arguments other than {', '.join(sorted(MODEL_INIT_KEYS))}",
@@ -261,7 +273,6 @@ VALUE_LIMITS = {
 
 DEFAULTS_ACCEPTED = {
     "debug": ("", [], None),
-    "generation_kwargs": (None, {}),
     # HfArgumentParser reads the str | bool default "no" as False.
     "include_num_input_tokens_seen": ("no", False),
 }
@@ -269,6 +280,19 @@ DEFAULTS_ACCEPTED = {
 
 class UnsupportedFieldError(ValueError):
     """A TRL setting rlvr_fast does not implement was given a value it cannot honour."""
+
+
+def _generation_kwargs_accepted(value) -> bool:
+    """None, or a dict (or its JSON, as transformers parses it later) of the keys that map."""
+    if isinstance(value, str) and value.startswith("{"):
+        value = json.loads(value)
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    fixed = all(value[k] == v for k, v in GENERATION_KWARGS_FIXED.items() if k in value)
+    known = set(GENERATION_KWARGS) | set(GENERATION_KWARGS_NO_EFFECT) | set(GENERATION_KWARGS_FIXED)
+    return fixed and set(value) <= known
 
 
 def _listed(value) -> list:

@@ -249,3 +249,15 @@ def test_eager_decode_hands_the_sampler_what_the_graphs_hand_it(model, monkeypat
     assert set(kinds) == {(torch.Tensor, torch.Tensor)}
     graphs = make_engine(model, graphs=True).runner.graphs
     assert graphs.temperature.dim() == graphs.top_p.dim() == 0
+
+
+def test_graphs_replay_top_k_and_min_p_and_a_penalty_decodes_eagerly(model):
+    """top_k and min_p live in the graphs' 0-d buffers; the repetition penalty's history
+    changes shape every step, so those decode passes run eagerly, drawing the same tokens."""
+    filtered = SamplingParams(max_new_tokens=12, top_k=8, min_p=0.02)
+    _, graphed, expected, got = run_both(model, "forks", filtered)
+    assert got == expected and graphed.runner.graphs.graphs
+    penalized = SamplingParams(max_new_tokens=12, repetition_penalty=1.3)
+    _, graphed, expected, got = run_both(model, "forks", penalized)
+    assert got == expected and not graphed.runner.graphs.graphs
+    assert got != run_both(model, "forks", PARAMS["sampled"])[2], "the penalty is applied"

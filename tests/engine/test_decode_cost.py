@@ -30,6 +30,16 @@ def test_the_sampler_reads_the_logits_at_most_three_times():
     }
 
 
+def test_top_k_and_min_p_keep_the_three_passes_and_the_penalty_adds_one_copy():
+    """top_k and min_p only bound the draw pass's candidates; the repetition penalty copies the
+    logits to float32 once, then gathers and scatters [B, history] elements of the copy."""
+    filtered = decode_cost.sampler_cost(QWEN3, 64, top_k=50, min_p=0.05)
+    assert filtered.wide_calls == decode_cost.sampler_cost(QWEN3, 64).wide_calls
+    penalized = decode_cost.sampler_cost(QWEN3, 64, 512, repetition_penalty=1.1)
+    extra = penalized.wide_calls - filtered.wide_calls
+    assert extra == {"aten::_to_copy": 1, "aten::gather": 1, "aten::scatter_": 1}, extra
+
+
 def test_the_counter_sees_the_reference_sampler_passes(monkeypatch):
     """The same count over the torch reference (a sort, a cumsum and the int64 hash over
     [B, V]): many passes, so the budget above is a measurement, not a constant."""

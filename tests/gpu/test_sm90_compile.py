@@ -256,7 +256,8 @@ def test_sampler_row_passes_compile_for_sm90(dtype):
 
 
 def test_sampler_draw_kernel_compiles_for_sm90():
-    """Pass 3 with its 4,096-slot candidate sort, eight warps, no spills."""
+    """Pass 3 with its 4,096-slot candidate sort, eight warps, no spills, with the top-k and
+    min-p bounds and the top-k mass's radix select in it."""
     compiled = compile_for_sm90(
         SAMPLER,
         "_draw_kernel",
@@ -265,6 +266,8 @@ def test_sampler_draw_kernel_compiles_for_sm90():
             stride_row="i32",
             p_temperature="*fp32",
             p_top_p="*fp32",
+            p_top_k="*fp32",
+            p_min_p="*fp32",
             p_stats="*fp32",
             p_counts="*i32",
             p_seeds="*i64",

@@ -38,11 +38,12 @@ def seed_reference_filter(probs: list[float], top_p: float) -> dict[int, float]:
     return {t: probs[t] / total for t in kept}
 
 
-def triton_draws(logits, seeds, positions, temperature, top_p, cap):
+def triton_draws(logits, seeds, positions, temperature, top_p, cap, top_k=0, min_p=0.0):
     t, p = device_scalar(temperature, logits.device), device_scalar(top_p, logits.device)
+    k, m = device_scalar(top_k, logits.device), device_scalar(min_p, logits.device)
     stats = row_stats_triton(logits, t)
     counts = histogram_triton(logits, t, stats)
-    return draw_triton(logits, t, p, stats, counts, seeds, positions, cap=cap)
+    return draw_triton(logits, t, p, k, m, stats, counts, seeds, positions, cap=cap)
 
 
 def streams(rows, generator):
@@ -69,6 +70,45 @@ def test_triton_draws_the_references_tokens(vocab, rows, scale, temperature, top
     reference = sample_tokens_reference(logits, seeds, positions, temperature, top_p)
     fast = triton_draws(logits, seeds, positions, temperature, top_p, cap)
     assert torch.equal(fast, reference)
+
+
+@on_device
+@pytest.mark.parametrize(
+    "vocab,rows,scale,top_p,top_k,min_p,cap",
+    [
+        (384, 4, 3.0, 0.9, 5, 0.0, 64),  # top-k inside the head window
+        (1000, 2, 3.0, 1.0, 0, 0.05, 64),  # min-p bounds the candidates, top_p = 1
+        (300, 3, 2.0, 0.8, 20, 0.1, 32),  # all three
+        (40, 1, 0.2, 0.9, 20, 0.0, 16),  # flat: the k first outgrow the head window
+        (2, 3, 1.0, 0.9, 7, 0.3, 16),  # k past the vocabulary: no top-k
+    ],
+)
+def test_triton_draws_the_references_tokens_with_top_k_and_min_p(
+    vocab, rows, scale, top_p, top_k, min_p, cap
+):
+    generator = torch.Generator().manual_seed(vocab + top_k)
+    logits = (torch.randn(rows, vocab, generator=generator) * scale).to(DEVICE)
+    seeds, positions = streams(rows, generator)
+    reference = sample_tokens_reference(logits, seeds, positions, 0.8, top_p, top_k, min_p)
+    fast = triton_draws(logits, seeds, positions, 0.8, top_p, cap, top_k, min_p)
+    assert torch.equal(fast, reference)
+
+
+@on_device
+def test_triton_draws_pass_a_chi_square_test_with_top_k_and_min_p():
+    """p = (0.55, 0.2, 0.1, 0.08, 0.07), top_k 4, top_p 0.95, min_p 0.15 keep the first three
+    (2/3 of the mass in the first): 60 streams' counts against the renormalised rule
+    (chi-square, 2 degrees of freedom, p > 0.001), the dropped two never drawn."""
+    probs = [0.55, 0.2, 0.1, 0.08, 0.07]
+    draws = 60
+    logits = torch.tensor([probs]).log().expand(draws, -1).contiguous().to(DEVICE)
+    seeds = torch.arange(draws, device=DEVICE)
+    tokens = triton_draws(logits, seeds, torch.zeros_like(seeds), 1.0, 0.95, 16, 4, 0.15)
+    counts = torch.bincount(tokens.cpu(), minlength=5).tolist()
+    assert counts[3] == counts[4] == 0
+    expected = {t: probs[t] / sum(probs[:3]) for t in range(3)}
+    chi_square = sum((counts[t] - draws * p) ** 2 / (draws * p) for t, p in expected.items())
+    assert chi_square < 13.8, (counts, chi_square)
 
 
 @on_device
@@ -120,6 +160,10 @@ def test_a_draw_depends_only_on_its_own_seed_position_and_logits():
     assert torch.equal(shuffled, tokens[order])
     alone = triton_draws(logits[2:3], seeds[2:3], positions[2:3], 0.8, 0.9, 16)
     assert int(alone) == int(tokens[2])
+    options = (16, 8, 0.02)  # cap, top_k, min_p
+    tokens = triton_draws(logits, seeds, positions, 0.8, 0.9, *options)
+    shuffled = triton_draws(logits[order], seeds[order], positions[order], 0.8, 0.9, *options)
+    assert torch.equal(shuffled, tokens[order])
 
 
 def test_the_reference_passes_a_chi_square_test_at_20000_draws():

@@ -62,7 +62,9 @@ class FlatKind:
     def __init__(self, config, policy, engine, task, generator: torch.Generator, params: int):
         self.config, self.policy, self.engine = config, policy, engine
         self.task, self.generator, self.params = task, generator, params
-        self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+        self.sampling = SamplingParams(
+            config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
+        )
 
     @classmethod
     def check_config(cls, config) -> None:

@@ -60,7 +60,9 @@ class ParallelKind:
     def __init__(self, config, policy, engine, task, generator: torch.Generator, params: int):
         self.config, self.policy, self.engine = config, policy, engine
         self.generator, self.params = generator, params
-        self.sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p)
+        self.sampling = SamplingParams(
+            config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
+        )
         self.judge = None
         if config.path_utility == "judge":
             own = config.judge_model == "policy"

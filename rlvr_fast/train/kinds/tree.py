@@ -56,6 +56,7 @@ class TreeKind(FlatKind):
             early_eos_mode=config.early_eos_mode,
             temperature=config.temperature,
             top_p=config.top_p,
+            sampler_options=config.sampler_options,
             generator=self.generator,
             bases=bases,
             reprefill=config.tree_reprefill,
