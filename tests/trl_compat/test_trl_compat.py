@@ -91,13 +91,18 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path, layout):
         assert mine["kwargs"]["trainer_state"] is ours.state
 
 
-def trl_gradient(trl, completions, prompts, tmp_path, **settings):
+def trl_gradient(trl, completions, prompts, tmp_path, weights=None, **settings):
     """TRL's gradient and logged loss of one step whose generation returns ``completions``,
-    through its own accumulation: each micro-batch's compute_loss and backward."""
+    through its own accumulation: each micro-batch's compute_loss and backward; the policy at
+    ``weights`` (default: the model's own; the reference model stays at them)."""
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
     trainer = trl.GRPOTrainer(
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
     )
+    if weights is not None:
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                param.copy_(weights[name])
     trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -108,11 +113,14 @@ def trl_gradient(trl, completions, prompts, tmp_path, **settings):
         loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
         loss.backward()
         loss_total += float(loss)
-    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, loss_total
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
+    return grads, loss_total, metrics
 
 
-def our_gradient(tmp_path, **settings):
-    """Our gradient of the first step that ran a backward, its completions, prompts and loss."""
+def our_gradient(tmp_path, at=0, **settings):
+    """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
+    prompts, loss and the weights it was taken at (Hugging Face names)."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
     trainer = GRPOTrainer(
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
@@ -121,18 +129,21 @@ def our_gradient(tmp_path, **settings):
     clip = trainer.trainer.stepping.clip_gradients
 
     def capture():
-        grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters()}
-        captured.append((grads, list(trainer.task.groups), trainer.state.global_step))
+        model = trainer.policy.model
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        captured.append((grads, list(trainer.task.groups), trainer.state.global_step, weights))
         return clip()
 
     trainer.trainer.stepping.clip_gradients = capture
     trainer.train()
-    assert captured, "no step ran a backward (rewards never varied)"
-    grads, groups, step = captured[0]
+    assert len(captured) > at, "too few steps ran a backward (rewards never varied)"
+    grads, groups, step, weights = captured[at]
     completions = [c for g in groups for c in g.completion_ids]
     prompts = [ROWS[g.row]["prompt"] for g in groups for _ in g.completion_ids]
-    loss = trainer.state.log_history[step]["loss"]
-    return packed_to_hf(grads, trainer.policy.config), completions, prompts, loss
+    config = trainer.policy.config
+    logs = trainer.state.log_history[step]
+    return (packed_to_hf(grads, config), completions, prompts, logs, packed_to_hf(weights, config))
 
 
 @pytest.mark.parametrize(
@@ -159,8 +170,16 @@ def our_gradient(tmp_path, **settings):
 )
 def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings):
     trl = trl_modules()
-    ours, completions, prompts, our_loss = our_gradient(tmp_path, **settings)
-    theirs, their_loss = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    ours, completions, prompts, logs, _ = our_gradient(tmp_path, **settings)
+    theirs, their_loss, metrics = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    # Our entropy covers the groups that ran a loss; TRL's the micro-batches' means.
+    if settings.get("gradient_accumulation_steps", 1) == 1 and logs["frac_reward_zero_std"] == 0:
+        assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+
+
+def assert_same_gradient(ours, theirs):
     assert set(ours) == set(theirs)
     scale = max(float(g.abs().max()) for g in theirs.values())
     assert scale > 0
@@ -168,7 +187,33 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings
         torch.testing.assert_close(
             ours[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
         )
-    assert our_loss == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_type="dapo", beta=0.5),
+        dict(loss_type="grpo", beta=0.5, use_bias_correction_kl=True, **TWO_PROMPTS),
+        dict(loss_type="cispo", epsilon_high=1.2),
+        dict(loss_type="sapo"),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_kl_cispo_and_sapo_give_trls_gradient_and_metrics(tmp_path, settings):
+    """The second step (the policy moved from the reference, so the KL term has a gradient)
+    from identical rollouts and weights gives TRL's gradient, loss, entropy and KL."""
+    trl = trl_modules()
+    ours, completions, prompts, logs, weights = our_gradient(tmp_path, at=1, **settings)
+    theirs, their_loss, metrics = trl_gradient(
+        trl, completions, prompts, tmp_path, weights, **settings
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    for name in ("kl", "cispo_clip_ratio"):
+        assert (name in logs) == (name in metrics)
+        if name in metrics:
+            assert logs[name] == pytest.approx(metrics[name], rel=1e-4, abs=1e-9)
 
 
 def test_config_mapping_defaults_fast_paths_arms_and_several_prompts():
