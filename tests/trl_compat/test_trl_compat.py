@@ -118,7 +118,7 @@ def trl_gradient(trl, completions, prompts, tmp_path, weights=None, **settings):
     return grads, loss_total, metrics
 
 
-def our_gradient(tmp_path, at=0, **settings):
+def our_gradient(tmp_path, at=0, steps=None, **settings):
     """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
     prompts, loss and the weights it was taken at (Hugging Face names)."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
@@ -138,6 +138,9 @@ def our_gradient(tmp_path, at=0, **settings):
     trainer.trainer.stepping.clip_gradients = capture
     trainer.train()
     assert len(captured) > at, "too few steps ran a backward (rewards never varied)"
+    if steps is not None:
+        config = trainer.policy.config
+        steps.extend((groups, packed_to_hf(w, config)) for _, groups, _, w in captured)
     grads, groups, step, weights = captured[at]
     completions = [c for g in groups for c in g.completion_ids]
     prompts = [ROWS[g.row]["prompt"] for g in groups for _ in g.completion_ids]
@@ -322,3 +325,65 @@ def test_async_reward_functions_and_none_rewards(tmp_path):
     group = trainer.task.groups[0]
     assert group.per_function[:, 0].isnan().tolist() == [False, True, False, True]
     assert "rewards/halves/mean" in trainer.state.log_history[0]
+
+
+def trl_second_iteration(trl, completions, prompts, tmp_path, first, second, **settings):
+    """TRL's gradient and metrics of the second update on one generation: generated (and its
+    old log-probabilities taken) at ``first`` weights, the update at ``second``."""
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
+    trainer = trl.GRPOTrainer(
+        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
+    )
+    trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = [{"prompt": p} for p in prompts]
+    for weights, step in ((first, 0), (second, 1)):
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                param.copy_(weights[name])
+        trainer._step = step
+        inputs = trainer._prepare_inputs(batch)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
+    return grads, float(loss), metrics
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_type="dapo", num_iterations=2, epsilon=0.02, epsilon_high=0.03),
+        dict(
+            loss_type="grpo", num_iterations=2, epsilon=0.02, importance_sampling_level="sequence"
+        ),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratios(
+    tmp_path, settings
+):
+    """num_iterations: the second update reuses the generation's rollouts and old
+    log-probabilities (a no-gradient pass at the first update's weights), so its ratio is no
+    longer 1 and clips; TRL's gradient, loss, entropy and clip_ratio/* at the same weights."""
+    trl = trl_modules()
+    steps = []
+    ours, completions, prompts, logs, second = our_gradient(
+        tmp_path, at=1, steps=steps, **{"max_steps": 2, **settings}
+    )
+    (first_groups, first), (second_groups, _) = steps[:2]
+    reused = [g.completion_ids for g in first_groups] == [g.completion_ids for g in second_groups]
+    assert reused, "the second update reused the generation"
+    theirs, their_loss, metrics = trl_second_iteration(
+        trl, completions, prompts, tmp_path, first, second, **settings
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    clip_keys = [k for k in metrics if k.startswith("clip_ratio/")]
+    assert len(clip_keys) == 5
+    if settings.get("importance_sampling_level") != "sequence":  # a sequence's mean drifts less
+        assert metrics["clip_ratio/region_mean"] > 0, "the case clips nothing"
+    for name in clip_keys:
+        assert logs[name] == pytest.approx(metrics[name], abs=1e-6), name
