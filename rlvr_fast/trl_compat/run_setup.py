@@ -136,7 +136,8 @@ def policy_loss_settings(args) -> dict:
     """TRL's policy-loss fields of a GRPOConfig as rlvr_fast's settings (beta is kl_beta)."""
     return dict(
         kl_beta=args.beta,
-        use_bias_correction_kl=args.use_bias_correction_kl,
+        # TRL's default is True; it changes nothing without the KL term.
+        use_bias_correction_kl=args.use_bias_correction_kl and args.beta != 0.0,
         sync_ref_model=args.sync_ref_model,
         ref_model_sync_steps=args.ref_model_sync_steps,
         ref_model_mixup_alpha=args.ref_model_mixup_alpha,
