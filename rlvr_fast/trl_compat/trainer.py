@@ -275,8 +275,7 @@ class GRPOTrainer(SavingAndSurface):
         metrics["train_loss"] = self._loss_total / max(steps, 0.001)
         # TRL's log merges the metrics of the steps since the last log into this one.
         pending = self._window() if state.global_step > self._last_logged else {}
-        pending.pop("loss", None)
-        self.log({**metrics, **pending})
+        self.log({**metrics, **{k: v for k, v in pending.items() if k != "loss"}})
         # A ledger of every step asked for is a finished run (verify reads it so); one stopped
         # early by a callback stays unfinished.
         finished = state.global_step == state.max_steps
