@@ -99,6 +99,11 @@ FEATURES = {
     "delta=1.5 (two-sided clip)": ({"delta": 1.5}, None),
     "beta=0.04 (KL)": ({"beta": 0.04}, None),
     "num_iterations=2": ({"num_iterations": 2}, None),
+    "beta=0.04, sync_ref_model every step": (
+        {"beta": 0.04, "sync_ref_model": True, "ref_model_sync_steps": 1},
+        None,
+    ),
+    "num_iterations=2, epsilon_high=0.28": ({"num_iterations": 2, "epsilon_high": 0.28}, None),
     "top_k=10": ({"top_k": 10}, None),
     "min_p=0.1": ({"min_p": 0.1}, None),
     "repetition_penalty=1.1": ({"repetition_penalty": 1.1}, None),

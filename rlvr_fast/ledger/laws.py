@@ -12,11 +12,14 @@ midpoint pairs: 1 <= pl < l0; early_eos_gt104: l0 > 104); the Stage-1 origin of 
 token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal_dup:
 |p^(k)| = pl; roots kept whole: |p^(k)| = l0); 1 <= |p^(k)| <= max_new_tokens;
 stage2_gen = sum_cont (L_kb - pl_kb); gen, pref, pad_pref and untrim_gen by the formulas above;
-the engine's counts are integers >= 0. Multi-question steps: every sub-record satisfies the
+the engine's counts are integers >= 0. A flat step ``reused`` (an update of num_iterations on an
+earlier step's rollouts) samples nothing: gen = pref = pad_pref = untrim_gen = decode_rows = 0.
+A step on TRL's loss types may carry a ``policy`` section: entropy >= 0, kl >= 0, clip ratios
+in [0, 1] with region = low + high. Multi-question steps: every sub-record satisfies the
 laws of its kind (the engine's work checked on the step instead), belongs to the step and
 shares its optimizer step; all are flat or all are tree steps; a question runs a backward pass
 iff its rewards vary (zero-variance questions contribute nothing); the step is active iff one
-question is, homogeneous iff all are; the totals are the sums; flat steps decode
+question is, homogeneous iff all are (or a KL term pulls every question: kl_beta > 0); the totals are the sums; flat steps decode
 sum (L_i - 1) over all questions unless the engine preempted. Parallel steps: the flat laws with the summary terms
 above; one phi and one standard error per path, one U(N), U(∅) and r_out per response, one
 summary per response or none; Shapley steps are efficient (sum_j phi_rj = U_r(N) - U_r(∅)), exact
@@ -29,6 +32,7 @@ from __future__ import annotations
 from rlvr_fast.credit.paths import normalise
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.ledger.records import (
+    POLICY_FIGURES,
     TOTALLED_FIELDS,
     LedgerError,
     MultiQuestionRecord,
@@ -50,6 +54,8 @@ def check_conservation(
         if not condition:
             raise LedgerError(f"ledger step {record.step}: {law} violated")
 
+    if record.policy is not None:
+        _check_policy(record.policy, require)
     if isinstance(record, MultiQuestionRecord):
         _check_multi_question(record, require)
         return
@@ -97,6 +103,19 @@ def check_conservation(
         _check_flat(record, require, engine_counts)
 
 
+def _check_policy(policy: dict, require) -> None:
+    require(set(policy) <= set(POLICY_FIGURES), "policy figures have TRL's names")
+    require(policy.get("entropy", 0.0) >= 0 and policy.get("kl", 0.0) >= 0, "entropy, kl >= 0")
+    ratios = [v for name, v in policy.items() if "clip_ratio" in name]
+    require(all(0 <= v <= 1 for v in ratios), "clip ratios in [0, 1]")
+    if "clip_ratio/region_mean" in policy:
+        low, high = policy["clip_ratio/low_mean"], policy["clip_ratio/high_mean"]
+        require(
+            abs(policy["clip_ratio/region_mean"] - low - high) <= 1e-6,
+            "clip region = low + high (a ratio clips low only on a negative advantage)",
+        )
+
+
 def _check_multi_question(record: MultiQuestionRecord, require) -> None:
     questions = record.questions
     require(len(questions) >= 2, "a multi-question step has at least 2 questions")
@@ -111,8 +130,8 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
             "its questions share the step's optimizer step",
         )
         require(
-            question.active != question.homogeneous,
-            "a question runs a backward pass iff its rewards vary",
+            question.active == (not question.homogeneous or "kl" in (record.policy or {})),
+            "a question runs a backward pass iff its rewards vary or a KL term pulls it",
         )
         require(question.parallel is None, "questions are flat or tree steps")
     require(len({q.is_tree for q in questions}) == 1, "all questions flat or all tree steps")
@@ -140,7 +159,10 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
     for name in EngineCounters.__dataclass_fields__:
         value = getattr(record, name)
         require(isinstance(value, int) and value >= 0, f"{name} is an integer >= 0")
-    if not questions[0].is_tree:
+    require(len({q.reused for q in questions}) == 1, "its questions are all sampled or all reused")
+    if questions[0].reused:
+        require(record.decode_rows == 0, "a reused step decodes nothing")
+    elif not questions[0].is_tree:
         require(
             record.preemptions > 0
             or record.decode_rows == sum(n - 1 for q in questions for n in q.lengths),
@@ -157,6 +179,13 @@ def _check_flat(record: StepRecord, require, engine_counts: bool) -> None:
     )
     require(record.stage2_gen is None, "flat steps have no Stage 2")
     require(all(p[0] == p[1] == 0 for p in record.pairs), "flat steps: pl = 0")
+    if record.reused:
+        require(
+            record.gen == record.pref == record.pad_pref == record.untrim_gen == 0,
+            "a reused step samples nothing: gen = pref = pad_pref = untrim_gen = 0",
+        )
+        require(not engine_counts or record.decode_rows == 0, "a reused step decodes nothing")
+        return
     require(record.gen == record.leaf, "flat steps: gen = leaf")
     require(
         record.pref == record.pad_pref == group * record.prompt_len,

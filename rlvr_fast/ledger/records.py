@@ -161,6 +161,8 @@ class StepRecord(SeedFlops):
     stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
     stage2_gen: int | None = None  # tokens Stage 2 sampled; None on flat steps
     parallel: ParallelStats | None = None  # parallel-path steps only
+    policy: dict[str, float] | None = None  # TRL's loss types: POLICY_FIGURES, when a loss ran
+    reused: bool = False  # an update on an earlier step's rollouts (num_iterations)
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
@@ -181,7 +183,7 @@ class StepRecord(SeedFlops):
         return sum(self.parallel.summary_prompt_lens) if self.parallel else 0
 
     def to_json(self) -> dict:
-        line = asdict(self)
+        line = without_empty_policy(asdict(self))
         line.update(
             flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
         )
@@ -216,17 +218,41 @@ class MultiQuestionRecord(SeedFlops):
     block_copies: int = 0
     peak_kv_blocks: int = 0
     preemptions: int = 0
+    policy: dict[str, float] | None = None  # as StepRecord's, over the step's questions
 
     def __post_init__(self) -> None:
         self.questions = [read_record(q) if isinstance(q, dict) else q for q in self.questions]
 
     def to_json(self) -> dict:
-        line = asdict(self)
+        line = without_empty_policy(asdict(self))
         line["questions"] = [q.to_json() for q in self.questions]
         line.update(
             flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
         )
         return line
+
+
+# The policy figures of a step on TRL's loss types, TRL's metric names (rlvr_fast.train.policy).
+POLICY_FIGURES = (
+    "entropy",
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "cispo_clip_ratio",
+)
+
+
+def without_empty_policy(line: dict) -> dict:
+    """A line without its policy section when it has none and without ``reused`` when false
+    (the study's arms write neither)."""
+    if line.get("policy") is None:
+        line.pop("policy", None)
+    if not line.get("reused", True):
+        line.pop("reused")
+    return line
 
 
 TOTALLED_FIELDS = ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full")
@@ -289,7 +315,10 @@ def flat_step_record(
     grad_norm: float | None,
     seconds: dict[str, float],
     category: PairCategory = PairCategory.FLAT,
+    reused: bool = False,
 ) -> StepRecord:
+    """A flat step's line; ``reused``: an update on an earlier step's rollouts
+    (``num_iterations``), which sampled nothing (gen, pref, pad_pref and untrim_gen 0)."""
     category = PairCategory(category)
     if not category.is_flat:
         raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
@@ -312,11 +341,12 @@ def flat_step_record(
         pairs=pairs,
         prompt_len=prompt_len,
         lengths=lengths,
-        gen=leaf,
-        pref=group * prompt_len,
-        pad_pref=group * prompt_len,
-        untrim_gen=group * max(lengths),
+        gen=0 if reused else leaf,
+        pref=0 if reused else group * prompt_len,
+        pad_pref=0 if reused else group * prompt_len,
+        untrim_gen=0 if reused else group * max(lengths),
         leaf=leaf,
+        reused=reused,
         bwd_out=leaf if active else 0,
         bwd_full=group * prompt_len + leaf if active else 0,
         max_new_tokens=max_new_tokens,

@@ -97,7 +97,7 @@ def unpadded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
 
 def policy_objective(
     logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     lengths: list[int],
     settings: PolicyLossSettings,
@@ -105,9 +105,11 @@ def policy_objective(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TRL 1.16's ``GRPOTrainer._compute_loss`` after the log-probabilities, on [N] tokens of S
     sequences (``lengths``) laid out as TRL's [S, T] with its mask: returns (loss, ratio [N],
-    kl [N]). ``advantages`` is [S]."""
+    kl [N]). ``advantages`` is [S]; ``old_logprobs`` None is TRL's on-policy case (one update
+    per generation), where the old log-probabilities are the current ones, detached."""
     per_token_logps, mask = padded(logprobs, lengths), padded(torch.ones_like(logprobs), lengths)
-    log_ratio = per_token_logps - padded(old_logprobs, lengths)
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    log_ratio = per_token_logps - padded(old, lengths)
     if settings.importance_sampling_level == "token":
         log_importance_weights = log_ratio
     else:
@@ -214,7 +216,7 @@ def fused_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     sequence_lengths: list[int],
     settings: PolicyLossSettings = PolicyLossSettings(),
@@ -226,8 +228,9 @@ def fused_policy_loss(
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """TRL's GRPO loss (``policy_objective``) of the tokens ``targets`` [N] predicted by
     ``hidden`` [N, H] through ``weight`` [V, H] at ``temperature``: S sequences back to back
-    (``sequence_lengths``), ``old_logprobs`` [N] and, for beta > 0, ``ref_logprobs`` [N]
-    (detached, at the same temperature), ``advantages`` [S]. Returns the 0-dim fp32 loss,
+    (``sequence_lengths``), ``old_logprobs`` [N] (None: the current ones, detached) and, for
+    beta > 0, ``ref_logprobs`` [N] (detached, at the same temperature), ``advantages`` [S].
+    Returns the 0-dim fp32 loss,
     differentiable in hidden and weight, and the detached ``PolicyLossStats``."""
     num_tokens = hidden.shape[0]
     _check_inputs(hidden, weight, targets, old_logprobs, advantages, sequence_lengths)
@@ -261,6 +264,35 @@ def fused_policy_loss(
     return loss, PolicyLossStats(*stats)
 
 
+def fused_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+) -> PolicyLossStats:
+    """Pass 1 of ``fused_policy_loss`` alone, without gradients: log p [N] at ``temperature``
+    and the entropy [N] of ``targets`` [N] predicted by ``hidden`` [N, H] through ``weight``
+    [V, H] (a reference model's log-probabilities, or the old ones of a generation); ratio ones
+    and kl zeros."""
+    num_tokens = hidden.shape[0]
+    with torch.no_grad():
+        _, stats = fused_policy_loss(
+            hidden,
+            weight,
+            targets,
+            None,
+            torch.zeros(1, device=hidden.device),
+            [num_tokens],
+            temperature=temperature,
+            chunk_size=chunk_size,
+            backend=backend,
+        )
+    return stats
+
+
 def _check_inputs(hidden, weight, targets, old_logprobs, advantages, lengths) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -276,9 +308,10 @@ def _check_inputs(hidden, weight, targets, old_logprobs, advantages, lengths) ->
         raise ValueError(f"sequence_lengths must be >= 0 and sum to N={num_tokens}, got {lengths}")
     if targets.dtype != torch.int64 or targets.shape != (num_tokens,):
         raise ValueError(f"targets must be int64 [N={num_tokens}], got {targets.dtype}")
-    if old_logprobs.shape != (num_tokens,) or advantages.shape != (len(lengths),):
+    old_shape = (num_tokens,) if old_logprobs is None else tuple(old_logprobs.shape)
+    if old_shape != (num_tokens,) or advantages.shape != (len(lengths),):
         raise ValueError(
             f"old_logprobs must be [N={num_tokens}] and advantages [S={len(lengths)}], got "
-            f"{tuple(old_logprobs.shape)} and {tuple(advantages.shape)}"
+            f"{old_shape} and {tuple(advantages.shape)}"
         )
     check_target_range(targets, weight.shape[0])

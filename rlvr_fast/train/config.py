@@ -10,7 +10,10 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``fused_zero_grad_step``;
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs`` and ``mask_truncated``;
+  ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
+  ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
+  ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
+  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
@@ -34,8 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 from rlvr_fast.credit.paths import PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES
 from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS, MAX_PERMUTATIONS, MAX_PLAYERS
@@ -54,53 +56,17 @@ from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
-
-
-def setting(
-    default,
-    help: str,
-    check: Callable | None = None,
-    error: str = "",
-    *,
-    also: tuple[Callable, str] | None = None,
-    only_for: tuple[str, str] | None = None,
-    written_when_set: bool = False,
-):
-    """A field with its help text; ``check(value)`` false raises ``error`` (formatted with the
-    value), then ``also``, a second (check, error). ``only_for``: (the sampler the setting
-    belongs to, the error another sampler raises for a value other than the default).
-    ``written_when_set``: config.json (and so the resume signature) holds the setting only when
-    it is not the default, which is what runs written before the setting existed did."""
-    checks = tuple(c for c in ((check, error), also) if c is not None and c[0] is not None)
-    metadata = {
-        "help": help,
-        "checks": checks,
-        "only_for": only_for,
-        "written_when_set": written_when_set,
-    }
-    return field(default=default, metadata=metadata)
-
-
-def one_of(valid: tuple[str, ...]) -> Callable:
-    return lambda value: value in valid
-
-
-def _valid(name: str, valid: tuple[str, ...]) -> str:
-    return f"{name} must be one of {', '.join(valid)}, got {{value!r}}"
+from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
 
 
 SAMPLERS = tuple(KINDS)
 TREE_ONLY = ("tree", "zero_cont_mass centres tree continuations: it needs sampler tree")
-FLAT_ONLY = (
-    "flat",
-    "loss_type, scale_rewards, tempered_logprobs, mask_truncated and advantage_std apply to flat "
-    "arms only",
-)
 ADVANTAGE_STDS = ("group", "batch")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(PolicyLossConfig):
     arm: str = setting(
         "baseline",
         "the arm whose preset the settings start from (rlvr_fast.train.arms)",
@@ -211,7 +177,8 @@ class TrainConfig:
     )
     loss_type: str = setting(
         "sum",
-        "per-sequence normaliser: the study's sum, or TRL's grpo, dapo, dr_grpo",
+        "the study's sum (-A_i sum_t log p, through weighted_token_nll), or one of TRL 1.16's "
+        "loss types (grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo: fused_policy_loss)",
         one_of(LOSS_TYPES),
         _valid("loss_type", LOSS_TYPES),
         only_for=FLAT_ONLY,
@@ -540,6 +507,18 @@ def _check_settings_of_other_samplers(self: TrainConfig) -> None:
 
 
 def _check_loss(self: TrainConfig) -> None:
+    if self.loss_type == "sum":
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
+        if changed:
+            raise ValueError(f"{changed[0]} is a setting of TRL's loss types: set loss_type")
+    if self.checkpoint_every % self.num_iterations:
+        raise ValueError(
+            f"checkpoint_every ({self.checkpoint_every}) must be a multiple of num_iterations "
+            f"({self.num_iterations}): a run resumes at the start of a generation"
+        )
+    if self.sync_ref_model and self.kl_beta == 0.0:
+        raise ValueError("sync_ref_model syncs the reference of kl_beta > 0: set kl_beta")
     if self.loss_order != "token_weighted" and (
         self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
     ):

@@ -6,9 +6,13 @@
   prompt is packed once with every completion (``shared_prompt_batch``);
 - ``grpo_loss`` on eager per-token NLLs (``completion_token_nll``), both orders: the eager
   reference the fused losses are tested against;
+- ``policy_loss`` (TRL's loss types, ``POLICY_LOSS_TYPES``): through the fused
+  ``fused_policy_loss`` op, with clipping against old log-probabilities, the KL term against a
+  reference model's and each token's entropy from the same pass; ``completion_logprobs``, the
+  log-probabilities of a model (the reference, or the policy before a generation's updates)
+  without gradients;
 - ``parallel_grpo_loss``: parallel-path steps, paths and summaries together;
-- ``sequence_scales``: the per-sequence normalisers of ``loss_type`` (the study's sum and TRL's
-  grpo, dapo and dr_grpo).
+- ``sequence_scales``: the per-sequence normalisers of the study's sum type.
 """
 
 from __future__ import annotations
@@ -18,12 +22,19 @@ import torch.nn.functional as F
 
 from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
+from rlvr_fast.ops.policy_loss import (
+    LOSS_TYPES as POLICY_LOSS_TYPES,
+    PolicyLossSettings,
+    PolicyLossStats,
+    fused_policy_loss,
+    fused_token_logprobs,
+)
 from rlvr_fast.rollouts.parallel import ParallelRollout
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
-# Per-sequence normalisers of the token-weighted loss (``sequence_scales``): the study's sum and
-# TRL's grpo, dapo and dr_grpo.
-LOSS_TYPES = ("sum", "grpo", "dapo", "dr_grpo")
+# The study's sum (``sequence_scales``, through weighted_token_nll) and TRL 1.16's loss types
+# (through fused_policy_loss).
+LOSS_TYPES = ("sum", *POLICY_LOSS_TYPES)
 
 
 def completion_batch(
@@ -86,6 +97,48 @@ def fused_sum_then_scale_loss(
         sequence_lengths=[len(c) for c in completions],
     )
     return loss / len(completions)
+
+
+def policy_loss(
+    model,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    advantages: torch.Tensor,
+    settings: PolicyLossSettings,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """TRL's loss of one group (``fused_policy_loss``): ``completions`` (an empty one stands for a
+    completion masked out of the loss, which TRL still counts as a sequence), their
+    ``advantages`` [G], the old and reference log-probabilities of their tokens [N] (None: the
+    current ones, detached; none)."""
+    lengths = [len(c) for c in completions]
+    hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
+    return fused_policy_loss(
+        hidden,
+        model.lm_head.weight,
+        targets,
+        old_logprobs,
+        advantages.to(hidden.device),
+        lengths,
+        settings,
+        ref_logprobs=ref_logprobs,
+        temperature=temperature,
+    )
+
+
+def completion_logprobs(
+    model, prompt_ids: list[int], completions: list[list[int]], temperature: float = 1.0
+) -> torch.Tensor:
+    """log pi(y_t) [N] at ``temperature`` of every token of the non-empty ``completions``, from
+    ``model`` without gradients (fused, no [tokens, vocab] logits)."""
+    with torch.no_grad():
+        hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
+        return fused_token_logprobs(
+            hidden, model.lm_head.weight, targets, temperature=temperature
+        ).logprobs
 
 
 def completion_hidden(
@@ -164,25 +217,8 @@ def parallel_grpo_loss(
     return loss / (paths + len(rollout.summaries))
 
 
-def sequence_scales(
-    lengths: list[int], loss_type: str, max_new_tokens: int, masked: list[bool] | None = None
-) -> torch.Tensor:
-    """s_i [G] float32 such that token weights A_i s_i, summed and divided by G (as
-    ``fused_grpo_loss`` does), give each loss type's normalisation of sum_t A_i log pi:
-    "sum" (the study's) 1; "grpo" 1 / |o_i| (per-sequence mean); "dapo" G / sum_j |o_j| (mean
-    over the group's tokens); "dr_grpo" 1 / max_new_tokens. ``masked`` completions (TRL's
-    mask_truncated_completions) get 0 and leave dapo's token count."""
-    group = len(lengths)
-    kept = torch.tensor([not m for m in masked] if masked else [True] * group)
-    counts = torch.tensor(lengths, dtype=torch.float32)
-    if loss_type == "sum":
-        scales = torch.ones(group)
-    elif loss_type == "grpo":
-        scales = 1.0 / counts.clamp(min=1.0)
-    elif loss_type == "dapo":
-        scales = torch.full((group,), group / float((counts * kept).sum().clamp(min=1.0)))
-    elif loss_type == "dr_grpo":
-        scales = torch.full((group,), 1.0 / max_new_tokens)
-    else:
-        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
-    return scales * kept
+def sequence_scales(lengths: list[int], masked: list[bool] | None = None) -> torch.Tensor:
+    """s_i [G] float32 of the study's sum type: token weights A_i s_i, summed and divided by G
+    (as ``fused_grpo_loss`` does), give -(1/G) sum_i A_i sum_t log pi; ``masked`` completions
+    (TRL's mask_truncated_completions) get 0."""
+    return torch.tensor([not m for m in masked] if masked else [True] * len(lengths)).float()

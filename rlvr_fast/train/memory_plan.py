@@ -10,7 +10,8 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   dtype, which the model makes at its first pass and keeps (training and the engine share them);
 - fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
   bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
-  (the unit-gradient average keeps it beside each question's gradient);
+  (the unit-gradient average keeps it beside each question's gradient); the frozen reference
+  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
@@ -282,6 +283,7 @@ class RunShape:
     eager_loss: bool = False
     untied: bool = False
     cuda_graphs: bool = True
+    reference_model: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -383,13 +385,10 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
         )
     )
     if run.questions_per_step > 1:
-        terms.append(
-            Term(
-                "unit-gradient sum",
-                params * precision.gradient,
-                f"questions_per_step {run.questions_per_step}",
-            )
-        )
+        steps = f"questions_per_step {run.questions_per_step}"
+        terms.append(Term("unit-gradient sum", params * precision.gradient, steps))
+    if run.reference_model:
+        terms.append(Term("reference model (bf16)", params * 2, f"{count} x 2 B"))
     terms += activation_terms(config, run)
     terms.append(loss_term(config, run))
     return terms
@@ -496,6 +495,7 @@ def plan_for_training(
         max_model_len=config.max_model_len,
         untied=not model_config.tie_word_embeddings,
         cuda_graphs=config.cuda_graphs,
+        reference_model=config.kl_beta > 0,
     )
     return plan_memory(model_config, device_memory, run)
 

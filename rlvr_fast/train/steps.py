@@ -63,7 +63,10 @@ def single_question_step(
     decision: StepDecision,
     update: Update,
     seconds: dict[str, float],
+    iteration: int = 0,
 ) -> StepResult:
+    """The step's line; ``iteration`` > 0: an update on rollouts sampled at an earlier step
+    (``num_iterations``), which executed no engine work."""
     inputs = RecordInputs(
         step,
         decision.active,
@@ -71,14 +74,23 @@ def single_question_step(
         update.loss,
         update.grad_norm,
         seconds,
-        kind.executed(question),
+        kind.executed(question) if iteration == 0 else EngineCounters(),
+        iteration,
     )
     return StepResult(
         kind.rewards(question),
         kind.texts(question),
         kind.record(question, inputs),
-        kind.rollouts_line(step, question),
+        rollouts_line(kind, step, question, iteration),
     )
+
+
+def rollouts_line(kind: StepKind, step: int, question: Question, iteration: int) -> dict:
+    """The question's rollouts line, with its update ``iteration`` when > 0."""
+    line = kind.rollouts_line(step, question)
+    if iteration:
+        line["iteration"] = iteration
+    return line
 
 
 def multi_question_step(
@@ -88,8 +100,10 @@ def multi_question_step(
     decision: StepDecision,
     update: Update,
     seconds: dict[str, float],
+    iteration: int = 0,
 ) -> StepResult:
-    """The step's line from this rank's ``questions`` and every other rank's."""
+    """The step's line from this rank's ``questions`` and every other rank's (``iteration``
+    as ``single_question_step``'s)."""
     contributing = [index for index, q in enumerate(questions) if kind.contributes(q)]
     losses = dict(zip(contributing, update.question_losses))
     norms = dict(zip(contributing, update.question_grad_norms))
@@ -104,14 +118,14 @@ def multi_question_step(
                 norms.get(index),
                 {},
                 EngineCounters(),
+                iteration,
             ),
         )
         for index, question in enumerate(questions)
     ]
-    lines = [kind.rollouts_line(step, question) for question in questions]
-    records, lines, executed, loss = distributed.gather_step(
-        records, lines, kind.executed(questions[0]), update.loss
-    )
+    lines = [rollouts_line(kind, step, question, iteration) for question in questions]
+    executed = kind.executed(questions[0]) if iteration == 0 else EngineCounters()
+    records, lines, executed, loss = distributed.gather_step(records, lines, executed, update.loss)
     record = multi_question_step_record(
         step=step,
         questions=records,

@@ -13,7 +13,9 @@ Per step, for the next ``questions_per_step`` training questions (one by default
      else a zero-gradient AdamW step or none;
   4. the update (``rlvr_fast.train.stepping``): each question's loss (the kind's: the study's
      -(1/G) sum_i sum_t w_it log pi(y_t), eager sum-then-scale on arm 1, else the fused
-     ``weighted_token_nll``), backward, clipping, AdamW; several questions average their unit
+     ``weighted_token_nll``; TRL's loss types through ``fused_policy_loss``, with the KL to a
+     reference model and the entropy, ``rlvr_fast.train.policy``), backward, clipping, AdamW;
+     several questions average their unit
      gradients (the accum4 ablation) or pool their losses over the step (TRL's several prompts
      per step), as ``combine_questions`` says (``rlvr_fast.train.steps``);
   5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
@@ -147,8 +149,11 @@ class RLVRTrainer:
         }
         if self.stepping.masters is not None:
             components["masters"] = self.stepping.masters
+        if self.kind.reference is not None:
+            components["reference"] = self.kind.reference
         self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0
+        self.generation: list[Question] | None = None  # the questions num_iterations reuses
         self.active_steps = 0
         self.finished_summary = None
         if self.layout is not None:
@@ -243,10 +248,12 @@ class RLVRTrainer:
 
     def run_step(self, step: int) -> StepResult:
         """Step ``step`` on its questions: the next ``questions_per_step`` of the training data,
-        which the run cycles through."""
+        which the run cycles through (one generation's for ``num_iterations`` steps)."""
         count = self.config.questions_per_step
-        data = self.train_data
-        return self.step_on(step, [data[(step * count + i) % len(data)] for i in range(count)])
+        data, generation = self.train_data, step // self.config.num_iterations
+        return self.step_on(
+            step, [data[(generation * count + i) % len(data)] for i in range(count)]
+        )
 
     def step_on(self, step: int, problems: list[Problem]) -> StepResult:
         """One optimizer step on ``problems``. On several ranks (a multi-question step) each
@@ -254,16 +261,13 @@ class RLVRTrainer:
         is active, and the unit gradients' divisor, are counted over the ranks."""
         config, kind = self.config, self.kind
         phase = Phases(self.policy.device)
-        bases, multi = None, config.questions_per_step > 1
-        if multi:
-            bases = [base_seed(self.generator) for _ in problems]
-            mine = distributed.shard(len(problems))
-            problems, bases = problems[mine], bases[mine]
-        questions = [Question(p, self.task.prompt_ids(p)) for p in problems]
-        with phase("rollout"):
-            self.policy.model.eval()
-            kind.sample(questions, bases, active_steps=self.active_steps)
-        kind.credit(questions, phase)
+        multi = config.questions_per_step > 1
+        # Update ``iteration`` of the generation (0: it is sampled now); a run resumed inside a
+        # generation samples a new one, as TRL does.
+        iteration = step % config.num_iterations if self.generation is not None else 0
+        if iteration == 0:
+            self.generation = self.generate(problems, phase)
+        questions = self.generation
         contributing = [q for q in questions if kind.contributes(q)]
         decision = decide_step(
             distributed.sum_over_ranks(len(contributing)),
@@ -279,13 +283,35 @@ class RLVRTrainer:
             phase, decision, losses, combination=combination, weights=weights
         )
         self.active_steps += decision.active
+        if kind.reference is not None:
+            kind.reference.after_step(step + 1, self.policy.model)
         if multi:
-            result = multi_question_step(kind, questions, step, decision, update, phase.seconds)
+            result = multi_question_step(
+                kind, questions, step, decision, update, phase.seconds, iteration
+            )
         else:
-            result = single_question_step(kind, questions[0], step, decision, update, phase.seconds)
+            result = single_question_step(
+                kind, questions[0], step, decision, update, phase.seconds, iteration
+            )
+        result.ledger_record.policy = kind.figures(questions) or None
         if self.recorder is not None:
             self.recorder.write_step(result.ledger_record, result.line)
         return result
+
+    def generate(self, problems: list[Problem], phase: Phases) -> list[Question]:
+        """A generation: ``problems``' rollouts (on several ranks this rank's share, with the
+        sampling seeds one process would give it) and their credit."""
+        bases = None
+        if self.config.questions_per_step > 1:
+            bases = [base_seed(self.generator) for _ in problems]
+            mine = distributed.shard(len(problems))
+            problems, bases = problems[mine], bases[mine]
+        questions = [Question(p, self.task.prompt_ids(p)) for p in problems]
+        with phase("rollout"):
+            self.policy.model.eval()
+            self.kind.sample(questions, bases, active_steps=self.active_steps)
+        self.kind.credit(questions, phase)
+        return questions
 
     def finish_polyak(self) -> dict:
         """The Polyak average's summary entries: the steps it spans and, when it holds any (an

@@ -3,7 +3,7 @@ from a generator seeded with ``seed``, the same at every evaluation), ``num_gene
 completions each, sampled as in training on the run's engine, in batches of
 per_device_eval_batch_size x world size completions; scored by the reward functions. Metrics
 carry TRL's names with the ``eval_`` prefix: eval_loss (the batches' mean of TRL's loss at ratio
-1), eval_runtime, eval_samples_per_second, eval_steps_per_second and the training metrics of
+1, with its KL term), eval_entropy (TRL's loss types), eval_runtime, eval_samples_per_second, eval_steps_per_second and the training metrics of
 ``rlvr_fast.trl_compat.reporting`` (means over the batches). Evaluation draws from a generator
 of its own (seeded with ``seed`` and the step), so it leaves the training's sampling unchanged.
 """
@@ -14,9 +14,37 @@ import time
 
 import torch
 
-from rlvr_fast.engine import SamplingParams
+from rlvr_fast.credit.group import scored_std
+from rlvr_fast.engine import EngineCounters, SamplingParams
 from rlvr_fast.rollouts.generation import sample_groups
+from rlvr_fast.train.kinds import Question
+from rlvr_fast.train.kinds.flat import Rollouts
 from rlvr_fast.trl_compat.reporting import step_metrics, window_means
+
+
+def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
+    """TRL's eval loss of one batch (its compute_loss without gradients, at ratio 1: each
+    prompt's loss through the run's kind, pooled over the batch as a training step pools them)
+    and the policy figures, as a ledger record holds them; the study's sum type: no loss (the
+    metrics compute its surrogate)."""
+    kind, config = rlvr.kind, rlvr.config
+    if config.loss_type == "sum":
+        return {"loss": None}
+    rewards = [g.rewards.tolist() for g in groups]
+    step_std = scored_std([r for q in rewards for r in q])
+    questions = []
+    for problem, ids, tokens, text, reward in zip(batch, prompts, completions, texts, rewards):
+        question = Question(problem, ids, Rollouts(tokens, EngineCounters()))
+        batch_std = step_std if config.advantage_std == "batch" else None
+        question.credit = kind.question_credit(question, text, reward, batch_std)
+        if kind.reference is not None:
+            kind.add_reference_logprobs(question)
+        questions.append(question)
+    counts = [kind.loss_count(q) for q in questions]
+    with torch.no_grad():
+        losses = [float(kind.loss(q)) for q in questions]
+    loss = sum(c * v for c, v in zip(counts, losses)) / max(sum(counts), 1)
+    return {"loss": loss, "policy": kind.figures(questions)}
 
 
 def eval_order(rows: int, seed: int) -> list[int]:
@@ -47,7 +75,12 @@ def evaluate_dataset(
         texts = [policy.tokenizer.decode_batch(c) for c in completions]
         task.rewards(batch, texts, completions)
         values = step_metrics(
-            task.groups, config, eos, trainer.reward_func_names, trainer.state.num_input_tokens_seen
+            task.groups,
+            config,
+            eos,
+            trainer.reward_func_names,
+            trainer.state.num_input_tokens_seen,
+            batch_loss(trainer.trainer, batch, prompts, completions, texts, task.groups),
         )
         losses.append(values.pop("loss"))
         for name, value in values.items():

@@ -1,12 +1,14 @@
 """TRL's metrics of a step, from its scored groups, and TRL's completions log.
 
 Per step (``step_metrics``), over all the step's completions as TRL computes them over a
-generation batch: loss (TRL's surrogate at ratio 1, the step's one loss as ``loss_type``
-normalises it: ``train_loss``), num_tokens (prompt and completion tokens so far),
-completions/* (lengths, clipped ratio, terminated lengths), rewards/NAME/mean|std, reward,
-reward_std, frac_reward_zero_std, entropy (None: the fused loss never forms the per-token
-distribution, and computing it would cost a second pass over the LM head), clip_ratio/* (0: the
-ratio is 1). ``window_means`` averages a logging window as TRL does. ``CompletionsLog`` is TRL's
+generation batch: loss (the step's one loss as ``loss_type`` normalises it, the trainer's;
+under the study's sum type TRL's surrogate at ratio 1), num_tokens (prompt and completion
+tokens so far), completions/* (lengths, clipped ratio, terminated lengths), rewards/NAME/mean|std,
+reward, reward_std, frac_reward_zero_std, and from the fused policy loss's own pass
+(``rlvr_fast.train.policy.step_figures``) entropy, kl (beta > 0), clip_ratio/* (the clipped
+types) or cispo_clip_ratio. The entropy covers the groups that ran a loss: a step whose groups
+all agree (beta = 0) runs none and logs None; a clip ratio there is 0, as TRL's (every advantage
+is 0). ``window_means`` averages a logging window as TRL does. ``CompletionsLog`` is TRL's
 ``log_completions``: a table printed at each log and saved as
 ``output_dir/completions/completions_STEP.jsonl``.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.credit.group import scored_std, standardised_advantages
+from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES
 from rlvr_fast.train.losses import sequence_scales
 from rlvr_fast.trl_compat.rewards import ScoredGroup
 
@@ -45,25 +48,34 @@ def group_advantages(groups: list[ScoredGroup], config) -> list[torch.Tensor]:
     ]
 
 
-def step_loss(groups, advantages, truncated, config) -> float:
-    """TRL's loss of the step at ratio 1: -sum_q c_q (1/G) sum_i A_i s_i |o_i| (c_q the pooled
-    weights of ``rlvr_fast.train.steps``: 1 on a step of one prompt)."""
-    counts, values = [], []
+def sum_type_loss(groups, advantages, truncated, config) -> float:
+    """The study's sum type, logged as TRL's surrogate at ratio 1: -sum_q c_q (1/G) sum_i A_i
+    s_i |o_i| (c_q the pooled weights of ``rlvr_fast.train.steps``: 1 on a step of one prompt,
+    the completions' share of the step on several)."""
+    values = []
     for group, adv, cut in zip(groups, advantages, truncated):
         lengths = [len(ids) for ids in group.completion_ids]
-        masked = cut if config.mask_truncated else None
-        scales = sequence_scales(lengths, config.loss_type, config.max_new_tokens, masked)
+        scales = sequence_scales(lengths, cut if config.mask_truncated else None)
         values.append(-float((adv * scales * torch.tensor(lengths)).sum()) / len(lengths))
-        kept = [n for n, m in zip(lengths, masked or [False] * len(lengths)) if not m]
-        counts.append(sum(kept) if config.loss_type == "dapo" else len(lengths))
-    if len(groups) == 1:
-        return values[0]
-    total = max(sum(counts), 1)
-    return sum(n / total * v for n, v in zip(counts, values))
+    return sum(values) / len(values)
 
 
-def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int) -> dict:
-    """One step's TRL metrics (module docstring); ``num_tokens`` the running total."""
+def policy_metrics(config, figures: dict) -> dict:
+    """The entropy, KL and clip metrics TRL logs for ``config``'s loss type, from the step's
+    ``figures`` (module docstring for what a step without them logs)."""
+    values = {"entropy": figures.get("entropy")}
+    if config.kl_beta != 0.0:
+        values["kl"] = figures.get("kl")
+    if config.loss_type in ("sum", *CLIPPED_LOSS_TYPES):
+        values.update({key: figures.get(key, 0.0) for key in CLIP_RATIO_KEYS})
+    elif config.loss_type == "cispo":
+        values["cispo_clip_ratio"] = figures.get("cispo_clip_ratio", 0.0)
+    return values
+
+
+def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int, record: dict) -> dict:
+    """One step's TRL metrics (module docstring) from its scored groups and its ledger
+    ``record``; ``num_tokens`` the running total."""
     ids = [c for g in groups for c in g.completion_ids]
     lengths = [len(c) for c in ids]
     truncated = [[c[-1] not in eos_ids for c in g.completion_ids] for g in groups]
@@ -74,7 +86,11 @@ def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int) -> 
     rewards = torch.cat([g.rewards for g in groups])
     stds = group_stds(groups, config)
     values = {
-        "loss": step_loss(groups, advantages, truncated, config),
+        "loss": (
+            sum_type_loss(groups, advantages, truncated, config)
+            if config.loss_type == "sum"
+            else record["loss"] or 0.0
+        ),
         "num_tokens": float(num_tokens),
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),
@@ -91,9 +107,8 @@ def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int) -> 
         reward=nan_mean(rewards),
         reward_std=nan_std(rewards),
         frac_reward_zero_std=sum(s == 0.0 for s in stds) / len(stds),
-        entropy=None,
     )
-    values.update({key: 0.0 for key in CLIP_RATIO_KEYS})
+    values.update(policy_metrics(config, record.get("policy") or {}))
     return values
 
 

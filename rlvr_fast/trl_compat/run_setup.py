@@ -14,12 +14,6 @@ from rlvr_fast.train.config import TrainConfig
 logger = logging.getLogger(__name__)
 
 
-# TRL's loss types that are ours under another name: bnpo normalises by the step's tokens as dapo
-# does; luspo sums each completion's tokens and averages over completions, as the study's sum
-# (on TRL's tempered log-probabilities).
-LOSS_TYPE_OF = {"bnpo": "dapo", "luspo": "sum"}
-
-
 def refuse_unsupported_arguments(**arguments) -> None:
     """GRPOTrainer arguments rlvr_fast does not implement, refused by name when given."""
     reasons = {
@@ -119,7 +113,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
-        loss_type=LOSS_TYPE_OF.get(args.loss_type, args.loss_type),
+        loss_type=args.loss_type,
         scale_rewards=step_std or args.scale_rewards != "none",
         advantage_std="batch" if step_std else "group",
         tempered_logprobs=not study_loss,
@@ -134,6 +128,7 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         questions_per_step=prompts_per_step,
         activation_checkpointing=args.gradient_checkpointing,
     )
+    settings.update(policy_loss_settings(args))
     if prompts_per_step > 1:
         if not args.skip_zero_variance_backward:
             raise ValueError(
@@ -172,6 +167,26 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.
     return TrainConfig(**settings)
+
+
+def policy_loss_settings(args) -> dict:
+    """TRL's policy-loss fields of a GRPOConfig as rlvr_fast's settings (beta is kl_beta)."""
+    return dict(
+        kl_beta=args.beta,
+        # TRL's default is True; it changes nothing without the KL term.
+        use_bias_correction_kl=args.use_bias_correction_kl and args.beta != 0.0,
+        sync_ref_model=args.sync_ref_model,
+        ref_model_sync_steps=args.ref_model_sync_steps,
+        ref_model_mixup_alpha=args.ref_model_mixup_alpha,
+        importance_sampling_level=args.importance_sampling_level,
+        epsilon=args.epsilon,
+        epsilon_high=args.epsilon_high,
+        delta=args.delta,
+        sapo_temperature_pos=args.sapo_temperature_pos,
+        sapo_temperature_neg=args.sapo_temperature_neg,
+        num_iterations=args.num_iterations,
+        checkpoint_every=args.num_iterations,
+    )
 
 
 def model_card(trainer, model_name, dataset_name, tags) -> str:

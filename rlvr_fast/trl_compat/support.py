@@ -17,7 +17,7 @@ import json
 from enum import Enum
 
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "sum")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
@@ -32,7 +32,6 @@ GENERATION_KWARGS = ("top_p", "top_k", "min_p", "repetition_penalty")
 GENERATION_KWARGS_NO_EFFECT = ("use_cache", "cache_implementation", "disable_compile")
 GENERATION_KWARGS_FIXED = {"do_sample": True}
 
-ON_POLICY = "rlvr_fast steps once per generation batch, where the importance ratio is 1"
 NO_VLLM = "rlvr_fast generates on its own engine, with or without use_vllm (logged)"
 NO_HUB = "rlvr_fast never contacts the Hub"
 NO_LOADER = "rlvr_fast reads prompts from memory, with no data loader or sampler of transformers"
@@ -88,10 +87,19 @@ HONOURED = {
     "generation_kwargs": f"its keys {', '.join(GENERATION_KWARGS)} (others refused)",
     "use_vllm": "accepted: rollouts run on rlvr_fast's engine, and a log line says so",
     "chat_template_kwargs": "passed to the chat template",
-    "epsilon": f"the ratio clip, which never binds: {ON_POLICY}",
-    "epsilon_high": f"the ratio clip, which never binds: {ON_POLICY}",
-    "delta": f"the two-sided clip (above 1), which never binds: {ON_POLICY}",
-    "importance_sampling_level": f"token or sequence ratio, the same gradient: {ON_POLICY}",
+    "epsilon": "the ratio's lower clip (fused_policy_loss)",
+    "epsilon_high": "the ratio's upper clip, cispo's clip (fused_policy_loss)",
+    "delta": "the two-sided clip of the ratio (fused_policy_loss)",
+    "importance_sampling_level": "token or sequence (GSPO) importance ratio",
+    "num_iterations": "clipped updates per generation batch, old log-probabilities by a "
+    "no-gradient pass",
+    "beta": "the k3 KL to a frozen reference model (bf16 on CUDA), fused with the loss",
+    "sync_ref_model": "the policy mixed into the reference (TRL's SyncRefModelCallback)",
+    "ref_model_mixup_alpha": "the reference sync's mix",
+    "ref_model_sync_steps": "steps between reference syncs",
+    "use_bias_correction_kl": "the importance-weighted KL estimate",
+    "sapo_temperature_neg": "sapo's gate temperature of negative advantages",
+    "sapo_temperature_pos": "sapo's gate temperature of positive advantages",
     "reward_weights": "weighted sum of the reward functions",
     "multi_objective_aggregation": "sum then standardise, or standardise each function then sum",
     "scale_rewards": "advantages divided by the group's std, the step's, or not",
@@ -185,15 +193,10 @@ NO_EFFECT = {
     "vllm_importance_sampling_clip_max": NO_VLLM,
     "vllm_importance_sampling_clip_min": NO_VLLM,
     "vllm_importance_sampling_cap": NO_VLLM,
-    "sapo_temperature_neg": "only for loss_type sapo (refused)",
-    "sapo_temperature_pos": "only for loss_type sapo (refused)",
     "vespo_k_pos": "only for loss_type vespo (refused)",
     "vespo_lambda_pos": "only for loss_type vespo (refused)",
     "vespo_k_neg": "only for loss_type vespo (refused)",
     "vespo_lambda_neg": "only for loss_type vespo (refused)",
-    "ref_model_mixup_alpha": "only with sync_ref_model (refused)",
-    "ref_model_sync_steps": "only with sync_ref_model (refused)",
-    "use_bias_correction_kl": "only with beta > 0 (refused)",
     "entropy_coef_min": "only with use_adaptive_entropy (refused)",
     "entropy_coef_max": "only with use_adaptive_entropy (refused)",
     "entropy_coef_delta": "only with use_adaptive_entropy (refused)",
@@ -228,13 +231,10 @@ REFUSED = {
     "fsdp_config": "sharded training (rlvr_fast's data parallel all-reduces gradients)",
     "deepspeed": "DeepSpeed (rlvr_fast's data parallel all-reduces gradients)",
     "debug": "transformers' debug modes",
-    "beta": "the KL penalty against a reference model",
-    "sync_ref_model": "a reference model",
-    "num_iterations": f"several optimizer passes per generation batch ({ON_POLICY})",
     "top_entropy_quantile": "masking tokens by their entropy",
     "entropy_coef": "an entropy bonus",
     "use_adaptive_entropy": "an entropy bonus",
-    "off_policy_mask_threshold": f"masking off-policy sequences ({ON_POLICY})",
+    "off_policy_mask_threshold": "masking sequences by their drift from the sampling policy",
 }
 
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
@@ -255,7 +255,8 @@ VALUE_LIMITS = {
         "sum_then_normalize or normalize_then_sum",
     ),
     "importance_sampling_level": (lambda v: v in ("token", "sequence"), "token or sequence"),
-    "delta": (lambda v: v is None or v > 1, f"a clip at or below 1 binds ({ON_POLICY})"),
+    "delta": (lambda v: v is None or v > 0, "a clip at or below 0"),
+    "beta": (lambda v: v >= 0, "a negative KL weight"),
     "report_to": (
         lambda v: all(r in REPORTERS + ("none", "all") for r in _listed(v)),
         f"rlvr_fast reports to {', '.join(REPORTERS)}",

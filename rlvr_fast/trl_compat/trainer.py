@@ -6,19 +6,16 @@ Each optimizer step takes the next ``args.prompts_per_step`` prompts (TRL's orde
 ``torch.randperm`` per epoch from a generator seeded with ``seed``, cut into steps, an
 incomplete last step dropped), samples ``num_generations`` completions of each on the rollout
 engine in one batch (each prompt prefilled once and forked), scores them with the reward
-functions in one call, and steps with TRL's loss at one update per generation, where the
-clipped ratio is exactly 1:
-
-    loss = -sum_q c_q sum_i sum_t A_i s_i log pi_T(y_it) / G,   pi_T = softmax(logits / T)
-
-with s_i the normaliser of ``loss_type`` (``rlvr_fast.train.losses.sequence_scales``) and c_q
-the pooling of the step's prompts (``rlvr_fast.train.steps.pooled_weights``): dapo divides by
-all the step's tokens, grpo and dr_grpo average over all its completions, as TRL over a
-generation batch. A_i are TRL's advantages (``scale_rewards`` group, batch or none).
-``loss_type="sum"`` is the study's loss instead: s_i = 1 on untempered log-probabilities.
-Zero-variance groups (every A_i = 0, so TRL's gradient from them is exactly zero) run no
-forward or backward; a step whose groups all agree takes the zero-gradient AdamW step, the same
-update bit for bit. ``arm=`` applies a study arm's preset (its gate, stepping rule and sampler).
+functions in one call, and steps ``num_iterations`` times on them with TRL's loss of
+``loss_type`` (``rlvr_fast.train.policy``: the fused policy loss, its clipping against the
+generation's old log-probabilities, the KL of ``beta`` to a frozen reference, the entropy),
+each question's loss pooled over the step (``rlvr_fast.train.steps.pooled_weights``): dapo and
+cispo divide by all the step's tokens, the others average over all its completions, as TRL
+over a generation batch. A_i are TRL's advantages (``scale_rewards`` group, batch or none).
+``loss_type="sum"`` is the study's loss instead: -(1/G) sum_i A_i sum_t log pi(y_it) on
+untempered log-probabilities. Zero-variance groups (every A_i = 0, so with beta = 0 TRL's
+gradient from them is exactly zero) run no forward or backward; a step whose groups all agree
+takes the zero-gradient AdamW step, the same update bit for bit. ``arm=`` applies a study arm's preset (its gate, stepping rule and sampler).
 
 The loop is transformers' (``TrainerState``, ``TrainerControl``, ``DefaultFlowCallback`` deciding
 when to log, evaluate and save, ``ProgressCallback`` / ``PrinterCallback`` printing the logs,
@@ -133,7 +130,8 @@ class GRPOTrainer(SavingAndSurface):
 
         self.rows = dataset_rows(train_dataset, args.remove_unused_columns, "train_dataset")
         self.prompts_per_step = args.prompts_per_step
-        self.steps_per_epoch = len(self.rows) // self.prompts_per_step
+        # num_iterations optimizer steps per generation batch, as TRL's sampler repeats it.
+        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * args.num_iterations
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"train_dataset has {len(self.rows)} prompts, fewer than one step's "
@@ -275,7 +273,9 @@ class GRPOTrainer(SavingAndSurface):
         )
         metrics["total_flos"] = state.total_flos
         metrics["train_loss"] = self._loss_total / max(steps, 0.001)
-        self.log(dict(metrics))
+        # TRL's log merges the metrics of the steps since the last log into this one.
+        pending = self._window() if state.global_step > self._last_logged else {}
+        self.log({**metrics, **{k: v for k, v in pending.items() if k != "loss"}})
         # A ledger of every step asked for is a finished run (verify reads it so); one stopped
         # early by a callback stays unfinished.
         finished = state.global_step == state.max_steps
@@ -312,15 +312,16 @@ class GRPOTrainer(SavingAndSurface):
         state.global_step += 1
         state.epoch = state.global_step / self.steps_per_epoch
         state.total_flos += result.record["flops_full"]
-        self._record_step(time.perf_counter() - started)
+        self._record_step(time.perf_counter() - started, result.record)
         self._grad_norm = result.record["grad_norm"] or 0.0
         self._learning_rate = learning_rate
 
     def _step_problems(self, step: int) -> list:
-        """The prompts of optimizer step ``step``: its slice of its epoch's order."""
+        """The prompts of optimizer step ``step``: its generation's slice of its epoch's
+        order."""
         epoch, position = divmod(step, self.steps_per_epoch)
         order = self._epoch_order(epoch)
-        first = position * self.prompts_per_step
+        first = position // self.args.num_iterations * self.prompts_per_step
         return [self.trainer.train_data[i] for i in order[first : first + self.prompts_per_step]]
 
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -359,7 +360,7 @@ class GRPOTrainer(SavingAndSurface):
     def _record(self, name: str, value) -> None:
         self._metrics.setdefault(name, []).append(value)
 
-    def _record_step(self, seconds: float) -> None:
+    def _record_step(self, seconds: float, record: dict) -> None:
         groups = self.task.groups
         config = self.trainer.config
         self.state.num_input_tokens_seen += sum(
@@ -373,6 +374,7 @@ class GRPOTrainer(SavingAndSurface):
             self._eos_ids(),
             self.reward_func_names,
             self.state.num_input_tokens_seen,
+            record,
         )
         self._loss_total += values["loss"]
         values["step_time"] = seconds

@@ -236,6 +236,13 @@ def test_more_questions_per_step_add_a_gradient_sum_and_rows():
     assert four.rows_wanted == 4 * one.rows_wanted
 
 
+def test_a_kl_reference_model_costs_its_bf16_weights():
+    cfg = config("0.6b")
+    plain = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32"))
+    kl = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32", reference_model=True))
+    assert kl.fixed_bytes - plain.fixed_bytes == 2 * cfg.num_parameters(untied=False)
+
+
 def test_the_eager_loss_costs_the_full_logits():
     cfg = config("0.6b")
     eager = plan_memory(cfg, CARDS["141GB"], RunShape(eager_loss=True))

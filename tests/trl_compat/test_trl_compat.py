@@ -91,13 +91,18 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path, layout):
         assert mine["kwargs"]["trainer_state"] is ours.state
 
 
-def trl_gradient(trl, completions, prompts, tmp_path, **settings):
+def trl_gradient(trl, completions, prompts, tmp_path, weights=None, **settings):
     """TRL's gradient and logged loss of one step whose generation returns ``completions``,
-    through its own accumulation: each micro-batch's compute_loss and backward."""
+    through its own accumulation: each micro-batch's compute_loss and backward; the policy at
+    ``weights`` (default: the model's own; the reference model stays at them)."""
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
     trainer = trl.GRPOTrainer(
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
     )
+    if weights is not None:
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                param.copy_(weights[name])
     trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -108,11 +113,14 @@ def trl_gradient(trl, completions, prompts, tmp_path, **settings):
         loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
         loss.backward()
         loss_total += float(loss)
-    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, loss_total
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
+    return grads, loss_total, metrics
 
 
-def our_gradient(tmp_path, **settings):
-    """Our gradient of the first step that ran a backward, its completions, prompts and loss."""
+def our_gradient(tmp_path, at=0, steps=None, **settings):
+    """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
+    prompts, loss and the weights it was taken at (Hugging Face names)."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
     trainer = GRPOTrainer(
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
@@ -121,18 +129,24 @@ def our_gradient(tmp_path, **settings):
     clip = trainer.trainer.stepping.clip_gradients
 
     def capture():
-        grads = {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters()}
-        captured.append((grads, list(trainer.task.groups), trainer.state.global_step))
+        model = trainer.policy.model
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        captured.append((grads, list(trainer.task.groups), trainer.state.global_step, weights))
         return clip()
 
     trainer.trainer.stepping.clip_gradients = capture
     trainer.train()
-    assert captured, "no step ran a backward (rewards never varied)"
-    grads, groups, step = captured[0]
+    assert len(captured) > at, "too few steps ran a backward (rewards never varied)"
+    if steps is not None:
+        config = trainer.policy.config
+        steps.extend((groups, packed_to_hf(w, config)) for _, groups, _, w in captured)
+    grads, groups, step, weights = captured[at]
     completions = [c for g in groups for c in g.completion_ids]
     prompts = [ROWS[g.row]["prompt"] for g in groups for _ in g.completion_ids]
-    loss = trainer.state.log_history[step]["loss"]
-    return packed_to_hf(grads, trainer.policy.config), completions, prompts, loss
+    config = trainer.policy.config
+    logs = trainer.state.log_history[step]
+    return (packed_to_hf(grads, config), completions, prompts, logs, packed_to_hf(weights, config))
 
 
 @pytest.mark.parametrize(
@@ -159,8 +173,16 @@ def our_gradient(tmp_path, **settings):
 )
 def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings):
     trl = trl_modules()
-    ours, completions, prompts, our_loss = our_gradient(tmp_path, **settings)
-    theirs, their_loss = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    ours, completions, prompts, logs, _ = our_gradient(tmp_path, **settings)
+    theirs, their_loss, metrics = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    # Our entropy covers the groups that ran a loss; TRL's the micro-batches' means.
+    if settings.get("gradient_accumulation_steps", 1) == 1 and logs["frac_reward_zero_std"] == 0:
+        assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+
+
+def assert_same_gradient(ours, theirs):
     assert set(ours) == set(theirs)
     scale = max(float(g.abs().max()) for g in theirs.values())
     assert scale > 0
@@ -168,7 +190,33 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings
         torch.testing.assert_close(
             ours[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}"
         )
-    assert our_loss == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_type="dapo", beta=0.5),
+        dict(loss_type="grpo", beta=0.5, use_bias_correction_kl=True, **TWO_PROMPTS),
+        dict(loss_type="cispo", epsilon_high=1.2),
+        dict(loss_type="sapo"),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_kl_cispo_and_sapo_give_trls_gradient_and_metrics(tmp_path, settings):
+    """The second step (the policy moved from the reference, so the KL term has a gradient)
+    from identical rollouts and weights gives TRL's gradient, loss, entropy and KL."""
+    trl = trl_modules()
+    ours, completions, prompts, logs, weights = our_gradient(tmp_path, at=1, **settings)
+    theirs, their_loss, metrics = trl_gradient(
+        trl, completions, prompts, tmp_path, weights, **settings
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    for name in ("kl", "cispo_clip_ratio"):
+        assert (name in logs) == (name in metrics)
+        if name in metrics:
+            assert logs[name] == pytest.approx(metrics[name], rel=1e-4, abs=1e-9)
 
 
 def test_config_mapping_defaults_fast_paths_arms_and_several_prompts():
@@ -277,3 +325,65 @@ def test_async_reward_functions_and_none_rewards(tmp_path):
     group = trainer.task.groups[0]
     assert group.per_function[:, 0].isnan().tolist() == [False, True, False, True]
     assert "rewards/halves/mean" in trainer.state.log_history[0]
+
+
+def trl_second_iteration(trl, completions, prompts, tmp_path, first, second, **settings):
+    """TRL's gradient and metrics of the second update on one generation: generated (and its
+    old log-probabilities taken) at ``first`` weights, the update at ``second``."""
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
+    trainer = trl.GRPOTrainer(
+        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
+    )
+    trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = [{"prompt": p} for p in prompts]
+    for weights, step in ((first, 0), (second, 1)):
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                param.copy_(weights[name])
+        trainer._step = step
+        inputs = trainer._prepare_inputs(batch)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
+    return grads, float(loss), metrics
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_type="dapo", num_iterations=2, epsilon=0.02, epsilon_high=0.03),
+        dict(
+            loss_type="grpo", num_iterations=2, epsilon=0.02, importance_sampling_level="sequence"
+        ),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratios(
+    tmp_path, settings
+):
+    """num_iterations: the second update reuses the generation's rollouts and old
+    log-probabilities (a no-gradient pass at the first update's weights), so its ratio is no
+    longer 1 and clips; TRL's gradient, loss, entropy and clip_ratio/* at the same weights."""
+    trl = trl_modules()
+    steps = []
+    ours, completions, prompts, logs, second = our_gradient(
+        tmp_path, at=1, steps=steps, **{"max_steps": 2, **settings}
+    )
+    (first_groups, first), (second_groups, _) = steps[:2]
+    reused = [g.completion_ids for g in first_groups] == [g.completion_ids for g in second_groups]
+    assert reused, "the second update reused the generation"
+    theirs, their_loss, metrics = trl_second_iteration(
+        trl, completions, prompts, tmp_path, first, second, **settings
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    clip_keys = [k for k in metrics if k.startswith("clip_ratio/")]
+    assert len(clip_keys) == 5
+    if settings.get("importance_sampling_level") != "sequence":  # a sequence's mean drifts less
+        assert metrics["clip_ratio/region_mean"] > 0, "the case clips nothing"
+    for name in clip_keys:
+        assert logs[name] == pytest.approx(metrics[name], abs=1e-6), name

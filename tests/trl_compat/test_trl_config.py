@@ -77,9 +77,10 @@ def test_assigning_a_refused_value_after_construction_is_refused(name):
     "settings,message",
     [
         (dict(optim="sgd"), "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW"),
-        (dict(loss_type="cispo"), "loss_type='cispo'"),
+        (dict(loss_type="vespo"), "loss_type='vespo'"),
+        (dict(beta=-0.1), "beta=-0.1"),
         (dict(report_to="mlflow"), "report_to='mlflow'"),
-        (dict(delta=0.5), "delta=0.5"),
+        (dict(delta=0.0), "delta=0.0"),
         (dict(model_init_kwargs={"quantization_config": {}}), "model_init_kwargs="),
     ],
 )

@@ -99,7 +99,7 @@ SCRIPTS = {
         countdown,
         ["--config", "{HERE}/philschmid_recipe.yaml", "--model_name_or_path", "{MODEL}"]
         + ["--dataset_id_or_path", "{DATA}", "--output_dir", "{OUT}"],
-        r"beta=0.001 is not supported by rlvr_fast: the KL penalty",
+        "runs",
     ),
 }
 

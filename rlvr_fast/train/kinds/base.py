@@ -9,6 +9,8 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.contributes(question)                       # its rewards vary: its gradient counts
     kind.loss(question)                              # the forward pass of its loss
     kind.loss_count(question)                        # what that loss averages over
+    kind.figures(questions)                          # TRL's entropy / KL / clip figures
+    kind.reference                                   # the KL's reference model, or None
     kind.record(step, question, ...)                 # its ledger record (checked)
     kind.rollouts_line(step, question)               # what verify re-derives the record from
     Kind.rederive(line, recorded, config, params, active_steps)   # verify's record
@@ -55,10 +57,12 @@ class RecordInputs:
     grad_norm: float | None
     seconds: dict[str, float]
     executed: EngineCounters
+    iteration: int = 0  # > 0: an update on an earlier step's rollouts (num_iterations)
 
 
 class StepKind(Protocol):
     name: ClassVar[str]
+    reference: torch.nn.Module | None
 
     @classmethod
     def check_config(cls, config) -> None: ...
@@ -77,6 +81,8 @@ class StepKind(Protocol):
     def loss(self, question: Question) -> torch.Tensor: ...
 
     def loss_count(self, question: Question) -> int: ...
+
+    def figures(self, questions: list[Question]) -> dict[str, float]: ...
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord: ...
 

@@ -1,7 +1,8 @@
 """Flat GRPO groups (seed §1): G rollouts of each question, its prompt prefilled once and forked
-G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i (scaled per sequence
-as ``loss_type`` says, TRL's settings: ``rlvr_fast.train.losses.sequence_scales``); the loss in
-the arm's ``loss_order``; a ledger line of G leaves in pairs (2i, 2i + 1) with prefix 0."""
+G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i; the loss in the
+arm's ``loss_order`` (the study's sum type), or TRL's loss of ``loss_type`` through the fused
+policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy); a
+ledger line of G leaves in pairs (2i, 2i + 1) with prefix 0."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ from rlvr_fast.train.kinds.base import (
     recorded_rewards,
     regraded,
 )
-from rlvr_fast.train.losses import fused_grpo_loss, fused_sum_then_scale_loss, sequence_scales
+from rlvr_fast.train.losses import (
+    completion_logprobs,
+    fused_grpo_loss,
+    fused_sum_then_scale_loss,
+    policy_loss,
+    sequence_scales,
+)
+from rlvr_fast.train.policy import PolicyTerms, ReferenceModel, policy_settings, step_figures
 from rlvr_fast.utils.phases import Phases
 
 
@@ -53,6 +61,12 @@ class QuestionCredit:
     sigma: float
     advantages: torch.Tensor | None
     token_weights: list[torch.Tensor]
+    policy: PolicyTerms | None = None
+
+
+# Loss types normalised by the tokens of the step (TRL: dapo and cispo by the generation batch's,
+# bnpo by the micro-batch's).
+TOKEN_NORMALISED = ("dapo", "bnpo", "cispo")
 
 
 class FlatKind:
@@ -65,6 +79,12 @@ class FlatKind:
         self.sampling = SamplingParams(
             config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
         )
+        self.policy_loss = config.loss_type != "sum"
+        self.policy_settings = policy_settings(config) if self.policy_loss else None
+        self.reference = None
+        if config.kl_beta > 0:
+            sync = config.ref_model_sync_steps if config.sync_ref_model else None
+            self.reference = ReferenceModel(policy.model, sync, config.ref_model_mixup_alpha)
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -108,6 +128,14 @@ class FlatKind:
                 question.credit = self.question_credit(
                     question, question_texts, question_rewards, step_std
                 )
+        if self.reference is not None:
+            with phase("reference"):
+                for question in questions:
+                    self.add_reference_logprobs(question)
+        if self.config.num_iterations > 1:
+            with phase("old_logprobs"):
+                for question in filter(self.contributes, questions):
+                    self.add_old_logprobs(question)
 
     def question_credit(
         self, question: Question, texts: list[str], rewards: list[float], step_std=None
@@ -119,14 +147,45 @@ class FlatKind:
         advantages, sigma = standardised_advantages(
             rewards, scale=config.scale_rewards, scale_std=step_std
         )
-        scales = sequence_scales(
-            lengths,
-            config.loss_type,
-            config.max_new_tokens,
-            self.truncated(question) if config.mask_truncated else None,
-        )
+        masked = self.truncated(question) if config.mask_truncated else None
+        if self.policy_loss:
+            cut = masked or [False] * len(lengths)
+            kept = [0 if m else n for n, m in zip(lengths, cut)]
+            terms = PolicyTerms(advantages, kept)
+            return QuestionCredit(texts, rewards, lengths, sigma, advantages, [], terms)
+        scales = sequence_scales(lengths, masked)
         weights = [(a * s).expand(n) for a, s, n in zip(advantages, scales, lengths)]
         return QuestionCredit(texts, rewards, lengths, sigma, advantages, weights)
+
+    def loss_completions(self, question: Question) -> list[list[int]]:
+        """The completions TRL's loss reads: those masked out of it (mask_truncated) empty."""
+        kept = question.credit.policy.lengths
+        return [c if n else [] for c, n in zip(question.rollouts.completions, kept)]
+
+    def loss_temperature(self) -> float:
+        return self.config.temperature if self.config.tempered_logprobs else 1.0
+
+    def add_old_logprobs(self, question: Question) -> None:
+        """The policy's log-probabilities of the loss tokens before the generation's first
+        update, by the loss's own fused pass without gradients (TRL's old_per_token_logps):
+        the engine's at sampling time would be those of its bf16 decode copy, through other
+        kernels and the sampler's top-p, so the first update's ratio would not be exactly 1."""
+        question.credit.policy.old_logprobs = completion_logprobs(
+            self.policy.model,
+            question.prompt_ids,
+            self.loss_completions(question),
+            self.loss_temperature(),
+        )
+
+    def add_reference_logprobs(self, question: Question) -> None:
+        """The reference model's log-probabilities of the question's loss tokens, once per
+        generation (TRL's ref_per_token_logps)."""
+        question.credit.policy.ref_logprobs = completion_logprobs(
+            self.reference.model,
+            question.prompt_ids,
+            self.loss_completions(question),
+            self.loss_temperature(),
+        )
 
     def truncated(self, question: Question) -> list[bool]:
         """Which completions were cut at the cap (they end on no end-of-sequence token)."""
@@ -139,17 +198,31 @@ class FlatKind:
         dapo its tokens (those of truncated completions left out with ``mask_truncated``), else
         its completions."""
         completions = question.rollouts.completions
-        if self.config.loss_type != "dapo":
+        if self.config.loss_type not in TOKEN_NORMALISED:
             return len(completions)
         cut = self.truncated(question) if self.config.mask_truncated else [False] * len(completions)
         return sum(len(c) for c, masked in zip(completions, cut) if not masked)
 
     def contributes(self, question: Question) -> bool:
-        return question.credit.sigma != 0
+        """Its rewards vary, or a KL term pulls it to the reference (kl_beta > 0)."""
+        return question.credit.sigma != 0 or self.config.kl_beta > 0
 
     def loss(self, question: Question) -> torch.Tensor:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
+        if self.policy_loss:
+            terms = credit.policy
+            loss, terms.stats = policy_loss(
+                model,
+                question.prompt_ids,
+                self.loss_completions(question),
+                credit.advantages,
+                self.policy_settings,
+                old_logprobs=terms.old_logprobs,
+                ref_logprobs=terms.ref_logprobs,
+                temperature=self.loss_temperature(),
+            )
+            return loss
         if config.loss_order == "sum_then_scale":
             return fused_sum_then_scale_loss(
                 model, question.prompt_ids, completions, credit.advantages
@@ -162,10 +235,18 @@ class FlatKind:
             config.temperature if config.tempered_logprobs else 1.0,
         )
 
+    def figures(self, questions: list[Question]) -> dict[str, float]:
+        """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``), {} on the
+        study's sum type."""
+        if not self.policy_loss:
+            return {}
+        return step_figures([q.credit.policy for q in questions], self.policy_settings)
+
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         return flat_step_record(
             lengths=question.credit.lengths,
             category=self.category,
+            reused=inputs.iteration > 0,
             **self.common_record(question, inputs),
         )
 
@@ -213,7 +294,12 @@ class FlatKind:
             raise ValueError(
                 "config.json makes this a flat step, rollouts.jsonl records a tree one"
             )
-        return flat_step_record(lengths=line["lengths"], category=cls.category, **inputs)
+        return flat_step_record(
+            lengths=line["lengths"],
+            category=cls.category,
+            reused=line.get("iteration", 0) > 0,
+            **inputs,
+        )
 
     @classmethod
     def rederive_inputs(
@@ -233,7 +319,9 @@ class FlatKind:
             unscored = [math.nan if r is None else r for r in rewards]
             sigma = standardised_advantages(unscored, scale=config.scale_rewards)[1]
         decision = decide_step(
-            int(sigma != 0), skip_zero_var=config.skip_zero_var, zero_var_step=config.zero_var_step
+            int(sigma != 0 or config.kl_beta > 0),
+            skip_zero_var=config.skip_zero_var,
+            zero_var_step=config.zero_var_step,
         )
         return dict(
             recorded_inputs(line, recorded, config, params),

@@ -56,6 +56,7 @@ class PathStepCredit:
 
 class ParallelKind:
     name: ClassVar[str] = "parallel"
+    reference = None  # the study's loss: no KL to a reference model
 
     def __init__(self, config, policy, engine, task, generator: torch.Generator, params: int):
         self.config, self.policy, self.engine = config, policy, engine
@@ -163,6 +164,10 @@ class ParallelKind:
             step_credit.path_weights,
             step_credit.summary_weights,
         )
+
+    def figures(self, questions: list[Question]) -> dict[str, float]:
+        """No policy figures: the study's loss forms no ratio, KL or entropy."""
+        return {}
 
     def loss_count(self, question: Question) -> int:
         """The sequences ``parallel_grpo_loss`` averages over: paths and summaries."""

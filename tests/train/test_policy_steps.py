@@ -1,0 +1,80 @@
+"""TRL's loss types on the native trainer (``rlvr_fast.train.policy``): a run with the KL to a
+synced reference model and two clipped updates per generation writes a ledger that keeps its
+laws, marks the reused updates, carries the entropy / KL / clip figures, and verifies; the
+reference sync is TRL's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr_fast.analysis.verify import verify_run
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.policy import ReferenceModel
+from rlvr_fast.train.trainer import RLVRTrainer
+
+POLICY_RUN = dict(
+    steps=4,
+    checkpoint_every=2,
+    group_size=4,
+    max_new_tokens=16,
+    eval_max_new_tokens=16,
+    eval_before=False,
+    lr=1e-3,
+    loss_order="token_weighted",
+    loss_type="dapo",
+    tempered_logprobs=True,
+    kl_beta=0.1,
+    sync_ref_model=True,
+    ref_model_sync_steps=2,
+    num_iterations=2,
+    epsilon=0.01,
+)
+
+
+def test_a_kl_run_with_two_updates_per_generation_keeps_and_verifies_its_ledger(tmp_path):
+    config = TrainConfig.from_arm("zg_flat", **POLICY_RUN)
+    problems = synthetic_problems("train", 2, seed=11)
+    RLVRTrainer(load_policy("tiny"), config, problems, out_dir=tmp_path, progress=False).train()
+    lines = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [line.get("reused", False) for line in lines] == [False, True, False, True]
+    assert [r.get("iteration", 0) for r in rollouts] == [0, 1, 0, 1]
+    assert rollouts[0]["texts"] == rollouts[1]["texts"]  # the second update reuses them
+    for line in lines:
+        assert line["active"], "the KL term gives every group a gradient"
+        assert (line["gen"] == 0) == line.get("reused", False)
+        assert line["policy"]["entropy"] > 0 and "clip_ratio/region_mean" in line["policy"]
+    assert lines[0]["policy"]["kl"] == 0.0  # the policy is the reference before any update
+    config_json = json.loads((tmp_path / "config.json").read_text())
+    assert config_json["config"]["kl_beta"] == 0.1
+    verification = verify_run(tmp_path)
+    assert verification.ok, "\n".join(verification.lines())
+
+
+def test_the_reference_sync_is_trls():
+    callbacks = pytest.importorskip("trl.trainer.callbacks")
+    torch.manual_seed(0)
+    policy, target = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    reference = ReferenceModel(target, sync_steps=2, alpha=0.6)
+    expected = ReferenceModel(target, sync_steps=None, alpha=0.6).model
+    reference.after_step(1, policy)
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), target.parameters()))
+    reference.after_step(2, policy)
+    callbacks.SyncRefModelCallback._sync_target_model(policy, expected, 0.6)
+    for ours, theirs in zip(reference.model.parameters(), expected.parameters()):
+        assert torch.equal(ours, theirs)
+        assert not ours.requires_grad
+
+
+def test_policy_settings_need_a_policy_loss_type():
+    with pytest.raises(ValueError, match="kl_beta is a setting of TRL's loss types"):
+        TrainConfig.from_arm("zg_flat", kl_beta=0.1)
+    with pytest.raises(ValueError, match="multiple of num_iterations"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=3))
+    with pytest.raises(ValueError, match="sync_ref_model syncs the reference"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, kl_beta=0.0))
