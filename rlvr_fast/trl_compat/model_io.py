@@ -135,8 +135,8 @@ def synced_transformers_model(policy: Policy, hf_model, directory: Path | None):
 
 def copy_weights_to(policy: Policy, hf_model) -> None:
     """Copy the policy's weights into ``hf_model`` (Hugging Face names; tied heads share the
-    embedding there, so copying it covers both)."""
-    state = {name: p.detach() for name, p in policy.model.named_parameters()}
+    embedding there, so copying it covers both); with LoRA, the merged weights."""
+    state = {name: p.detach() for name, p in policy.decoder.named_parameters()}
     if policy.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     tensors = packed_to_hf(state, policy.config)
