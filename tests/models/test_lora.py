@@ -51,14 +51,16 @@ def test_targets_select_projections_and_unsupported_targets_are_refused():
     qv = apply_lora(load_policy("tiny").model, LoraSettings(targets=("q_proj", "v_proj")))
     assert {n.rsplit(".", 1)[1] for n in qv.layers} == {"qkv_proj"}
     assert all(layer.adapted == ("q_proj", "v_proj") for layer in qv.layers.values())
-    layer0 = apply_lora(load_policy("tiny").model, LoraSettings(targets=r"model\.layers\.0\..*"))
+    layer0 = apply_lora(
+        load_policy("tiny").model, LoraSettings(targets=r"model\.layers\.0\..*_proj")
+    )
     assert sorted(layer0.layers) == [
         "model.layers.0.mlp.down_proj",
         "model.layers.0.mlp.gate_up_proj",
         "model.layers.0.self_attn.o_proj",
         "model.layers.0.self_attn.qkv_proj",
     ]
-    with pytest.raises(ValueError, match="match model.layers.0.input_layernorm"):
+    with pytest.raises(ValueError, match="match model.embed_tokens"):
         apply_lora(load_policy("tiny").model, LoraSettings(targets=".*"))
     with pytest.raises(ValueError, match="match lm_head"):
         apply_lora(load_policy("tiny").model, LoraSettings(targets=("q_proj", "lm_head")))
@@ -156,5 +158,6 @@ def test_the_adapter_loads_in_peft_with_our_logits(tmp_path):
     with torch.no_grad():
         theirs = peft_model(input_ids=IDS, attention_mask=MASK).logits
         ours = policy.decoder(IDS, MASK)
+    # Merged (W + s B A) against peft's unmerged sum: fp32 roundings in another order.
     real = MASK.bool()
-    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-4, atol=1e-4)

@@ -48,7 +48,7 @@ def test_lora_config_fields_are_read_and_the_unsupported_refused_by_name():
     )
     assert lora_settings(LoraConfig(use_rslora=True, r=16)).scaling == 8 / 4
     refused = [
-        (dict(use_dora=True), "use_dora=True .*DoRA"),
+        (dict(use_dora=True), r"use_dora=True\).*DoRA"),
         (dict(modules_to_save=["lm_head"]), "modules_to_save"),
         (dict(bias="all"), "bias='all'"),
         (dict(init_lora_weights="gaussian"), "init_lora_weights"),
@@ -155,5 +155,5 @@ def test_one_lora_step_gives_trl_and_peft_adapter_gradient_and_the_adapter_loads
     ids = torch.tensor([[5, 17, 3, 9, 41, 2, 8, 11]])
     with torch.no_grad():
         torch.testing.assert_close(
-            trainer.policy.decoder(ids), loaded(input_ids=ids).logits, rtol=1e-5, atol=1e-5
+            trainer.policy.decoder(ids), loaded(input_ids=ids).logits, rtol=1e-4, atol=1e-4
         )
