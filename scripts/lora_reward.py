@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--eval-problems", type=int, default=100)
     parser.add_argument("--max-completion-length", type=int, default=96)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--prompts-per-step", type=int, default=1)
     args = parser.parse_args()
     from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM
@@ -50,7 +51,7 @@ def main() -> None:
         output_dir=out,
         max_steps=args.steps,
         num_generations=8,
-        per_device_train_batch_size=8,
+        per_device_train_batch_size=8 * args.prompts_per_step,
         max_completion_length=args.max_completion_length,
         temperature=0.8,
         top_p=0.9,
@@ -69,7 +70,7 @@ def main() -> None:
         model=str(TINY_MODEL_DIR),
         reward_funcs=correct,
         args=config,
-        train_dataset=rows("train", args.steps, args.seed),
+        train_dataset=rows("train", args.steps * args.prompts_per_step, args.seed),
         eval_dataset=rows("test", args.eval_problems, args.seed),
         peft_config=LoraConfig(
             r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=targets
