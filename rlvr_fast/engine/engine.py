@@ -134,8 +134,9 @@ class RolloutEngine:
 
     @classmethod
     def for_policy(cls, policy, **settings) -> "RolloutEngine":
-        """An engine for a ``Policy``: its model, its tokenizer's end-of-sequence tokens."""
-        return cls(policy.model, eos_token_ids=policy.tokenizer.eos_token_ids, **settings)
+        """An engine for a ``Policy``: its decoder (the model, or with LoRA its merged twin),
+        its tokenizer's end-of-sequence tokens."""
+        return cls(policy.decoder, eos_token_ids=policy.tokenizer.eos_token_ids, **settings)
 
     @classmethod
     def shared(cls, policy) -> "RolloutEngine":

@@ -15,6 +15,7 @@ import torch
 
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, write_model_files
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.lora import LoraAdapters
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.models.tokenizer import MAX_TOKENIZER_BYTES, TOKENIZER_FILES, Tokenizer
 from rlvr_fast.utils.files import UnreadableFileError, model_file, read_bytes, replaced_directory
@@ -29,6 +30,18 @@ class Policy:
     tokenizer: Tokenizer
     config: ModelConfig
     path: Path
+    # LoRA adapters on the model (rlvr_fast.models.lora.apply_lora), or None.
+    adapters: LoraAdapters | None = None
+
+    @property
+    def decoder(self) -> Qwen3ForCausalLM:
+        """The model the rollout engine runs: the model, or with LoRA its merged twin."""
+        return self.model if self.adapters is None else self.adapters.decoder
+
+    def refresh_decoder(self) -> None:
+        """With LoRA, the decoder's merged weights recomputed in place after a step."""
+        if self.adapters is not None:
+            self.adapters.refresh()
 
     @property
     def device(self) -> torch.device:
@@ -55,7 +68,7 @@ class Policy:
         """Weights, config and tokenizer files into an existing ``directory`` (a staging one).
         The tokenizer files are copied from the model directory the way they were read: regular
         files inside it, bounded (a link out of it is refused, not copied)."""
-        write_model_files(self.model, directory, weights)
+        write_model_files(self.decoder, directory, weights)
         for name in TOKENIZER_FILES:
             source = model_file(self.path, name)
             if source is not None:

@@ -40,11 +40,15 @@ class Update:
 class OptimizerStepping:
     """AdamW over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
     masters), stepped by each step's decision. The model is cast to ``precision``'s compute
-    dtype first; the masters copy its weights before the cast."""
+    dtype first; the masters copy its weights before the cast. ``after_publish`` runs after
+    every step that moved the weights (with LoRA: the engine's merged weights refreshed)."""
 
-    def __init__(self, model: torch.nn.Module, config, precision: str = "fp32") -> None:
+    def __init__(
+        self, model: torch.nn.Module, config, precision: str = "fp32", after_publish=None
+    ) -> None:
         self.model = model
         self.precision = precision
+        self.after_publish = after_publish
         self.masters = MasterWeights(model) if precision == "bf16-mixed" else None
         model.to(COMPUTE_DTYPES[precision])
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -62,7 +66,9 @@ class OptimizerStepping:
 
     @property
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.params)
+        """The model's parameters, frozen ones included (a LoRA forward runs them all): the P
+        of the ledger's FLOPs."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def update(
         self,
@@ -101,9 +107,12 @@ class OptimizerStepping:
         return update
 
     def publish(self) -> None:
-        """Under bf16-mixed, the stepped masters rounded into the model's weights."""
+        """Under bf16-mixed, the stepped masters rounded into the model's weights; then
+        ``after_publish``."""
         if self.masters is not None:
             self.masters.publish()
+        if self.after_publish is not None:
+            self.after_publish()
 
     def backward(self, phase: Phases, loss_fn) -> float:
         """Forward (``loss_fn``) and backward into the parameters' .grad; the loss."""

@@ -122,7 +122,9 @@ class RLVRTrainer:
         if policy.device.type == "cuda":
             longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
             plan = self.check_memory(longest)
-        self.stepping = OptimizerStepping(policy.model, config, self.precision)
+        self.stepping = OptimizerStepping(
+            policy.model, config, self.precision, after_publish=policy.refresh_decoder
+        )
         self.num_params = self.stepping.num_params
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
@@ -350,9 +352,7 @@ class RLVRTrainer:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
         recorded = distributed.all_gather(recorded)[0]
         if recorded is not None and self.layout.checkpoint.exists():
-            self.start_step = self.checkpointer.load(
-                self.layout.checkpoint, distributed.check_world_size
-            )
+            self.start_step = self.load_checkpoint(self.layout.checkpoint)
         if recorded is not None and recorded["config"]["steps"] == config["steps"]:
             self.finished_summary = finished_summary(self.layout)
             if self.finished_summary is not None:
@@ -385,7 +385,9 @@ class RLVRTrainer:
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""
-        return self.checkpointer.load(path, distributed.check_world_size)
+        step = self.checkpointer.load(path, distributed.check_world_size)
+        self.policy.refresh_decoder()
+        return step
 
 
 def engine_settings(config: TrainConfig, plan: MemoryPlan | None) -> dict:

@@ -143,8 +143,9 @@ def synced_transformers_model(policy: Policy, hf_model, directory: Path | None, 
 
 def copy_weights_to(policy: Policy, hf_model, weights=None) -> None:
     """Copy the policy's weights (or ``weights`` in their place) into ``hf_model`` (Hugging Face
-    names; tied heads share the embedding there, so copying it covers both)."""
-    state = {name: p.detach() for name, p in policy.model.named_parameters()}
+    names; tied heads share the embedding there, so copying it covers both); with LoRA, the
+    merged weights."""
+    state = {name: p.detach() for name, p in policy.decoder.named_parameters()}
     state.update({name: t.detach() for name, t in (weights or {}).items()})
     if policy.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

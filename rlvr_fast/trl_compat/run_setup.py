@@ -19,7 +19,6 @@ def refuse_unsupported_arguments(**arguments) -> None:
     reasons = {
         "optimizers": "rlvr_fast steps its own AdamW (with the zero-gradient step)",
         "quantization_config": "quantized models",
-        "peft_config": "LoRA and other adapters train on issue 27's branch, not here",
         "tools": "tool calling",
         "rollout_func": "custom rollouts",
         "environment_factory": "environments",

@@ -48,8 +48,15 @@ class SavingAndSurface:
             self._write_model(staging)
 
     def _write_model(self, directory: Path) -> None:
+        """The model's files, or with LoRA peft's adapter files (as TRL saves a PeftModel);
+        the processing class's beside them."""
         self._sync_model()
-        self.model.save_pretrained(directory)
+        adapters = self.policy.adapters
+        if adapters is None:
+            self.model.save_pretrained(directory)
+        else:
+            base = self.model_dir or self.model.config._name_or_path
+            adapters.write_files(directory, str(base))
         self.processing_class.save_pretrained(directory)
 
     def _save_checkpoint(self) -> None:

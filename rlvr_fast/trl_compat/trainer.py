@@ -33,12 +33,14 @@ from pathlib import Path
 
 import torch
 
+from rlvr_fast.models.lora import apply_lora
 from rlvr_fast.train import distributed
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
+from rlvr_fast.trl_compat.lora import lora_settings
 from rlvr_fast.trl_compat.model_io import (
     is_transformers_model,
     load_processing_class,
@@ -89,7 +91,6 @@ class GRPOTrainer(SavingAndSurface):
         refuse_unsupported_arguments(
             optimizers=optimizers,
             quantization_config=quantization_config,
-            peft_config=peft_config,
             tools=tools,
             rollout_func=rollout_func,
             environment_factory=environment_factory,
@@ -106,6 +107,8 @@ class GRPOTrainer(SavingAndSurface):
         self.policy = load_trl_policy(
             model, self.processing_class, device=device, dtype=policy_dtype(args)
         )
+        if peft_config is not None:
+            self.policy.adapters = apply_lora(self.policy.model, lora_settings(peft_config))
         self.model_dir = model_directory(model)
         self.model = model if is_transformers_model(model) else None
         if self.model is None:

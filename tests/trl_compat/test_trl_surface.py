@@ -177,7 +177,6 @@ def test_trainer_surface_scripts_call(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argument,message",
     [
-        ({"peft_config": object()}, "peft_config=object is not supported by rlvr_fast"),
         ({"quantization_config": object()}, "quantization_config=object"),
         ({"optimizers": (object(), None)}, "optimizers=tuple"),
         ({"tools": [print]}, "tools=list"),

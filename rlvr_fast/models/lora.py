@@ -1,0 +1,287 @@
+"""LoRA on the decoder's projections, as peft computes it, and the merged decoder the rollout
+engine runs.
+
+An adapted projection computes ``W x + b + s B A dropout(x)`` with A ``[r, in]``, B ``[out, r]``
+and s = lora_alpha / r (lora_alpha / sqrt(r) under rsLoRA); W and b are frozen, A starts
+Kaiming-uniform and B at zero (peft's ``init_lora_weights=True``), so the adapted model starts as
+the base model. Names are Hugging Face's per-projection modules (``q_proj`` ... ``down_proj``),
+which our packed ``qkv_proj`` / ``gate_up_proj`` stack: an adapted ``q_proj`` is one (A, B) pair
+on the q rows of ``qkv_proj``, with its own dropout draw, as in peft.
+
+The rollout engine decodes from a twin of the model (``LoraAdapters.decoder``) whose adapted
+weights are merged, W + s B A, and refreshed in place after each optimizer step (``refresh``;
+the engine's CUDA graphs hold their addresses); every other tensor is the model's own. Adapter
+files are peft's: ``adapter_config.json`` and ``adapter_model.safetensors`` with its names
+(``base_model.model.<module>.lora_A.weight``), which ``peft.PeftModel.from_pretrained`` loads
+onto the Hugging Face model of the base checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
+from rlvr_fast.utils.files import replaced_directory
+
+# Our projection modules (by name suffix) and the Hugging Face projections stacked in each.
+PROJECTIONS = {
+    "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "self_attn.o_proj": ("o_proj",),
+    "mlp.gate_up_proj": ("gate_proj", "up_proj"),
+    "mlp.down_proj": ("down_proj",),
+}
+# peft's defaults for these architectures when target_modules is None.
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+ALL_LINEAR = "all-linear"
+PEFT_PREFIX = "base_model.model."
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """What peft's ``LoraConfig`` says that rlvr_fast honours: ``rank`` (r), ``alpha``
+    (lora_alpha), ``dropout`` (lora_dropout), ``targets`` (target_modules: names matched on a
+    module name's last components, a regular expression matched on the whole name, or
+    "all-linear": every projection but the LM head) and ``rslora`` (use_rslora)."""
+
+    rank: int = 8
+    alpha: float = 8.0
+    dropout: float = 0.0
+    targets: str | tuple[str, ...] = DEFAULT_TARGETS
+    rslora: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"LoRA rank must be a positive integer, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora_alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora_dropout must lie in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.targets, str):
+            object.__setattr__(self, "targets", tuple(sorted(self.targets)))
+            if not self.targets:
+                raise ValueError("LoRA target_modules is empty")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+    def matches(self, name: str) -> bool:
+        """Whether the module of Hugging Face name ``name`` is a target (peft's rule)."""
+        if self.targets == ALL_LINEAR:
+            return name.rsplit(".", 1)[-1] in PART_NAMES
+        if isinstance(self.targets, str):
+            return re.fullmatch(self.targets, name) is not None
+        return any(name == t or name.endswith(f".{t}") for t in self.targets)
+
+
+PART_NAMES = frozenset(p for parts in PROJECTIONS.values() for p in parts)
+
+
+def part_rows(config: ModelConfig, suffix: str) -> tuple[int, ...]:
+    """Output rows of each Hugging Face projection stacked in our module ``suffix``."""
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    return {
+        "self_attn.qkv_proj": (q, kv, kv),
+        "self_attn.o_proj": (config.hidden_size,),
+        "mlp.gate_up_proj": (config.intermediate_size, config.intermediate_size),
+        "mlp.down_proj": (config.hidden_size,),
+    }[suffix]
+
+
+class LoraLinear(nn.Module):
+    """A frozen projection whose weight stacks ``parts`` (name -> rows, in order), with an
+    (A, B) pair on each part named in ``adapted``. ``weight`` and ``bias`` are the frozen
+    projection's own parameters (so their names do not change)."""
+
+    def __init__(
+        self, base: nn.Linear, parts: dict[str, int], adapted: tuple[str, ...], settings
+    ) -> None:
+        super().__init__()
+        self.weight, self.bias = base.weight, base.bias
+        self.parts, self.adapted = dict(parts), tuple(adapted)
+        self.scaling, self.dropout = settings.scaling, settings.dropout
+        factory = dict(device=base.weight.device, dtype=base.weight.dtype)
+        rank, width = settings.rank, base.in_features
+        self.lora_A = nn.ParameterDict(
+            {p: nn.Parameter(torch.empty(rank, width, **factory)) for p in self.adapted}
+        )
+        self.lora_B = nn.ParameterDict(
+            {p: nn.Parameter(torch.zeros(self.parts[p], rank, **factory)) for p in self.adapted}
+        )
+        for a in self.lora_A.values():
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        if len(self.parts) == 1:
+            return out + self.low_rank(x, self.adapted[0])
+        pieces = out.split(list(self.parts.values()), dim=-1)
+        return torch.cat(
+            [
+                piece + self.low_rank(x, part) if part in self.lora_A else piece
+                for part, piece in zip(self.parts, pieces)
+            ],
+            dim=-1,
+        )
+
+    def low_rank(self, x: torch.Tensor, part: str) -> torch.Tensor:
+        """s B A dropout(x) of ``part``, in peft's order of operations."""
+        x = F.dropout(x, self.dropout, self.training) if self.dropout else x
+        return F.linear(F.linear(x, self.lora_A[part]), self.lora_B[part]) * self.scaling
+
+    def merged_weight(self) -> torch.Tensor:
+        """W + s B A on each adapted part's rows, formed in float32 and rounded once to the
+        weight's dtype (a bf16 product would round the delta before the sum)."""
+        pieces = self.weight.split(list(self.parts.values()), dim=0)
+        return torch.cat(
+            [
+                (piece.float() + self.delta(part)).to(piece.dtype) if part in self.lora_A else piece
+                for part, piece in zip(self.parts, pieces)
+            ]
+        )
+
+    def delta(self, part: str) -> torch.Tensor:
+        """s B A of ``part``, float32 [rows, in]."""
+        return (self.lora_B[part].float() @ self.lora_A[part].float()) * self.scaling
+
+
+def apply_lora(model: Qwen3ForCausalLM, settings: LoraSettings) -> "LoraAdapters":
+    """Freeze ``model`` and put adapters on its target projections (in place)."""
+    for name, module in model.named_modules():
+        leaf = not any(True for _ in module.children())
+        if leaf and not name.endswith(tuple(PROJECTIONS)) and settings.matches(name):
+            raise ValueError(
+                f"LoRA target_modules {settings.targets!r} match {name} "
+                f"({type(module).__name__}): rlvr_fast adapts only the projections "
+                f"{', '.join(sorted(PART_NAMES))}"
+            )
+    for param in model.parameters():
+        param.requires_grad_(False)
+    layers = {}
+    for name, module in list(model.named_modules()):
+        suffix = next((s for s in PROJECTIONS if name.endswith(f".{s}")), None)
+        if suffix is None:
+            continue
+        parent_name, attribute = name.rsplit(".", 1)
+        parts = dict(zip(PROJECTIONS[suffix], part_rows(model.config, suffix)))
+        adapted = tuple(p for p in parts if settings.matches(f"{parent_name}.{p}"))
+        if adapted:
+            layers[name] = LoraLinear(module, parts, adapted, settings)
+            setattr(model.get_submodule(parent_name), attribute, layers[name])
+    if not layers:
+        raise ValueError(
+            f"LoRA target_modules {settings.targets!r} match none of the model's projections "
+            f"({', '.join(sorted(PART_NAMES))})"
+        )
+    return LoraAdapters(model, settings, layers)
+
+
+class LoraAdapters:
+    """The adapted layers of one model (by our module name), the merged decoder the engine
+    runs, and peft's adapter files."""
+
+    def __init__(
+        self, model: Qwen3ForCausalLM, settings: LoraSettings, layers: dict[str, LoraLinear]
+    ) -> None:
+        self.model, self.settings, self.layers = model, settings, layers
+        self._decoder: Qwen3ForCausalLM | None = None
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for layer in self.layers.values() for p in layer.parameters() if p.requires_grad]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def decoder(self) -> Qwen3ForCausalLM:
+        """The model with merged weights, made on first use (after the stepping has cast the
+        model to its compute dtype): every parameter is the model's own object except each
+        adapted weight, which is a merged copy."""
+        if self._decoder is None:
+            self._decoder = merged_twin(self.model, self.layers)
+        return self._decoder
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """The decoder's merged weights recomputed from the adapters, in place."""
+        if self._decoder is None:
+            return
+        for name, layer in self.layers.items():
+            self._decoder.get_submodule(name).weight.copy_(layer.merged_weight())
+
+    def targets(self) -> list[str]:
+        """The Hugging Face projection names adapted (peft's resolved target_modules)."""
+        return sorted({part for layer in self.layers.values() for part in layer.adapted})
+
+    def peft_state(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+        """Adapter tensors by peft's names: as saved (``adapter`` None) or as a ``PeftModel``
+        names its parameters (``...lora_A.<adapter>.weight``)."""
+        infix = "" if adapter is None else f".{adapter}"
+        state = {}
+        for name, layer in self.layers.items():
+            owner = name.rsplit(".", 1)[0]
+            for part in layer.adapted:
+                stem = f"{PEFT_PREFIX}{owner}.{part}"
+                state[f"{stem}.lora_A{infix}.weight"] = layer.lora_A[part]
+                state[f"{stem}.lora_B{infix}.weight"] = layer.lora_B[part]
+        return state
+
+    def peft_config(self, base_model: str, task_type: str | None = "CAUSAL_LM") -> dict:
+        """adapter_config.json as peft writes it for these settings (fields left out take
+        peft's defaults when it reads the file)."""
+        s = self.settings
+        return {
+            "peft_type": "LORA",
+            "task_type": task_type,
+            "base_model_name_or_path": base_model,
+            "r": s.rank,
+            "lora_alpha": s.alpha,
+            "lora_dropout": s.dropout,
+            "use_rslora": s.rslora,
+            "target_modules": self.targets(),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "init_lora_weights": True,
+            "inference_mode": True,
+        }
+
+    def write_files(self, directory: Path, base_model: str, task_type="CAUSAL_LM") -> None:
+        """adapter_config.json + adapter_model.safetensors into an existing ``directory``."""
+        tensors = {n: t.detach().cpu().contiguous() for n, t in self.peft_state().items()}
+        save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        config = self.peft_config(base_model, task_type)
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+    def save(self, directory: str | os.PathLike, base_model: str) -> None:
+        """The adapter files as the whole of ``directory``, atomically."""
+        with replaced_directory(directory) as staging:
+            self.write_files(staging, base_model)
+
+
+def merged_twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear]) -> Qwen3ForCausalLM:
+    """A decoder sharing every parameter object of ``model`` but the adapted weights, which
+    are merged copies (frozen, as the engine reads them under inference mode)."""
+    with torch.device("meta"):
+        twin = Qwen3ForCausalLM(model.config)
+    for name, module in twin.named_modules():
+        source = model.get_submodule(name)
+        for key in list(module._parameters):
+            if name in layers and key == "weight":
+                merged = layers[name].merged_weight().detach()
+                module._parameters[key] = nn.Parameter(merged, requires_grad=False)
+            else:
+                module._parameters[key] = getattr(source, key)
+    return twin.eval()
