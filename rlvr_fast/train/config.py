@@ -58,6 +58,7 @@ from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
+from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 
 
 SAMPLERS = tuple(KINDS)
@@ -66,7 +67,7 @@ ADVANTAGE_STDS = ("group", "batch")
 
 
 @dataclass
-class TrainConfig(PolicyLossConfig):
+class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
     arm: str = setting(
         "baseline",
         "the arm whose preset the settings start from (rlvr_fast.train.arms)",
@@ -100,30 +101,6 @@ class TrainConfig(PolicyLossConfig):
         "nucleus of the study's top-p rule",
         lambda v: 0 < v <= 1,
         "top_p must be in (0, 1], got {value}",
-    )
-    # TRL's sampler options (rlvr_fast.engine.token_sampler), off by default; config.json holds
-    # them only when set, as runs written before them did.
-    top_k: int = setting(
-        0,
-        "sample among the k most likely tokens, top-p then renormalised over them (0: off)",
-        lambda v: v >= 0,
-        "top_k must be >= 0, got {value}",
-        written_when_set=True,
-    )
-    min_p: float = setting(
-        0.0,
-        "drop tokens below min_p times the most likely token's probability (0: off)",
-        lambda v: 0 <= v <= 1,
-        "min_p must be in [0, 1], got {value}",
-        written_when_set=True,
-    )
-    repetition_penalty: float = setting(
-        1.0,
-        "divide (multiply, when negative) the logits of tokens already in the prompt or the "
-        "completion by this (1: off)",
-        lambda v: v > 0,
-        "repetition_penalty must be > 0, got {value}",
-        written_when_set=True,
     )
     max_new_tokens: int = setting(
         512,
@@ -423,11 +400,6 @@ class TrainConfig(PolicyLossConfig):
             for f in dataclasses.fields(self)
             if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
         }
-
-    @property
-    def sampler_options(self) -> dict:
-        """top_k, min_p and repetition_penalty as ``SamplingParams`` takes them."""
-        return dict(top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty)
 
     @property
     def questions_needed(self) -> int:

@@ -66,6 +66,11 @@ from rlvr_fast.trl_compat.run_setup import (
 from rlvr_fast.trl_compat.saving import ALLOW_NONFINITE, SavingAndSurface
 
 
+def completion_end_ids(tokenizer) -> set[int]:
+    """The ids that end a completion as TRL cuts them: every EOS id and the padding id."""
+    return set(tokenizer.eos_token_ids) | {tokenizer.pad_token_id}
+
+
 class GRPOTrainer(SavingAndSurface):
     """TRL 1.16's ``GRPOTrainer`` on rlvr_fast (see the module docstring)."""
 
@@ -374,7 +379,7 @@ class GRPOTrainer(SavingAndSurface):
         values = step_metrics(
             groups,
             config,
-            self._eos_ids(),
+            completion_end_ids(self.policy.tokenizer),
             self.reward_func_names,
             self.state.num_input_tokens_seen,
             record,
@@ -387,10 +392,6 @@ class GRPOTrainer(SavingAndSurface):
             self.completions_log.add(
                 self.state.global_step, groups, group_advantages(groups, config)
             )
-
-    def _eos_ids(self) -> set[int]:
-        tokenizer = self.policy.tokenizer
-        return set(tokenizer.eos_token_ids) | {tokenizer.pad_token_id}
 
     def _window(self) -> dict:
         logs = window_means(self._metrics)

@@ -158,7 +158,15 @@ def test_the_sampler_constant_is_what_the_sampler_takes(monkeypatch, vocab):
         monkeypatch.setattr(top_p_sampling, kernel, NoLaunch())
     rows = 16
     logits = torch.empty(rows, vocab, dtype=torch.bfloat16, device="meta")
-    assert sampler_peak(logits, top_p_sampling.sample_top_p_triton) == rows * SAMPLER_BYTES_PER_ROW
+
+    def triton_path(logits, seeds, positions, temperature, top_p):
+        # top-k and min-p as the engine gives them, 0-d device buffers (on the meta device their
+        # values do not matter): the sampler makes none of its own
+        return top_p_sampling.sample_top_p_triton(
+            logits, seeds, positions, temperature, top_p, top_k=top_p, min_p=top_p
+        )
+
+    assert sampler_peak(logits, triton_path) == rows * SAMPLER_BYTES_PER_ROW
 
     def op_path(*args):
         return sample_tokens(*args, greedy=False)
