@@ -1,4 +1,6 @@
 # The two set-up commands of README: `make test` and `make demo`. Each creates .venv on first use.
+# The C++ extension compiles (setup.py build_ext --inplace, next to its sources) while pip installs
+# the dependencies and the package in editable mode around it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +13,9 @@ $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade setuptools wheel
 	$(BIN)/pip install --quiet $(TORCH_PIN) ninja
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[dev]'
+	$(BIN)/python setup.py --quiet build_ext --inplace > $(VENV)/build_ext.log 2>&1 & build=$$!; \
+	RLVR_FAST_EXTENSION=inplace $(BIN)/pip install --quiet --no-build-isolation -e '.[dev]'; \
+	deps=$$?; wait $$build || { tail -n 30 $(VENV)/build_ext.log; exit 1; }; exit $$deps
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,9 +1,12 @@
 """Builds rlvr_fast, installs kernels/ as rlvr_fast.kernels, and compiles csrc/*.cpp into rlvr_fast._C.
 
 Metadata lives in pyproject.toml; this file only adds what needs code: the package_dir mapping and
-the C++ extension (built only when csrc/ has sources).
+the C++ extension (built only when csrc/ has sources). RLVR_FAST_EXTENSION=inplace leaves the
+extension out of an install: `make install` builds it with `setup.py build_ext --inplace` while pip
+installs the dependencies (a compile uses both cores; pip's unpacking one).
 """
 
+import os
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -14,7 +17,7 @@ CPP_HEADERS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.h
 
 
 def cpp_extension():
-    if not CPP_SOURCES:
+    if not CPP_SOURCES or os.environ.get("RLVR_FAST_EXTENSION") == "inplace":
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 

@@ -12,7 +12,14 @@ from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
 from rlvr_fast.trl_compat.run_setup import train_config
-from trl_side_by_side import chat_model_dir, chat_rows, text_rows, trl_modules, varied_reward
+from trl_side_by_side import (
+    QUIET_CPU_RUN,
+    chat_model_dir,
+    chat_rows,
+    text_rows,
+    trl_modules,
+    varied_reward,
+)
 
 MODEL = str(TINY_MODEL_DIR)
 ROWS = text_rows(8)
@@ -24,12 +31,7 @@ SETTINGS = dict(
     max_completion_length=24,
     temperature=0.8,
     learning_rate=1e-3,
-    logging_steps=1,
-    report_to="none",
-    save_strategy="no",
-    bf16=False,
-    use_cpu=True,
-    disable_tqdm=True,
+    **QUIET_CPU_RUN,
 )
 TWO_PROMPTS = dict(per_device_train_batch_size=8)
 TWO_MICRO_BATCHES = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2)

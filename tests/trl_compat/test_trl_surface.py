@@ -11,7 +11,7 @@ import torch
 
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
-from trl_side_by_side import text_rows, trl_modules, varied_reward
+from trl_side_by_side import QUIET_CPU_RUN, text_rows, trl_modules, varied_reward
 
 MODEL = str(TINY_MODEL_DIR)
 ROWS = text_rows(4)
@@ -22,12 +22,7 @@ SETTINGS = dict(
     max_completion_length=16,
     temperature=0.8,
     learning_rate=1e-3,
-    logging_steps=1,
-    report_to="none",
-    save_strategy="no",
-    bf16=False,
-    use_cpu=True,
-    disable_tqdm=True,
+    **QUIET_CPU_RUN,
 )
 
 
