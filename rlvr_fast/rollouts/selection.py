@@ -187,11 +187,12 @@ def select_data(
     if not problems:
         raise ValueError("select-data: no problems in --data")
     check_output(out, data_path)
+    # A long question fails here, before the lock file is made: a refusal writes nothing.
+    encode_prompts(policy, problems, settings.max_new_tokens)
     try:
         lock_output(out)
     except DirectoryLockedError as err:
         raise ValueError(str(err)) from None
-    encode_prompts(policy, problems, settings.max_new_tokens)  # a long question fails here
     rates = measure_pass_rates(
         policy,
         engine,
