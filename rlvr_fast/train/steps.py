@@ -55,6 +55,14 @@ def pooled_weights(kind: StepKind, questions: list[Question], contributing: list
     return [kind.loss_count(q) / max(total, 1) for q in contributing]
 
 
+def generation_order(seed: int, generation: int, completions: int) -> list[int]:
+    """The shuffle of generation ``generation``'s ``completions`` (TRL's
+    ``shuffle_sequence_dict``, from a generator of its own seeded by the run's seed and the
+    generation)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
+    return torch.randperm(completions, generator=generator).tolist()
+
+
 def generation_shares(
     sizes: list[int], seed: int, generation: int, steps: int, index: int
 ) -> list[list[int]]:
@@ -63,8 +71,7 @@ def generation_shares(
     (question-major) drawn from a generator seeded by (``seed``, ``generation``), each
     question's in leaf order. The run's own generator is not drawn from."""
     total = sum(sizes)
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
-    order = torch.randperm(total, generator=generator).tolist()
+    order = generation_order(seed, generation, total)
     per_step = total // steps
     chosen = sorted(order[index * per_step : (index + 1) * per_step])
     shares, start = [], 0

@@ -12,6 +12,7 @@ from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
 from rlvr_fast.trl_compat.run_setup import train_config
+from rlvr_fast.train.steps import generation_order
 from trl_side_by_side import (
     QUIET_CPU_RUN,
     chat_model_dir,
@@ -389,3 +390,51 @@ def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratio
         assert metrics["clip_ratio/region_mean"] > 0, "the case clips nothing"
     for name in clip_keys:
         assert logs[name] == pytest.approx(metrics[name], abs=1e-6), name
+
+
+def shuffled_as(order: list[int]):
+    """TRL's ``shuffle_sequence_dict`` with ``order`` for its permutation (ours)."""
+    permutation = torch.tensor(order)
+
+    def shuffle(batch: dict) -> dict:
+        def permute(value):
+            if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+                return value
+            if isinstance(value, torch.Tensor):
+                return value[permutation]
+            return [value[i] for i in permutation]
+
+        return {key: permute(value) for key, value in batch.items()}
+
+    return shuffle
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(
+            loss_type="dapo",
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            steps_per_generation=4,
+        ),
+        dict(loss_type="bnpo", steps_per_generation=2),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_a_step_on_a_share_of_a_larger_generation_gives_trls_gradient(
+    tmp_path, monkeypatch, settings
+):
+    """steps_per_generation = 2 x gradient_accumulation_steps: one generation of two prompts
+    serves two optimizer steps; the first step's gradient, from the same rollouts and the same
+    shuffle (ours, given to TRL's shuffle_sequence_dict), is TRL's."""
+    trl = trl_modules()
+    from trl.trainer import grpo_trainer
+
+    ours, completions, prompts, logs, _ = our_gradient(tmp_path, max_steps=2, **settings)
+    assert len(completions) == 8, "one generation of two prompts"
+    order = generation_order(SETTINGS.get("seed", 42), 0, len(completions))
+    monkeypatch.setattr(grpo_trainer, "shuffle_sequence_dict", shuffled_as(order))
+    theirs, their_loss, _ = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
