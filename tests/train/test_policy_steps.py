@@ -111,3 +111,9 @@ def test_policy_settings_need_a_policy_loss_type():
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=3))
     with pytest.raises(ValueError, match="sync_ref_model syncs the reference"):
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, kl_beta=0.0))
+    with pytest.raises(ValueError, match="generation_steps is a setting of TRL's loss types"):
+        TrainConfig.from_arm("zg_flat", generation_steps=2)
+    with pytest.raises(ValueError, match=r"generation_steps \(3\) must divide"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=6, generation_steps=3))
+    with pytest.raises(ValueError, match="multiple of num_iterations x generation_steps"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, generation_steps=2))
