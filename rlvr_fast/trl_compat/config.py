@@ -189,6 +189,11 @@ class GRPOConfig(TRLFields):
         """Optimizer steps one generation batch is split over (before num_iterations)."""
         return self.steps_per_generation // self.gradient_accumulation_steps
 
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps on one generation batch: num_iterations x generation_steps."""
+        return self.num_iterations * self.generation_steps
+
     def resolve_steps(self, value: float, max_steps: int) -> int:
         """A steps setting as transformers reads it: below 1, a fraction of max_steps."""
         return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)

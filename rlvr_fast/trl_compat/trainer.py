@@ -140,10 +140,8 @@ class GRPOTrainer(SavingAndSurface):
 
         self.rows = dataset_rows(train_dataset, args.remove_unused_columns, "train_dataset")
         self.prompts_per_step = args.prompts_per_step
-        # num_iterations x generation_steps optimizer steps per generation batch, as TRL's
-        # sampler repeats it and its buffer splits it.
-        self.updates_per_generation = args.num_iterations * args.generation_steps
-        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * self.updates_per_generation
+        # Optimizer steps per generation batch, as TRL's sampler repeats it and its buffer splits it.
+        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * args.updates_per_generation
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"train_dataset has {len(self.rows)} prompts, fewer than one step's "
@@ -280,10 +278,7 @@ class GRPOTrainer(SavingAndSurface):
         metrics = speed_metrics(
             "train",
             started,
-            num_samples=steps
-            * self.prompts_per_step
-            * args.num_generations
-            // args.generation_steps,
+            num_samples=steps * args.generation_batch_size // args.generation_steps,
             num_steps=steps,
         )
         metrics["total_flos"] = state.total_flos
@@ -336,7 +331,7 @@ class GRPOTrainer(SavingAndSurface):
         order."""
         epoch, position = divmod(step, self.steps_per_epoch)
         order = self._epoch_order(epoch)
-        first = position // self.updates_per_generation * self.prompts_per_step
+        first = position // self.args.updates_per_generation * self.prompts_per_step
         return [self.trainer.train_data[i] for i in order[first : first + self.prompts_per_step]]
 
     def _epoch_order(self, epoch: int) -> list[int]:
