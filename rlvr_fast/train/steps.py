@@ -44,14 +44,11 @@ QUESTION_COMBINATIONS = ("unit_norm", "pooled")
 
 
 def pooled_weights(kind: StepKind, questions: list[Question], contributing: list[Question]):
-    """c_q = n_q / sum n of each ``contributing`` question (of this rank), the sum over every
-    question of the step on every rank (an all_reduce); of a step of generation_steps S > 1,
-    n_q counts the question's share and the sum is the kind's ``step_normaliser`` (module
-    docstring)."""
-    own = sum(kind.loss_count(q) for q in questions)
-    if questions[0].share is not None:
-        own = kind.step_normaliser(questions)
-    total = distributed.sum_over_ranks(own)
+    """c_q = n_q / N of each ``contributing`` question (of this rank), N the kind's
+    ``step_normaliser`` summed over every rank (an all_reduce): sum n over every question of
+    the step, or under generation_steps S > 1 what module docstring says, n_q then counting
+    the question's share."""
+    total = distributed.sum_over_ranks(kind.step_normaliser(questions))
     return [kind.loss_count(q) / max(total, 1) for q in contributing]
 
 

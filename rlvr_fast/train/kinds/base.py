@@ -9,7 +9,7 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.contributes(question)                       # its rewards vary: its gradient counts
     kind.loss(question)                              # the forward pass of its loss
     kind.loss_count(question)                        # what that loss averages over
-    kind.step_normaliser(questions)                  # flat, generation_steps > 1: the sum's
+    kind.step_normaliser(questions)                  # flat kinds: a pooled step's divisor
     kind.figures(questions)                          # TRL's entropy / KL / clip figures
     kind.reference                                   # the KL's reference model, or None
     kind.record(step, question, ...)                 # its ledger record (checked)

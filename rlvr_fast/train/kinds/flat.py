@@ -210,10 +210,10 @@ class FlatKind:
         return sum(len(completions[i]) for i in picked if not cut[i])
 
     def step_normaliser(self, questions: list[Question]) -> float:
-        """The sum a step on shares of ``questions``' generation normalises by (of this rank):
-        under dapo and cispo the generation's tokens over generation_steps, else its shares'
-        counts."""
-        if self.config.loss_type in GENERATION_NORMALISED:
+        """The sum a pooled step on ``questions`` normalises by (of this rank): their loss
+        counts; on shares of their generation, under dapo and cispo the generation's tokens
+        over generation_steps."""
+        if questions[0].share is not None and self.config.loss_type in GENERATION_NORMALISED:
             tokens = sum(self.loss_count(q, whole=True) for q in questions)
             return tokens / self.config.generation_steps
         return sum(self.loss_count(q) for q in questions)
