@@ -13,7 +13,8 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
   ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
   ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
-  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``;
+  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
+  ``num_iterations``, ``generation_steps``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;

@@ -17,7 +17,9 @@ Per step, for the next ``questions_per_step`` training questions (one by default
      reference model and the entropy, ``rlvr_fast.train.policy``), backward, clipping, AdamW;
      several questions average their unit
      gradients (the accum4 ablation) or pool their losses over the step (TRL's several prompts
-     per step), as ``combine_questions`` says (``rlvr_fast.train.steps``);
+     per step), as ``combine_questions`` says (``rlvr_fast.train.steps``); a generation serves
+     num_iterations x generation_steps steps, each of generation_steps on its share of the
+     generation's shuffled completions (``rlvr_fast.train.steps.generation_shares``);
   5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
      ``rlvr_fast.run.recorder``).
 Every ``checkpoint_every`` steps the components (weights, optimizer, RNG states, Polyak sums,
