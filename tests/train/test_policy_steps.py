@@ -14,7 +14,9 @@ import torch
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.ops.policy_loss import PolicyLossSettings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.losses import policy_loss
 from rlvr_fast.train.policy import ReferenceModel
 from rlvr_fast.train.steps import generation_shares
 from rlvr_fast.train.trainer import RLVRTrainer
@@ -87,6 +89,16 @@ def test_one_generation_split_over_two_steps_trains_each_on_its_share_and_verifi
         assert line["bwd_out"] == sum(trained) < line["leaf"]
     verification = verify_run(tmp_path)
     assert verification.ok, "\n".join(verification.lines())
+
+
+def test_a_group_masked_out_of_the_loss_has_a_zero_loss_and_gradient():
+    model = load_policy("tiny").model
+    loss, stats = policy_loss(
+        model, [1, 2, 3], [[], []], torch.tensor([1.0, -1.0]), PolicyLossSettings("grpo")
+    )
+    loss.backward()
+    assert float(loss) == 0.0 and stats.entropy.numel() == 0
+    assert not model.lm_head.weight.grad.any()
 
 
 def test_the_reference_sync_is_trls():
