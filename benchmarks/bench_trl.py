@@ -50,8 +50,19 @@ def classes(side: str):
     return GRPOConfig, GRPOTrainer, {}
 
 
-def build(side: str, steps: int, out_dir: str, prompts: int = 1):
-    """The script body, up to ``trainer.train()``: ``steps`` steps of ``prompts`` prompts."""
+def build(
+    side: str,
+    steps: int,
+    out_dir: str,
+    prompts: int = 1,
+    *,
+    model=TINY_MODEL_DIR,
+    reward=correct,
+    max_completion: int = MAX_COMPLETION,
+    **settings,
+):
+    """The script body, up to ``trainer.train()``: ``steps`` steps of ``prompts`` prompts;
+    ``settings`` override GRPOConfig fields on both sides."""
     from datasets import Dataset
 
     config_cls, trainer_cls, extra = classes(side)
@@ -64,7 +75,7 @@ def build(side: str, steps: int, out_dir: str, prompts: int = 1):
         max_steps=steps,
         num_generations=GROUP,
         per_device_train_batch_size=GROUP * prompts,
-        max_completion_length=MAX_COMPLETION,
+        max_completion_length=max_completion,
         temperature=0.8,
         top_p=0.9,
         learning_rate=1e-5,
@@ -75,13 +86,10 @@ def build(side: str, steps: int, out_dir: str, prompts: int = 1):
         use_cpu=True,
         disable_tqdm=True,
         seed=42,
-        **extra,
+        **{**extra, **settings},
     )
     return trainer_cls(
-        model=str(TINY_MODEL_DIR),
-        reward_funcs=correct,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
+        model=str(model), reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows)
     )
 
 

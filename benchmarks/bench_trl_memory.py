@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import bench_trl
 from benchmarks.bench_load_memory import (
     DEFAULT_CHECKPOINT,
     REPO,
@@ -34,9 +35,8 @@ from benchmarks.bench_load_memory import (
     status_bytes,
 )
 
-GROUP = 8
 MAX_COMPLETION = 32
-SIDES = ("trl", "rlvr_fast")
+SIDES = bench_trl.SIDES
 # Weights, gradients and AdamW's exp_avg and exp_avg_sq, in float32.
 STATE_BYTES_PER_PARAMETER = 16
 
@@ -45,50 +45,17 @@ def alternating_reward(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]
 
 
-def classes(side: str):
-    if side == "trl":
-        import trl
-
-        return trl.GRPOConfig, trl.GRPOTrainer
-    import rlvr_fast
-
-    return rlvr_fast.GRPOConfig, rlvr_fast.GRPOTrainer
-
-
 def build(side: str, directory: Path, steps: int, out_dir: str):
-    """The script body, up to ``trainer.train()``."""
-    from datasets import Dataset
-
-    from rlvr_fast.data.problems import render_prompt
-    from rlvr_fast.data.synthetic import synthetic_problems
-
-    config_cls, trainer_cls = classes(side)
-    rows = [
-        {"prompt": render_prompt(p.question)} for p in synthetic_problems("train", steps, seed=7)
-    ]
-    args = config_cls(
-        output_dir=out_dir,
-        max_steps=steps,
-        num_generations=GROUP,
-        per_device_train_batch_size=GROUP,
-        max_completion_length=MAX_COMPLETION,
-        temperature=0.8,
-        top_p=0.9,
-        learning_rate=1e-5,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        bf16=False,
-        use_cpu=True,
-        disable_tqdm=True,
+    """The script body of ``benchmarks/bench_trl.py``, up to ``trainer.train()``, on the
+    checkpoint at ``directory`` with checkpointing on and every group's rewards split."""
+    return bench_trl.build(
+        side,
+        steps,
+        out_dir,
+        model=directory,
+        reward=alternating_reward,
+        max_completion=MAX_COMPLETION,
         gradient_checkpointing=True,
-        seed=42,
-    )
-    return trainer_cls(
-        model=str(directory),
-        reward_funcs=alternating_reward,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
     )
 
 
@@ -96,7 +63,7 @@ def child(side: str, directory: Path, steps: int) -> dict:
     """Runs in the child: import, build the trainer, train; the resident set at each point."""
     import torch
 
-    classes(side)
+    bench_trl.classes(side)
     import datasets  # noqa: F401
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))

@@ -7,7 +7,7 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``repetition_penalty``, off by default), ``max_new_tokens``, ``max_batch``,
   ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
 - optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
-  ``fused_zero_grad_step``;
+  ``fused_zero_grad_step``, ``adamw_fused``;
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
   ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
@@ -65,6 +65,10 @@ from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 SAMPLERS = tuple(KINDS)
 TREE_ONLY = ("tree", "zero_cont_mass centres tree continuations: it needs sampler tree")
 ADVANTAGE_STDS = ("group", "batch")
+ADAMW_FUSED_HELP = (
+    "torch's fused AdamW kernel (TRL's default optim): none of the temporaries the single-tensor "
+    "step takes (twice the largest parameter); zero-gradient steps then run it on zero gradients"
+)
 
 
 @dataclass
@@ -192,6 +196,7 @@ class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
     fused_zero_grad_step: bool = setting(
         True, "zero-gradient AdamW steps through the fused kernel (no gradient tensors)"
     )
+    adamw_fused: bool = setting(False, ADAMW_FUSED_HELP, written_when_set=True)
     sampler: str = setting(
         "flat",
         "the step kind: flat groups, two-stage trees, or parallel paths",
@@ -379,6 +384,7 @@ class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
         _check_loss(self)
         _check_shapley(self)
         _check_ablations(self)
+        _check_optimizer(self)
         step_kind(self.sampler).check_config(self)
 
     @classmethod
@@ -412,6 +418,14 @@ class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
+
+
+def _check_optimizer(self: TrainConfig) -> None:
+    if self.adamw_fused and self.fused_zero_grad_step:
+        raise ValueError(
+            "adamw_fused needs fused_zero_grad_step=false: the zero-gradient kernel "
+            "reproduces the single-tensor AdamW step's rounding, not the fused kernel's"
+        )
 
 
 def _check_shapley(config: TrainConfig) -> None:

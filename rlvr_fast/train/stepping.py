@@ -62,6 +62,7 @@ class OptimizerStepping:
             betas=config.betas,
             eps=config.eps,
             weight_decay=config.weight_decay,
+            fused=True if config.adamw_fused else None,
         )
 
     @property

@@ -25,7 +25,8 @@ ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``),
 or infinite; by default ``train()`` stops there with ``NonFiniteError``, as the CLI does), ``tree``
 (two-stage K x B tree rollouts with TreeRL credit), ``skip_zero_variance_backward`` and
 ``fused_zero_grad_step`` (the zero-gradient AdamW step on zero-variance groups, exact against
-TRL's backward of a zero loss), ``tree_t_min`` / ``tree_t_max``. TRL fields older releases had
+TRL's backward of a zero loss; on by default where ``optim="adamw_torch"``: TRL's default
+``adamw_torch_fused`` is torch's fused kernel, which steps zero gradients itself), ``tree_t_min`` / ``tree_t_max``. TRL fields older releases had
 and 1.16 dropped: ``max_prompt_length`` (prompts longer are cut from the left, as TRL did) and
 ``warmup_ratio``.
 """
@@ -57,8 +58,10 @@ class GRPOConfig(TRLFields):
     skip_zero_variance_backward: bool = trl_field(
         True, "zero-variance groups take the zero-gradient AdamW step, no backward (rlvr_fast)"
     )
-    fused_zero_grad_step: bool = trl_field(
-        True, "zero-gradient AdamW steps through the fused kernel (rlvr_fast)"
+    fused_zero_grad_step: bool | None = trl_field(
+        None,
+        "zero-gradient AdamW steps through rlvr_fast's kernel, which reproduces the "
+        "single-tensor AdamW step; None: where optim is 'adamw_torch' (rlvr_fast)",
     )
     # TRL fields that 1.16 dropped
     max_prompt_length: int | None = trl_field(None, "keep the last this many prompt tokens")
@@ -139,6 +142,11 @@ class GRPOConfig(TRLFields):
                 "generation batch; rlvr_fast takes it at gradient_accumulation_steps 1",
             ),
             (
+                not (self.fused_zero_grad_step and plain(self.optim) == "adamw_torch_fused"),
+                "fused_zero_grad_step=True reproduces the single-tensor AdamW step: it needs "
+                "optim='adamw_torch' (optim='adamw_torch_fused' steps zero gradients itself)",
+            ),
+            (
                 self.max_completion_length is not None and self.max_completion_length >= 1,
                 f"max_completion_length must be >= 1, got {self.max_completion_length}",
             ),
@@ -204,7 +212,8 @@ class GRPOConfig(TRLFields):
         return self.get_warmup_steps(max_steps)
 
     def strategy(self, name: str) -> str:
-        """A strategy field's value as a plain string ("steps", "epoch", "no", ...)."""
+        """A strategy or optimizer field's value as a plain string ("steps", "epoch", "no",
+        "adamw_torch_fused", ...)."""
         return plain(getattr(self, name))
 
 

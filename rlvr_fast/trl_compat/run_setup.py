@@ -119,7 +119,12 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         mask_truncated=args.mask_truncated_completions,
         skip_zero_var=args.skip_zero_variance_backward,
         zero_var_step="zero_grad",
-        fused_zero_grad_step=args.fused_zero_grad_step,
+        adamw_fused=args.strategy("optim") == "adamw_torch_fused",
+        fused_zero_grad_step=(
+            args.strategy("optim") == "adamw_torch"
+            if args.fused_zero_grad_step is None
+            else args.fused_zero_grad_step
+        ),
         eval_before=False,
         allow_nonfinite=args.allow_nonfinite,
         t_min=args.tree_t_min,

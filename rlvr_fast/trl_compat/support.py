@@ -47,7 +47,7 @@ HONOURED = {
     "lr_scheduler_type": "transformers' schedule of that name",
     "lr_scheduler_kwargs": "passed to transformers' schedule",
     "warmup_steps": "warmup of the schedule (below 1: a fraction of the run)",
-    "optim": "torch's AdamW",
+    "optim": "torch's AdamW: adamw_torch_fused (the default) its fused kernel, adamw_torch the single-tensor step",
     "weight_decay": "AdamW's decoupled weight decay",
     "adam_beta1": "AdamW's beta1",
     "adam_beta2": "AdamW's beta2",
