@@ -205,13 +205,20 @@ def _buckets(grads: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torc
     return buckets
 
 
-def broadcast_parameters(model: torch.nn.Module) -> None:
-    """Rank 0's weights on every rank (as DDP starts): the replicas begin identical."""
+def broadcast_parameters(model: torch.nn.Module, masters=None) -> None:
+    """Rank 0's weights on every rank (as DDP starts): the replicas begin identical. Under
+    bf16-mixed its fp32 ``masters`` (``MasterWeights``) are what is sent, then rounded into
+    each rank's model: equal bf16 weights can hide masters that differ."""
     if world_size() == 1:
         return
+    covered = set(masters.live) if masters is not None else set()
+    sent = [] if masters is None else masters.parameters()
+    sent += [p for name, p in model.named_parameters() if name not in covered]
     with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
+        for tensor in sent + list(model.buffers()):
             _guarded("the weights' broadcast", dist.broadcast, tensor, 0)
+    if masters is not None:
+        masters.publish()
 
 
 def all_gather(obj) -> list:

@@ -169,7 +169,7 @@ class RLVRTrainer:
         self.finished_summary = None
         if self.layout is not None:
             self._open_run_dir(resume)
-        distributed.broadcast_parameters(policy.model)
+        distributed.broadcast_parameters(policy.model, self.stepping.masters)
 
     @property
     def optimizer(self) -> torch.optim.AdamW:

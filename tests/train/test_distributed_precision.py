@@ -38,12 +38,22 @@ def half_loss(model, tokens: torch.Tensor):
     return loss
 
 
-def stepped_masters(halves: list[int], *, one_backward: bool = False) -> dict[str, torch.Tensor]:
+def stepped_masters(
+    halves: list[int], *, one_backward: bool = False, skewed_masters: bool = False
+) -> dict[str, torch.Tensor]:
     """One bf16-mixed AdamW step of the tiny model on ``halves`` of the batch (pooled, one
-    backward each, or one backward of their summed loss); the fp32 masters after it."""
+    backward each, or one backward of their summed loss); the fp32 masters after it. With
+    ``skewed_masters`` the masters start off by a fraction of a bf16 ulp (the bf16 weights
+    unchanged), so only a broadcast of rank 0's masters, not of its bf16 weights, can make the
+    ranks agree."""
     model = load_policy("tiny", dtype=torch.float32).model
     config = TrainConfig(lr=1e-3, eps=1.0, max_grad_norm=None)
     stepping = OptimizerStepping(model, config, "bf16-mixed")
+    if skewed_masters:
+        with torch.no_grad():
+            for master in stepping.masters.parameters():
+                master.mul_(1 + 2**-12)
+    distributed.broadcast_parameters(model, stepping.masters)
     losses = [half_loss(model, HALVES[h]) for h in halves]
     phase = Phases(torch.device("cpu"))
     if one_backward:
@@ -56,7 +66,7 @@ def stepped_masters(halves: list[int], *, one_backward: bool = False) -> dict[st
 def rank_main(out: str) -> None:
     """A rank of the two-process run (torchrun's environment): its half, its masters saved."""
     distributed.init("cpu")
-    torch.save(stepped_masters([distributed.rank()]), out)
+    torch.save(stepped_masters([distributed.rank()], skewed_masters=distributed.rank() == 1), out)
     distributed.shutdown()
 
 
