@@ -267,17 +267,22 @@ class LoraAdapters:
         """The Hugging Face projection names adapted (peft's resolved target_modules)."""
         return sorted({part for layer in self.layers.values() for part in layer.adapted})
 
-    def peft_state(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+    def peft_state(
+        self, adapter: str | None = None, weights: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Adapter tensors by peft's names: as saved (``adapter`` None) or as a ``PeftModel``
-        names its parameters (``...lora_A.<adapter>.weight``)."""
+        names its parameters (``...lora_A.<adapter>.weight``); ``weights`` by our parameter
+        names (a bf16-mixed run's fp32 masters) in place of the model's own."""
         infix = "" if adapter is None else f".{adapter}"
+        weights = weights or {}
         state = {}
         for name, layer in self.layers.items():
             owner = name.rsplit(".", 1)[0]
             for part in layer.adapted:
                 stem = f"{PEFT_PREFIX}{owner}.{part}"
-                state[f"{stem}.lora_A{infix}.weight"] = layer.lora_A[part]
-                state[f"{stem}.lora_B{infix}.weight"] = layer.lora_B[part]
+                for matrix, tensors in (("lora_A", layer.lora_A), ("lora_B", layer.lora_B)):
+                    ours = weights.get(f"{name}.{matrix}.{part}", tensors[part])
+                    state[f"{stem}.{matrix}{infix}.weight"] = ours
         return state
 
     def peft_config(self, base_model: str, task_type: str | None = "CAUSAL_LM") -> dict:
@@ -299,9 +304,13 @@ class LoraAdapters:
             "inference_mode": True,
         }
 
-    def write_files(self, directory: Path, base_model: str, task_type="CAUSAL_LM") -> None:
-        """adapter_config.json + adapter_model.safetensors into an existing ``directory``."""
-        tensors = {n: t.detach().cpu().contiguous() for n, t in self.peft_state().items()}
+    def write_files(
+        self, directory: Path, base_model: str, weights=None, task_type="CAUSAL_LM"
+    ) -> None:
+        """adapter_config.json + adapter_model.safetensors into an existing ``directory``
+        (``weights`` as ``peft_state`` takes them)."""
+        state = self.peft_state(weights=weights)
+        tensors = {n: t.detach().cpu().contiguous() for n, t in state.items()}
         save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
         config = self.peft_config(base_model, task_type)
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

@@ -6,10 +6,11 @@ under the study's sum type TRL's surrogate at ratio 1), num_tokens (prompt and c
 tokens so far), completions/* (lengths, clipped ratio, terminated lengths), rewards/NAME/mean|std,
 reward, reward_std, frac_reward_zero_std, and from the fused policy loss's own pass
 (``rlvr_fast.train.policy.step_figures``) entropy, kl (beta > 0), clip_ratio/* (the clipped
-types) or cispo_clip_ratio. The entropy covers the groups that ran a loss: a step whose groups
-all agree (beta = 0) runs none and logs None; a clip ratio there is 0, as TRL's (every advantage
-is 0). ``window_means`` averages a logging window as TRL does. ``CompletionsLog`` is TRL's
-``log_completions``: a table printed at each log and saved as
+types) or cispo_clip_ratio, over every completion of the step as TRL's: a group without a loss
+(its rewards agree, beta = 0) has its figures from a pass without gradients. With
+gradient_accumulation_steps micro-batches TRL logs the mean of each micro-batch's figure
+(``micro_batches``). ``window_means`` averages a logging window as TRL does.
+``CompletionsLog`` is TRL's ``log_completions``: a table printed at each log and saved as
 ``output_dir/completions/completions_STEP.jsonl``.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.credit.group import scored_std, standardised_advantages
+from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES
 from rlvr_fast.train.losses import sequence_scales
 from rlvr_fast.trl_compat.rewards import ScoredGroup
@@ -58,6 +60,30 @@ def sum_type_loss(groups, advantages, truncated, config) -> float:
         scales = sequence_scales(lengths, cut if config.mask_truncated else None)
         values.append(-float((adv * scales * torch.tensor(lengths)).sum()) / len(lengths))
     return sum(values) / len(values)
+
+
+def micro_batches(completions: int, count: int, seed: int, generation: int) -> list[list[int]]:
+    """The completions (indices, question after question) of each of ``count`` micro-batches of
+    a generation, as TRL cuts them: a shuffle, then ``count`` equal slices. TRL shuffles with
+    torch's global RNG, a draw no other run can replay; here the order is a permutation drawn
+    from ``derive_seed(seed, generation)``: a draw of the same law, the same in every run and
+    resumed run."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, generation))
+    order = torch.randperm(completions, generator=generator).tolist()
+    size = completions // count
+    return [order[i * size : (i + 1) * size] for i in range(count)]
+
+
+def step_policy_figures(trainer, step: int) -> dict:
+    """Step ``step``'s policy figures (``rlvr_fast.train.policy.step_figures``) over the
+    micro-batches TRL would cut its completions into."""
+    args, questions = trainer.args, trainer.trainer.generation
+    count = args.gradient_accumulation_steps
+    batches = None
+    if count > 1:
+        completions = sum(len(q.rollouts.completions) for q in questions)
+        batches = micro_batches(completions, count, args.seed, step // args.num_iterations)
+    return trainer.trainer.kind.figures(questions, batches)
 
 
 def policy_metrics(config, figures: dict) -> dict:

@@ -9,7 +9,8 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.contributes(question)                       # its rewards vary: its gradient counts
     kind.loss(question)                              # the forward pass of its loss
     kind.loss_count(question)                        # what that loss averages over
-    kind.figures(questions)                          # TRL's entropy / KL / clip figures
+    kind.measure(questions, phase)                   # figures of those whose loss won't run
+    kind.figures(questions, micro_batches)           # TRL's entropy / KL / clip figures
     kind.reference                                   # the KL's reference model, or None
     kind.record(step, question, ...)                 # its ledger record (checked)
     kind.rollouts_line(step, question)               # what verify re-derives the record from
@@ -82,7 +83,11 @@ class StepKind(Protocol):
 
     def loss_count(self, question: Question) -> int: ...
 
-    def figures(self, questions: list[Question]) -> dict[str, float]: ...
+    def measure(self, questions: list[Question], phase: Phases) -> None: ...
+
+    def figures(
+        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+    ) -> dict[str, float]: ...
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord: ...
 

@@ -29,6 +29,7 @@ from rlvr_fast.train.kinds.base import (
 )
 from rlvr_fast.train.losses import (
     completion_logprobs,
+    completion_stats,
     fused_grpo_loss,
     fused_sum_then_scale_loss,
     policy_loss,
@@ -235,12 +236,32 @@ class FlatKind:
             config.temperature if config.tempered_logprobs else 1.0,
         )
 
-    def figures(self, questions: list[Question]) -> dict[str, float]:
-        """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``), {} on the
-        study's sum type."""
+    def measure(self, questions: list[Question], phase: Phases) -> None:
+        """On TRL's loss types, the figures of ``questions``, whose loss does not run this step
+        (TRL's loss runs on every completion and logs their entropy): a pass of the fused op
+        without gradients, at the weights the step's losses see, in their training mode. The
+        study's sum type logs no entropy and runs nothing here."""
+        if not self.policy_loss or not questions:
+            return
+        self.policy.model.train()
+        with phase("measure"):
+            for question in questions:
+                question.credit.policy.stats = completion_stats(
+                    self.policy.model,
+                    question.prompt_ids,
+                    self.loss_completions(question),
+                    self.loss_temperature(),
+                )
+
+    def figures(
+        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+    ) -> dict[str, float]:
+        """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``, over
+        ``micro_batches`` of its completions), {} on the study's sum type."""
         if not self.policy_loss:
             return {}
-        return step_figures([q.credit.policy for q in questions], self.policy_settings)
+        terms = [q.credit.policy for q in questions]
+        return step_figures(terms, self.policy_settings, micro_batches)
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         return flat_step_record(
