@@ -365,8 +365,12 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
     return Term(
         "fused loss",
         fused_loss_bytes(config, e, tokens, min(chunk, tokens), head_gradient=run.lora is None),
-        f"{min(chunk, tokens)}-token chunks, fp32 dW [{config.vocab_size:,}, "
-        f"{config.hidden_size:,}]",
+        f"{min(chunk, tokens)}-token chunks, "
+        + (
+            f"fp32 dW [{config.vocab_size:,}, {config.hidden_size:,}]"
+            if run.lora is None
+            else "no dW (the head is frozen)"
+        ),
     )
 
 
