@@ -1,7 +1,8 @@
 """Compile the C++ sources that hold AVX2 code with that path disabled (-DRLVR_FAST_NO_AVX2: what
 aarch64 builds, e.g. GH200's Grace, compile) and check that the scalar kernels agree with the
-installed extension. Only those sources are built (with a module that registers just them), to
-keep ``make test`` short; the others have no architecture-specific code.
+installed extension. Only those sources are built, as one translation unit with a module that
+registers just them (each file would parse torch's headers again), to keep ``make test`` short;
+the others have no architecture-specific code.
 
     python scripts/check_scalar_build.py [--build-dir build/scalar]
 
@@ -46,19 +47,16 @@ def build(directory: Path):
         raise SystemExit(f"csrc/ files with AVX2 code are {with_avx2}; update AVX2_SOURCES")
     module = directory / "scalar_module.cpp"
     module.write_text(
-        '#include "torch_api.h"\n'
-        + "".join(f"void {name}(pybind11::module& m);\n" for name in AVX2_SOURCES.values())
+        "".join(f'#include "{ROOT / "csrc" / name}"\n' for name in AVX2_SOURCES)
         + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
         + "".join(f"  {name}(m);\n" for name in AVX2_SOURCES.values())
         + "}\n"
     )
-    sources = [str(ROOT / "csrc" / name) for name in AVX2_SOURCES] + [str(module)]
     return load(
         name="rlvr_fast_scalar_C",
-        sources=sources,
+        sources=[str(module)],
         extra_cflags=FLAGS,
         extra_ldflags=["-fopenmp"],
-        extra_include_paths=[str(ROOT / "csrc")],
         build_directory=str(directory),
         verbose=False,
     )

@@ -68,10 +68,14 @@ DERIVED_FIELDS = (
     "stage1_lengths",
     "stage2_gen",
     "parallel",
+    "reused",
+    "trained",
     "flops_out",
     "flops_full",
     "flops_pad_full",
 )
+# Written only when set (reused, trained): a line has them iff its re-derivation does.
+OPTIONAL_FIELDS = ("reused", "trained")
 MULTI_QUESTION_FIELDS = (
     "step",
     "questions",
@@ -293,12 +297,14 @@ def field_mismatches(
     value."""
     mismatches = []
     for name in names:
+        if name in OPTIONAL_FIELDS and name not in recorded and name not in expected:
+            continue
         if name not in recorded:
             mismatches.append(
                 f"step {step} {prefix}{name}: not recorded, re-derived {expected[name]!r}"
             )
             continue
-        have, want = recorded[name], expected[name]
+        have, want = recorded[name], expected.get(name)
         if have == want:
             continue
         if isinstance(have, dict) and isinstance(want, dict):

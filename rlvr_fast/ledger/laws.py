@@ -13,12 +13,16 @@ token (causal_non_eos: pl <= |p^(k)|, the prefix was cut from the root; terminal
 |p^(k)| = pl; roots kept whole: |p^(k)| = l0); 1 <= |p^(k)| <= max_new_tokens;
 stage2_gen = sum_cont (L_kb - pl_kb); gen, pref, pad_pref and untrim_gen by the formulas above;
 the engine's counts are integers >= 0. A flat step ``reused`` (an update of num_iterations on an
-earlier step's rollouts) samples nothing: gen = pref = pad_pref = untrim_gen = decode_rows = 0.
+earlier step's rollouts, or a later step of a generation of generation_steps > 1) samples
+nothing: gen = pref = pad_pref = untrim_gen = decode_rows = 0; a step of generation_steps > 1
+lists the completions it trained on (``trained``: distinct, in leaf order), and bwd_out and
+bwd_full count only those.
 A step on TRL's loss types may carry a ``policy`` section: entropy >= 0, kl >= 0, clip ratios
 in [0, 1] with region = low + high. Multi-question steps: every sub-record satisfies the
 laws of its kind (the engine's work checked on the step instead), belongs to the step and
 shares its optimizer step; all are flat or all are tree steps; a question runs a backward pass
-iff its rewards vary (zero-variance questions contribute nothing); the step is active iff one
+iff its rewards vary (zero-variance questions contribute nothing) and the step trains on one of
+its completions; the step is active iff one
 question is, homogeneous iff all are (or a KL term pulls every question: kl_beta > 0); the totals are the sums; flat steps decode
 sum (L_i - 1) over all questions unless the engine preempted. Parallel steps: the flat laws with the summary terms
 above; one phi and one standard error per path, one U(N), U(∅) and r_out per response, one
@@ -72,20 +76,29 @@ def check_conservation(
         for pl, length in ((pl0, l0), (pl1, l1)):
             require(0 <= length - pl <= record.max_new_tokens - pl, "0 <= L_b - pl_b <= cap - pl_b")
     summaries = record.summary_tokens
-    expected_out = record.leaf + summaries if record.active else 0
+    trained = record.trained_lengths
+    require(
+        record.trained is None
+        or (
+            record.trained == sorted(set(record.trained))
+            and all(0 <= i < leaves for i in record.trained)
+        ),
+        "trained lists distinct completions in leaf order",
+    )
+    expected_out = sum(trained) + summaries if record.active else 0
     require(
         record.bwd_out == expected_out,
-        "bwd_out = leaf (+ summary tokens) on backward steps, else 0",
+        "bwd_out = leaf (+ summary tokens; the trained leaves') on backward steps, else 0",
     )
     expected_full = (
-        leaves * record.prompt_len + record.leaf + record.summary_context + summaries
+        len(trained) * record.prompt_len + sum(trained) + record.summary_context + summaries
         if record.active
         else 0
     )
     require(
         record.bwd_full == expected_full,
-        "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens) on "
-        "backward steps, else 0",
+        "bwd_full = (number of leaves) L_p + leaf (+ summary prompts and tokens; of the "
+        "trained leaves) on backward steps, else 0",
     )
     # A completion no reward function scored (null) is left out, as it is of sigma_R.
     agree = len({r for r in record.rewards if r is not None}) <= 1 and (
@@ -130,8 +143,13 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
             "its questions share the step's optimizer step",
         )
         require(
-            question.active == (not question.homogeneous or "kl" in (record.policy or {})),
-            "a question runs a backward pass iff its rewards vary or a KL term pulls it",
+            question.active
+            == (
+                (not question.homogeneous or "kl" in (record.policy or {}))
+                and question.trained != []
+            ),
+            "a question runs a backward pass iff its rewards vary or a KL term pulls it, and "
+            "the step trains on one of its completions",
         )
         require(question.parallel is None, "questions are flat or tree steps")
     require(len({q.is_tree for q in questions}) == 1, "all questions flat or all tree steps")

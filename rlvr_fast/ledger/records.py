@@ -5,7 +5,10 @@ length and reward of branches 0 and 1 of the pair. FLOPs at P trainable paramete
 Out = (2 gen + 6 bwd_out) P, Full = (2 (pref + gen) + 6 bwd_full) P,
 PadFull = (2 (pad_pref + untrim_gen) + 6 bwd_full) P. On every step, with leaves of lengths L and
 a prompt of L_p tokens: leaf = sum L; bwd_out = leaf and bwd_full = (number of leaves) L_p + leaf
-on steps that run a backward pass, else 0.
+on steps that run a backward pass, else 0. A flat step of ``generation_steps`` S > 1 trains on its
+share of the generation's completions (``trained``, their indices: the generation's shuffle,
+``rlvr_fast.train.steps.generation_shares``): bwd_out and bwd_full count those only, and every
+step after the generation's first is ``reused`` as under num_iterations.
 
 Flat steps (``flat_step_record``): G rollouts, pairs (2i, 2i+1) with prefix lengths 0, category
 "flat" on flat arms and "flat_warmup" on a tree arm's steps before bifurcation starts.
@@ -163,6 +166,9 @@ class StepRecord(SeedFlops):
     parallel: ParallelStats | None = None  # parallel-path steps only
     policy: dict[str, float] | None = None  # TRL's loss types: POLICY_FIGURES of every step
     reused: bool = False  # an update on an earlier step's rollouts (num_iterations)
+    # The completions this step trained on (generation_steps > 1: its share of the generation,
+    # leaf order); None: all of them.
+    trained: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
@@ -171,6 +177,13 @@ class StepRecord(SeedFlops):
     @property
     def is_tree(self) -> bool:
         return self.stage1_lengths is not None
+
+    @property
+    def trained_lengths(self) -> list[int]:
+        """The lengths of the completions the step trained on."""
+        if self.trained is None:
+            return self.lengths
+        return [self.lengths[i] for i in self.trained]
 
     @property
     def summary_tokens(self) -> int:
@@ -246,10 +259,13 @@ POLICY_FIGURES = (
 
 
 def without_empty_policy(line: dict) -> dict:
-    """A line without its policy section when it has none and without ``reused`` when false
-    (the study's arms write neither)."""
+    """A line without its policy section when it has none, without ``reused`` when false and
+    without ``trained`` when the step trained on every completion (the study's arms write
+    none of them)."""
     if line.get("policy") is None:
         line.pop("policy", None)
+    if "trained" in line and line["trained"] is None:
+        line.pop("trained")
     if not line.get("reused", True):
         line.pop("reused")
     return line
@@ -316,9 +332,11 @@ def flat_step_record(
     seconds: dict[str, float],
     category: PairCategory = PairCategory.FLAT,
     reused: bool = False,
+    trained: list[int] | None = None,
 ) -> StepRecord:
     """A flat step's line; ``reused``: an update on an earlier step's rollouts
-    (``num_iterations``), which sampled nothing (gen, pref, pad_pref and untrim_gen 0)."""
+    (``num_iterations``, ``generation_steps``), which sampled nothing (gen, pref, pad_pref and
+    untrim_gen 0); ``trained``: the completions the step's backward ran on (None: all)."""
     category = PairCategory(category)
     if not category.is_flat:
         raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
@@ -326,6 +344,7 @@ def flat_step_record(
     rewards = [None if r is None or math.isnan(r) else r for r in rewards]
     group = len(lengths)
     leaf = sum(lengths)
+    backward = [lengths[i] for i in trained] if trained is not None else lengths
     pairs = [
         [0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category.value]
         for i in range(0, group - 1, 2)
@@ -347,8 +366,9 @@ def flat_step_record(
         untrim_gen=0 if reused else group * max(lengths),
         leaf=leaf,
         reused=reused,
-        bwd_out=leaf if active else 0,
-        bwd_full=group * prompt_len + leaf if active else 0,
+        trained=trained,
+        bwd_out=sum(backward) if active else 0,
+        bwd_full=len(backward) * prompt_len + sum(backward) if active else 0,
         max_new_tokens=max_new_tokens,
         params=params,
         loss=loss,

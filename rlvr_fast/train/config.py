@@ -13,7 +13,8 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
   ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
   ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
-  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``;
+  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
+  ``num_iterations``, ``generation_steps``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
@@ -300,7 +301,8 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     )
     questions_per_step: int = setting(
         1,
-        "questions per optimizer step, each gradient scaled to unit norm (accum4)",
+        "questions per optimizer step, each gradient scaled to unit norm (accum4); with "
+        "generation_steps > 1, questions sampled per generation",
         lambda v: 1 <= v <= MAX_QUESTIONS_PER_STEP,
         f"questions_per_step must be in [1, {MAX_QUESTIONS_PER_STEP}], got {{value}}",
     )
@@ -406,6 +408,11 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         }
 
     @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps on one generation: num_iterations x generation_steps."""
+        return self.num_iterations * self.generation_steps
+
+    @property
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
@@ -488,10 +495,25 @@ def _check_loss(self: TrainConfig) -> None:
         changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
         if changed:
             raise ValueError(f"{changed[0]} is a setting of TRL's loss types: set loss_type")
-    if self.checkpoint_every % self.num_iterations:
+    updates = self.updates_per_generation
+    if self.checkpoint_every % updates:
         raise ValueError(
-            f"checkpoint_every ({self.checkpoint_every}) must be a multiple of num_iterations "
-            f"({self.num_iterations}): a run resumes at the start of a generation"
+            f"checkpoint_every ({self.checkpoint_every}) must be a multiple of num_iterations x "
+            f"generation_steps ({updates}): a run resumes at the start of a generation"
+        )
+    if (self.questions_per_step * self.group_size) % self.generation_steps:
+        raise ValueError(
+            f"generation_steps ({self.generation_steps}) must divide a generation's "
+            f"{self.questions_per_step * self.group_size} completions (questions_per_step x "
+            "group_size)"
+        )
+    if (
+        self.generation_steps > 1
+        and self.combine_questions != "pooled"
+        and (self.questions_per_step > 1)
+    ):
+        raise ValueError(
+            "generation_steps > 1 pools the step's completions: combine_questions pooled"
         )
     if self.sync_ref_model and self.kl_beta == 0.0:
         raise ValueError("sync_ref_model syncs the reference of kl_beta > 0: set kl_beta")

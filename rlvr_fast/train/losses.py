@@ -115,6 +115,11 @@ def policy_loss(
     ``advantages`` [G], the old and reference log-probabilities of their tokens [N] (None: the
     current ones, detached; none)."""
     lengths = [len(c) for c in completions]
+    if not any(lengths):
+        # Every completion masked out (a step's share of truncated ones): TRL's loss is 0, its
+        # gradient zero.
+        empty = torch.zeros(0, device=model.lm_head.weight.device)
+        return model.lm_head.weight.sum() * 0.0, PolicyLossStats(empty, empty, empty, empty)
     hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
     return fused_policy_loss(
         hidden,

@@ -52,6 +52,23 @@ class PolicyTerms:
     old_logprobs: torch.Tensor | None = None
     stats: PolicyLossStats | None = None
 
+    def subset(self, indices: list[int]) -> "PolicyTerms":
+        """The terms of completions ``indices`` alone (a step's share of its generation)."""
+        starts = [0, *torch.tensor(self.lengths).cumsum(0).tolist()]
+
+        def tokens(values: torch.Tensor | None) -> torch.Tensor | None:
+            if values is None:
+                return None
+            pieces = [values[starts[i] : starts[i + 1]] for i in indices]
+            return torch.cat(pieces) if pieces else values[:0]
+
+        return PolicyTerms(
+            self.advantages[indices],
+            [self.lengths[i] for i in indices],
+            tokens(self.ref_logprobs),
+            tokens(self.old_logprobs),
+        )
+
 
 class ReferenceModel(torch.nn.Module):
     """A frozen copy of ``model`` (module docstring); ``sync_steps`` None: never mixed into."""

@@ -21,6 +21,7 @@ POLICY_SETTINGS = (
     "sapo_temperature_pos",
     "sapo_temperature_neg",
     "num_iterations",
+    "generation_steps",
 )
 
 
@@ -107,6 +108,17 @@ class PolicyLossConfig:
         "taken once by a no-gradient pass before the first",
         lambda v: v >= 1,
         "num_iterations must be >= 1, got {value}",
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
+    generation_steps: int = setting(
+        1,
+        "optimizer steps one generation serves (TRL's steps_per_generation / "
+        "gradient_accumulation_steps): its completions shuffled (seeded by the run's seed and "
+        "the generation), each step trains on the next 1/generation_steps of them, against "
+        "old log-probabilities taken once before the first",
+        lambda v: v >= 1,
+        "generation_steps must be >= 1, got {value}",
         only_for=FLAT_ONLY,
         written_when_set=True,
     )

@@ -11,6 +11,14 @@ multi-question step (``questions_per_step`` Q > 1) is not a kind of its own but 
   included (they add tokens to dapo's count but no gradient, so they run no backward).
   Under dapo that is TRL's sum over the step's tokens over their number, under grpo and dr_grpo
   its mean over the step's completions.
+A generation of ``generation_steps`` S > 1 (TRL's steps_per_generation beyond its
+gradient_accumulation_steps) serves S optimizer steps (times num_iterations): its completions,
+question-major, are shuffled by a permutation seeded by the run's seed and the generation's index
+(``generation_shares``, which ``verify`` re-derives), and step k of the generation trains on the
+k-th 1/S of them, each question on its ``share``. Pooled, every step's loss is then TRL's sum
+over its micro-batches: the mean over the step's completions (grpo, dr_grpo, luspo, sapo), over
+its tokens (bnpo, one micro-batch per step), or (dapo, cispo) the step's token sum over the
+generation's tokens / S, TRL's num_items_in_batch rescaled to one optimizer step.
 Either way one ``MultiQuestionRecord`` holds each question's record (its loss, and under
 unit_norm its gradient norm, before the combination; no timings or engine counts: the Q
 questions are sampled in one batch, whose work is the step's), gathered over the ranks of a
@@ -21,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+
+import torch
 
 from rlvr_fast.engine import EngineCounters
 from rlvr_fast.ledger.records import MultiQuestionRecord, StepRecord, multi_question_step_record
@@ -34,10 +44,48 @@ QUESTION_COMBINATIONS = ("unit_norm", "pooled")
 
 
 def pooled_weights(kind: StepKind, questions: list[Question], contributing: list[Question]):
-    """c_q = n_q / sum n of each ``contributing`` question (of this rank), the sum over every
-    question of the step on every rank (an all_reduce)."""
-    total = distributed.sum_over_ranks(sum(kind.loss_count(q) for q in questions))
+    """c_q = n_q / N of each ``contributing`` question (of this rank), N the kind's
+    ``step_normaliser`` summed over every rank (an all_reduce): sum n over every question of
+    the step, or under generation_steps S > 1 what module docstring says, n_q then counting
+    the question's share."""
+    total = distributed.sum_over_ranks(kind.step_normaliser(questions))
     return [kind.loss_count(q) / max(total, 1) for q in contributing]
+
+
+def generation_order(seed: int, generation: int, completions: int) -> list[int]:
+    """The shuffle of generation ``generation``'s ``completions`` (TRL's
+    ``shuffle_sequence_dict``, from a generator of its own seeded by the run's seed and the
+    generation)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
+    return torch.randperm(completions, generator=generator).tolist()
+
+
+def generation_shares(
+    sizes: list[int], seed: int, generation: int, steps: int, index: int
+) -> list[list[int]]:
+    """The completions step ``index`` (of ``steps``) of generation ``generation`` trains on, per
+    question of ``sizes`` completions: the ``index``-th 1/steps of a permutation of all of them
+    (question-major) drawn from a generator seeded by (``seed``, ``generation``), each
+    question's in leaf order. The run's own generator is not drawn from."""
+    total = sum(sizes)
+    order = generation_order(seed, generation, total)
+    per_step = total // steps
+    chosen = sorted(order[index * per_step : (index + 1) * per_step])
+    shares, start = [], 0
+    for size in sizes:
+        shares.append([i - start for i in chosen if start <= i < start + size])
+        start += size
+    return shares
+
+
+def share_of_step(config, step: int, sizes: list[int]) -> list[list[int]] | None:
+    """``generation_shares`` of step ``step`` of a run (None: every step trains on its whole
+    generation)."""
+    steps = config.generation_steps
+    if steps == 1:
+        return None
+    generation = step // (steps * config.num_iterations)
+    return generation_shares(sizes, config.seed, generation, steps, step % steps)
 
 
 @dataclass
@@ -159,6 +207,9 @@ def rederive_step(
     stepped by the step's decision. ``regrade=False`` takes the recorded rewards as given (a
     task's own reward functions cannot be re-run)."""
     if config.questions_per_step == 1:
+        shares = share_of_step(config, line["step"], [len(line["lengths"])])
+        if shares is not None:
+            line = dict(line, trained=shares[0])
         return kind.rederive(line, recorded, config, params, active_steps, regrade=regrade)
     if len(line["questions"]) != len(recorded["questions"]):
         raise ValueError(
@@ -170,19 +221,24 @@ def rederive_step(
             f"{len(line['questions'])} questions, config.json says "
             f"{config.questions_per_step} per step"
         )
+    shares = share_of_step(config, line["step"], [len(q["lengths"]) for q in line["questions"]])
     questions = [
         kind.rederive(
-            dict(question, step=line["step"]),
+            dict(question, step=line["step"], trained=None if shares is None else shares[index]),
             recorded_question,
             config,
             params,
             active_steps,
             regrade=regrade,
         )
-        for question, recorded_question in zip(line["questions"], recorded["questions"])
+        for index, (question, recorded_question) in enumerate(
+            zip(line["questions"], recorded["questions"])
+        )
     ]
+    # Each question's own decision says whether it contributes (its rewards vary or a KL term
+    # pulls it, and the step trains on it): multi-question steps skip zero-variance ones.
     decision = decide_step(
-        sum(not q.homogeneous for q in questions),
+        sum(q.active for q in questions),
         skip_zero_var=config.skip_zero_var,
         zero_var_step=config.zero_var_step,
     )

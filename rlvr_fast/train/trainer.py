@@ -17,7 +17,9 @@ Per step, for the next ``questions_per_step`` training questions (one by default
      reference model and the entropy, ``rlvr_fast.train.policy``), backward, clipping, AdamW;
      several questions average their unit
      gradients (the accum4 ablation) or pool their losses over the step (TRL's several prompts
-     per step), as ``combine_questions`` says (``rlvr_fast.train.steps``);
+     per step), as ``combine_questions`` says (``rlvr_fast.train.steps``); a generation serves
+     num_iterations x generation_steps steps, each of generation_steps on its share of the
+     generation's shuffled completions (``rlvr_fast.train.steps.generation_shares``);
   5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
      ``rlvr_fast.run.recorder``).
 Every ``checkpoint_every`` steps the components (weights, optimizer, RNG states, Polyak sums,
@@ -70,6 +72,7 @@ from rlvr_fast.train.steps import (
     StepResult,
     multi_question_step,
     pooled_weights,
+    share_of_step,
     single_question_step,
 )
 from rlvr_fast.train.stepping import OptimizerStepping
@@ -99,6 +102,11 @@ class RLVRTrainer:
         add_adapters(policy, config)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
+        if config.generation_steps > 1 and distributed.world_size() > 1:
+            raise ValueError(
+                "generation_steps > 1 runs on one process: the shuffle of a generation over "
+                "several ranks is not built"
+            )
         self.train_data = list(train_data)
         self.eval_data = {
             check_eval_name(name): problems for name, problems in (eval_data or {}).items()
@@ -157,7 +165,8 @@ class RLVRTrainer:
             components["reference"] = self.kind.reference
         self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0
-        self.generation: list[Question] | None = None  # the questions num_iterations reuses
+        # The questions num_iterations and generation_steps reuse.
+        self.generation: list[Question] | None = None
         self.active_steps = 0
         self.finished_summary = None
         if self.layout is not None:
@@ -252,9 +261,10 @@ class RLVRTrainer:
 
     def run_step(self, step: int) -> StepResult:
         """Step ``step`` on its questions: the next ``questions_per_step`` of the training data,
-        which the run cycles through (one generation's for ``num_iterations`` steps)."""
+        which the run cycles through (one generation's for num_iterations x generation_steps
+        steps)."""
         count = self.config.questions_per_step
-        data, generation = self.train_data, step // self.config.num_iterations
+        data, generation = self.train_data, step // self.config.updates_per_generation
         return self.step_on(
             step, [data[(generation * count + i) % len(data)] for i in range(count)]
         )
@@ -268,10 +278,13 @@ class RLVRTrainer:
         multi = config.questions_per_step > 1
         # Update ``iteration`` of the generation (0: it is sampled now); a run resumed inside a
         # generation samples a new one, as TRL does.
-        iteration = step % config.num_iterations if self.generation is not None else 0
+        iteration = step % config.updates_per_generation if self.generation is not None else 0
         if iteration == 0:
             self.generation = self.generate(problems, phase)
         questions = self.generation
+        shares = share_of_step(config, step, [len(kind.rewards(q)) for q in questions])
+        for question, share in zip(questions, shares or [None] * len(questions)):
+            question.share = share
         contributing = [q for q in questions if kind.contributes(q)]
         decision = decide_step(
             distributed.sum_over_ranks(len(contributing)),
@@ -281,10 +294,13 @@ class RLVRTrainer:
         running = {id(q) for q in (contributing if multi else questions if decision.active else [])}
         kind.measure([q for q in questions if id(q) not in running], phase)
         losses = [functools.partial(kind.loss, q) for q in (contributing if multi else questions)]
+        # A share of a generation is pooled as TRL normalises it (rlvr_fast.train.steps).
         combination = config.combine_questions if multi else None
+        if shares is not None and not multi:
+            combination = "pooled"
         weights = None
         if combination == "pooled":
-            weights = pooled_weights(kind, questions, contributing)
+            weights = pooled_weights(kind, questions, contributing if multi else questions)
         update = self.stepping.update(
             phase, decision, losses, combination=combination, weights=weights
         )

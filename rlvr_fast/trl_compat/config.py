@@ -9,10 +9,15 @@ rlvr_fast cannot honour raises ``UnsupportedFieldError`` naming the field and wh
 construction and on assignment after it.
 
 Several prompts per optimizer step are counted as TRL counts them: a step trains on
-per_device_train_batch_size x gradient_accumulation_steps x world size completions,
-``num_generations`` per prompt, generated in one batch (``steps_per_generation`` must equal
-``gradient_accumulation_steps``: a generation batch serving several optimizer steps would train
-off-policy).
+per_device_train_batch_size x gradient_accumulation_steps x world size completions; a
+generation batch of per_device_train_batch_size x steps_per_generation x world size completions
+(``generation_batch_size``, ``num_generations`` per prompt) is sampled in one batch, its
+advantages computed per group over the whole of it, then shuffled and split over
+steps_per_generation / gradient_accumulation_steps optimizer steps (rlvr_fast's
+``generation_steps``: the later ones off-policy, clipped against the generation's old
+log-probabilities). ``steps_per_generation`` must be a multiple of
+``gradient_accumulation_steps``: an optimizer step over several generation batches is not
+built.
 
 Ours: ``arm`` (a study arm's preset, ``rlvr_fast.train.arms``), ``ledger`` (write the study's
 ledger, a run directory ``rlvr-fast verify`` reads, to ``output_dir/ledger``),
@@ -123,11 +128,10 @@ class GRPOConfig(TRLFields):
                 f"num_generations ({g})",
             ),
             (
-                self.steps_per_generation == self.gradient_accumulation_steps,
-                f"steps_per_generation ({self.steps_per_generation}) must equal "
+                self.steps_per_generation % self.gradient_accumulation_steps == 0,
+                f"steps_per_generation ({self.steps_per_generation}) must be a multiple of "
                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) on rlvr_fast: "
-                "a generation batch serving several optimizer steps trains off-policy, and one "
-                "step over several generation batches normalises each on its own",
+                "an optimizer step over several generation batches is not built",
             ),
             (
                 self.loss_type != "bnpo" or self.gradient_accumulation_steps == 1,
@@ -176,8 +180,19 @@ class GRPOConfig(TRLFields):
 
     @property
     def prompts_per_step(self) -> int:
-        """Prompts of one optimizer step over all processes (TRL's generation batch / G)."""
+        """Prompts of one generation batch over all processes (TRL's generation batch / G):
+        those of one optimizer step unless ``generation_steps`` > 1."""
         return self.generation_batch_size // self.num_generations
+
+    @property
+    def generation_steps(self) -> int:
+        """Optimizer steps one generation batch is split over (before num_iterations)."""
+        return self.steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps on one generation batch: num_iterations x generation_steps."""
+        return self.num_iterations * self.generation_steps
 
     def resolve_steps(self, value: float, max_steps: int) -> int:
         """A steps setting as transformers reads it: below 1, a fraction of max_steps."""

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.credit.group import scored_std, standardised_advantages
-from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES
 from rlvr_fast.train.losses import sequence_scales
+from rlvr_fast.train.steps import generation_order
 from rlvr_fast.trl_compat.rewards import ScoredGroup
 
 CLIP_RATIO_KEYS = (
@@ -62,27 +62,30 @@ def sum_type_loss(groups, advantages, truncated, config) -> float:
     return sum(values) / len(values)
 
 
-def micro_batches(completions: int, count: int, seed: int, generation: int) -> list[list[int]]:
-    """The completions (indices, question after question) of each of ``count`` micro-batches of
-    a generation, as TRL cuts them: a shuffle, then ``count`` equal slices. TRL shuffles with
-    torch's global RNG, a draw no other run can replay; here the order is a permutation drawn
-    from ``derive_seed(seed, generation)``: a draw of the same law, the same in every run and
-    resumed run."""
-    generator = torch.Generator().manual_seed(derive_seed(seed, generation))
-    order = torch.randperm(completions, generator=generator).tolist()
-    size = completions // count
-    return [order[i * size : (i + 1) * size] for i in range(count)]
+def micro_batches(config, step: int, sizes: list[int], count: int) -> list[list[int]]:
+    """The sequences (indices into step ``step``'s, question after question) of each of its
+    ``count`` micro-batches, as TRL cuts them: the generation's shuffle
+    (``rlvr_fast.train.steps.generation_order``, which TRL draws from torch's global RNG, a draw
+    no other run replays) cut into equal slices, the step's share of them in order."""
+    steps = config.generation_steps
+    generation, index = step // (steps * config.num_iterations), step % steps
+    order = generation_order(config.seed, generation, sum(sizes))
+    per_step = len(order) // steps
+    mine = order[index * per_step : (index + 1) * per_step]
+    # The step's sequences are its questions' shares, each in leaf order: by generation index.
+    position = {completion: i for i, completion in enumerate(sorted(mine))}
+    size = per_step // count
+    return [[position[c] for c in mine[k * size : (k + 1) * size]] for k in range(count)]
 
 
 def step_policy_figures(trainer, step: int) -> dict:
     """Step ``step``'s policy figures (``rlvr_fast.train.policy.step_figures``) over the
     micro-batches TRL would cut its completions into."""
-    args, questions = trainer.args, trainer.trainer.generation
-    count = args.gradient_accumulation_steps
+    questions, count = trainer.trainer.generation, trainer.args.gradient_accumulation_steps
     batches = None
     if count > 1:
-        completions = sum(len(q.rollouts.completions) for q in questions)
-        batches = micro_batches(completions, count, args.seed, step // args.num_iterations)
+        sizes = [len(q.rollouts.completions) for q in questions]
+        batches = micro_batches(trainer.trainer.config, step, sizes, count)
     return trainer.trainer.kind.figures(questions, batches)
 
 

@@ -188,7 +188,8 @@ def policy_loss_settings(args) -> dict:
         sapo_temperature_pos=args.sapo_temperature_pos,
         sapo_temperature_neg=args.sapo_temperature_neg,
         num_iterations=args.num_iterations,
-        checkpoint_every=args.num_iterations,
+        generation_steps=args.generation_steps,
+        checkpoint_every=args.num_iterations * args.generation_steps,
     )
 
 

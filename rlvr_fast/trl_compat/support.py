@@ -78,7 +78,8 @@ HONOURED = {
     "max_completion_length": "cap on each completion",
     "shuffle_dataset": "TRL's seeded shuffle of the prompts every epoch",
     "generation_batch_size": "completions per generation batch",
-    "steps_per_generation": "micro-batches per generation batch",
+    "steps_per_generation": "micro-batches per generation batch: a multiple of "
+    "gradient_accumulation_steps, the batch shuffled and split over the optimizer steps",
     "temperature": "sampling temperature (and TRL's tempered log-probabilities in the loss)",
     "top_p": "nucleus sampling",
     "top_k": "top-k sampling before top-p, as transformers orders them",

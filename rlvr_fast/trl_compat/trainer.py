@@ -2,11 +2,13 @@
 engine and trainer (``rlvr_fast.train.trainer.RLVRTrainer``, driven a step at a time through
 ``step_on``).
 
-Each optimizer step takes the next ``args.prompts_per_step`` prompts (TRL's order: a
-``torch.randperm`` per epoch from a generator seeded with ``seed``, cut into steps, an
+Each generation batch takes the next ``args.prompts_per_step`` prompts (TRL's order: a
+``torch.randperm`` per epoch from a generator seeded with ``seed``, cut into batches, an
 incomplete last step dropped), samples ``num_generations`` completions of each on the rollout
 engine in one batch (each prompt prefilled once and forked), scores them with the reward
-functions in one call, and steps ``num_iterations`` times on them with TRL's loss of
+functions in one call, and steps ``num_iterations`` times on them (times
+``steps_per_generation / gradient_accumulation_steps``, each step on its share of the shuffled
+generation batch: ``rlvr_fast.train.steps.generation_shares``) with TRL's loss of
 ``loss_type`` (``rlvr_fast.train.policy``: the fused policy loss, its clipping against the
 generation's old log-probabilities, the KL of ``beta`` to a frozen reference, the entropy),
 each question's loss pooled over the step (``rlvr_fast.train.steps.pooled_weights``): dapo and
@@ -135,8 +137,8 @@ class GRPOTrainer(SavingAndSurface):
 
         self.rows = dataset_rows(train_dataset, args.remove_unused_columns, "train_dataset")
         self.prompts_per_step = args.prompts_per_step
-        # num_iterations optimizer steps per generation batch, as TRL's sampler repeats it.
-        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * args.num_iterations
+        # Optimizer steps per generation batch, as TRL's sampler repeats it and its buffer splits it.
+        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * args.updates_per_generation
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"train_dataset has {len(self.rows)} prompts, fewer than one step's "
@@ -273,7 +275,7 @@ class GRPOTrainer(SavingAndSurface):
         metrics = speed_metrics(
             "train",
             started,
-            num_samples=steps * self.prompts_per_step * args.num_generations,
+            num_samples=steps * args.generation_batch_size // args.generation_steps,
             num_steps=steps,
         )
         metrics["total_flos"] = state.total_flos
@@ -326,7 +328,7 @@ class GRPOTrainer(SavingAndSurface):
         order."""
         epoch, position = divmod(step, self.steps_per_epoch)
         order = self._epoch_order(epoch)
-        first = position // self.args.num_iterations * self.prompts_per_step
+        first = position // self.args.updates_per_generation * self.prompts_per_step
         return [self.trainer.train_data[i] for i in order[first : first + self.prompts_per_step]]
 
     def _epoch_order(self, epoch: int) -> list[int]:

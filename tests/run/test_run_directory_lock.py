@@ -156,6 +156,8 @@ def test_a_second_train_on_a_running_out_exits_2_naming_the_pid(tmp_path):
             assert first.poll() is None, first.stderr.read()
             assert time.monotonic() < deadline, "the first run wrote no ledger line"
             time.sleep(0.2)
+        # Stopped, it still holds its lock, without taking a core from the processes below.
+        first.send_signal(signal.SIGSTOP)
         for extra, message in (
             (["--resume"], f"in use by process {first.pid} "),
             ([], "already holds a run"),

@@ -1,7 +1,8 @@
 """TRL's loss types on the native trainer (``rlvr_fast.train.policy``): a run with the KL to a
 synced reference model and two clipped updates per generation writes a ledger that keeps its
-laws, marks the reused updates, carries the entropy / KL / clip figures, and verifies; the
-reference sync is TRL's."""
+laws, marks the reused updates, carries the entropy / KL / clip figures, and verifies; a
+generation split over two optimizer steps (generation_steps) trains each on its share and
+verifies; the reference sync is TRL's."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import torch
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.ops.policy_loss import PolicyLossSettings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.losses import policy_loss
 from rlvr_fast.train.policy import ReferenceModel
+from rlvr_fast.train.steps import generation_shares
 from rlvr_fast.train.trainer import RLVRTrainer
 
 POLICY_RUN = dict(
@@ -56,6 +60,47 @@ def test_a_kl_run_with_two_updates_per_generation_keeps_and_verifies_its_ledger(
     assert verification.ok, "\n".join(verification.lines())
 
 
+def test_one_generation_split_over_two_steps_trains_each_on_its_share_and_verifies(tmp_path):
+    settings = dict(POLICY_RUN, steps=2, num_iterations=1, sync_ref_model=False)
+    config = TrainConfig.from_arm(
+        "zg_flat", **settings, questions_per_step=2, combine_questions="pooled", generation_steps=2
+    )
+    problems = synthetic_problems("train", 4, seed=11)
+    RLVRTrainer(load_policy("tiny"), config, problems, out_dir=tmp_path, progress=False).train()
+    lines = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [[q.get("reused", False) for q in line["questions"]] for line in lines] == [
+        [False, False],
+        [True, True],
+    ]
+    first, second = (line["questions"] for line in rollouts)
+    assert [q["texts"] for q in first] == [q["texts"] for q in second]  # one generation
+    assert [q.get("iteration", 0) for q in first + second] == [0, 0, 1, 1]
+    assert lines[0]["gen"] > 0 and lines[1]["gen"] == lines[1]["decode_rows"] == 0
+    shares = [[q["trained"] for q in line["questions"]] for line in lines]
+    for index in range(2):  # the two steps split each question's completions between them
+        assert sorted(shares[0][index] + shares[1][index]) == list(range(4))
+        assert shares == [generation_shares([4, 4], config.seed, 0, 2, k) for k in range(2)]
+    for line, step_shares in zip(lines, shares):
+        assert line["active"]
+        trained = [
+            q["lengths"][i] for q, share in zip(line["questions"], step_shares) for i in share
+        ]
+        assert line["bwd_out"] == sum(trained) < line["leaf"]
+    verification = verify_run(tmp_path)
+    assert verification.ok, "\n".join(verification.lines())
+
+
+def test_a_group_masked_out_of_the_loss_has_a_zero_loss_and_gradient():
+    model = load_policy("tiny").model
+    loss, stats = policy_loss(
+        model, [1, 2, 3], [[], []], torch.tensor([1.0, -1.0]), PolicyLossSettings("grpo")
+    )
+    loss.backward()
+    assert float(loss) == 0.0 and stats.entropy.numel() == 0
+    assert not model.lm_head.weight.grad.any()
+
+
 def test_the_reference_sync_is_trls():
     callbacks = pytest.importorskip("trl.trainer.callbacks")
     torch.manual_seed(0)
@@ -78,3 +123,9 @@ def test_policy_settings_need_a_policy_loss_type():
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=3))
     with pytest.raises(ValueError, match="sync_ref_model syncs the reference"):
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, kl_beta=0.0))
+    with pytest.raises(ValueError, match="generation_steps is a setting of TRL's loss types"):
+        TrainConfig.from_arm("zg_flat", generation_steps=2)
+    with pytest.raises(ValueError, match=r"generation_steps \(3\) must divide"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=6, generation_steps=3))
+    with pytest.raises(ValueError, match="multiple of num_iterations x generation_steps"):
+        TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, generation_steps=2))

@@ -25,6 +25,9 @@ class CountingKind:
     def loss_count(self, question) -> int:
         return question
 
+    def step_normaliser(self, questions) -> int:
+        return sum(questions)
+
 
 def test_pooled_weights_are_each_questions_share_of_the_steps_count():
     weights = pooled_weights(CountingKind(), [10, 30, 60], [30, 60])

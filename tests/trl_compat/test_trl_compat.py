@@ -11,8 +11,8 @@ import rlvr_fast
 from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
-from rlvr_fast.trl_compat.reporting import micro_batches
 from rlvr_fast.trl_compat.run_setup import train_config
+from rlvr_fast.train.steps import generation_order
 from trl_side_by_side import (
     QUIET_CPU_RUN,
     chat_model_dir,
@@ -95,12 +95,20 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path, layout):
 
 
 def trl_gradient(
-    trl, completions, prompts, tmp_path, weights=None, reward=varied_reward, step=0, **settings
+    trl,
+    completions,
+    prompts,
+    tmp_path,
+    weights=None,
+    reward=varied_reward,
+    generation=0,
+    **settings,
 ):
-    """TRL's gradient and logged loss of step ``step`` whose generation returns ``completions``,
-    through its own accumulation: each micro-batch's compute_loss and backward, the micro-batches
-    cut in our order (``micro_batches``: TRL's shuffle draws from torch's global RNG); the policy
-    at ``weights`` (default: the model's own; the reference model stays at them)."""
+    """TRL's gradient and logged loss of one step whose generation (number ``generation``)
+    returns ``completions``, through its own accumulation: each micro-batch's compute_loss and
+    backward, the generation shuffled in our order (``generation_order``: TRL's shuffle draws
+    from torch's global RNG); the policy at ``weights`` (default: the model's own; the
+    reference model stays at them)."""
     from trl.trainer import grpo_trainer
 
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
@@ -113,13 +121,11 @@ def trl_gradient(
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
     batch = [{"prompt": p} for p in prompts]
-    count = args.gradient_accumulation_steps
-    generation = step // args.num_iterations
-    order = [i for b in micro_batches(len(prompts), count, args.seed, generation) for i in b]
+    order = generation_order(args.seed, generation, len(prompts))
     loss_total = 0.0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo_trainer, "shuffle_sequence_dict", lambda d: permuted(d, order))
-        for micro in range(count):
+        patch.setattr(grpo_trainer, "shuffle_sequence_dict", shuffled_as(order))
+        for micro in range(args.gradient_accumulation_steps):
             trainer._step = micro
             loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
             loss.backward()
@@ -127,19 +133,6 @@ def trl_gradient(
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
     return grads, loss_total, metrics
-
-
-def permuted(columns: dict, order: list[int]) -> dict:
-    """TRL's shuffle_sequence_dict with the permutation ``order``."""
-
-    def permute(value):
-        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
-            return value
-        if isinstance(value, torch.Tensor):
-            return value[order]
-        return [value[i] for i in order]
-
-    return {key: permute(value) for key, value in columns.items()}
 
 
 def first_group_agrees(prompts, completion_ids, **kwargs):
@@ -151,7 +144,8 @@ def first_group_agrees(prompts, completion_ids, **kwargs):
 
 def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, **settings):
     """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
-    prompts, loss and the weights it was taken at (Hugging Face names)."""
+    prompts, loss and the weights it was taken at (Hugging Face names); ``steps`` gets every
+    such step's (groups, weights, gradient, logs)."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
     trainer = GRPOTrainer(model=MODEL, reward_funcs=reward, args=args, train_dataset=dataset())
     captured = []
@@ -169,7 +163,10 @@ def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, **settings):
     assert len(captured) > at, "too few steps ran a backward (rewards never varied)"
     if steps is not None:
         config = trainer.policy.config
-        steps.extend((groups, packed_to_hf(w, config)) for _, groups, _, w in captured)
+        steps.extend(
+            (groups, packed_to_hf(w, config), packed_to_hf(g, config), trainer.state.log_history[i])
+            for g, groups, i, w in captured
+        )
     grads, groups, step, weights = captured[at]
     completions = [c for g in groups for c in g.completion_ids]
     prompts = [ROWS[g.row]["prompt"] for g in groups for _ in g.completion_ids]
@@ -204,7 +201,7 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings
     trl = trl_modules()
     ours, completions, prompts, logs, _ = our_gradient(tmp_path, **settings)
     theirs, their_loss, metrics = trl_gradient(
-        trl, completions, prompts, tmp_path, step=logs["step"] - 1, **settings
+        trl, completions, prompts, tmp_path, generation=logs["step"] - 1, **settings
     )
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
@@ -227,7 +224,7 @@ def test_entropy_covers_a_group_without_a_loss_in_trls_micro_batches(tmp_path):
         prompts,
         tmp_path,
         reward=first_group_agrees,
-        step=logs["step"] - 1,
+        generation=logs["step"] - 1,
         **settings,
     )
     assert_same_gradient(ours, theirs)
@@ -380,28 +377,39 @@ def test_async_reward_functions_and_none_rewards(tmp_path):
     assert "rewards/halves/mean" in trainer.state.log_history[0]
 
 
-def trl_second_iteration(trl, completions, prompts, tmp_path, first, second, **settings):
-    """TRL's gradient and metrics of the second update on one generation: generated (and its
-    old log-probabilities taken) at ``first`` weights, the update at ``second``."""
+def trl_later_update(
+    trl, completions, prompts, tmp_path, first, second, micro_steps=(1,), **settings
+):
+    """TRL's gradient, loss and metrics of a later update on one generation: generated (and its
+    old log-probabilities taken) at ``first`` weights, the update's ``micro_steps`` (TRL's
+    ``_step`` of each micro-batch) at ``second``."""
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
     trainer = trl.GRPOTrainer(
         model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
     )
     trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
     batch = [{"prompt": p} for p in prompts]
-    for weights, step in ((first, 0), (second, 1)):
+
+    def load(weights):
         with torch.no_grad():
             for name, param in trainer.model.named_parameters():
                 param.copy_(weights[name])
-        trainer._step = step
-        inputs = trainer._prepare_inputs(batch)
-    loss = trainer.compute_loss(trainer.model, inputs)
-    loss.backward()
+
+    load(first)
+    trainer._step = 0
+    trainer._prepare_inputs(batch)
+    load(second)
+    loss_total = 0.0
+    for micro in micro_steps:
+        trainer._step = micro
+        loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
+        loss.backward()
+        loss_total += float(loss)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
-    return grads, float(loss), metrics
+    return grads, loss_total, metrics
 
 
 @pytest.mark.parametrize(
@@ -425,10 +433,10 @@ def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratio
     ours, completions, prompts, logs, second = our_gradient(
         tmp_path, at=1, steps=steps, **{"max_steps": 2, **settings}
     )
-    (first_groups, first), (second_groups, _) = steps[:2]
+    (first_groups, first, *_), (second_groups, *_) = steps[:2]
     reused = [g.completion_ids for g in first_groups] == [g.completion_ids for g in second_groups]
     assert reused, "the second update reused the generation"
-    theirs, their_loss, metrics = trl_second_iteration(
+    theirs, their_loss, metrics = trl_later_update(
         trl, completions, prompts, tmp_path, first, second, **settings
     )
     assert_same_gradient(ours, theirs)
@@ -440,3 +448,71 @@ def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratio
         assert metrics["clip_ratio/region_mean"] > 0, "the case clips nothing"
     for name in clip_keys:
         assert logs[name] == pytest.approx(metrics[name], abs=1e-6), name
+
+
+def shuffled_as(order: list[int]):
+    """TRL's ``shuffle_sequence_dict`` with ``order`` for its permutation (ours)."""
+    permutation = torch.tensor(order)
+
+    def shuffle(batch: dict) -> dict:
+        def permute(value):
+            if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+                return value
+            if isinstance(value, torch.Tensor):
+                return value[permutation]
+            return [value[i] for i in permutation]
+
+        return {key: permute(value) for key, value in batch.items()}
+
+    return shuffle
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(
+            loss_type="dapo",
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            steps_per_generation=4,
+        ),
+        dict(loss_type="bnpo", steps_per_generation=2),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_a_step_on_a_share_of_a_larger_generation_gives_trls_gradient(
+    tmp_path, monkeypatch, settings
+):
+    """steps_per_generation = 2 x gradient_accumulation_steps: one generation of two prompts
+    serves two optimizer steps. From the same rollouts and the same shuffle (ours, given to
+    TRL's shuffle_sequence_dict), the first step's gradient is TRL's, and so is the second's,
+    on the other half of the generation at the moved weights, clipped against the generation's
+    old log-probabilities."""
+    trl = trl_modules()
+    from trl.trainer import grpo_trainer
+
+    steps = []
+    _, completions, prompts, _, _ = our_gradient(
+        tmp_path, at=1, max_steps=2, steps=steps, **settings
+    )
+    (first_groups, first, ours_first, logs_first), (second_groups, second, ours, logs) = steps
+    assert [g.completion_ids for g in first_groups] == [g.completion_ids for g in second_groups]
+    assert len(completions) == 8, "one generation of two prompts"
+    order = generation_order(42, 0, len(completions))  # TRL's default seed, as ours
+    monkeypatch.setattr(grpo_trainer, "shuffle_sequence_dict", shuffled_as(order))
+    theirs, their_loss, _ = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    assert_same_gradient(ours_first, theirs)
+    assert logs_first["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+    micro_batches = settings.get("gradient_accumulation_steps", 1)
+    theirs, their_loss, metrics = trl_later_update(
+        trl,
+        completions,
+        prompts,
+        tmp_path,
+        first,
+        second,
+        micro_steps=range(micro_batches, 2 * micro_batches),
+        **settings,
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)

@@ -92,7 +92,10 @@ def test_values_of_honoured_fields_it_cannot_honour_are_refused(settings, messag
 @pytest.mark.parametrize(
     "settings,message",
     [
-        (dict(steps_per_generation=2), "steps_per_generation"),
+        (
+            dict(steps_per_generation=2, gradient_accumulation_steps=4),
+            r"steps_per_generation \(2\) must be a multiple of gradient_accumulation_steps",
+        ),
         (dict(generation_batch_size=16, steps_per_generation=2), "cannot both be set"),
         (dict(num_generations=3, per_device_train_batch_size=3), "num_generations must be even"),
         (dict(num_generations=6), "divisible by num_generations"),
@@ -114,6 +117,23 @@ def test_several_prompts_per_step_are_counted_as_trl_counts_them():
     assert args.prompts_per_step == 2
     theirs = trl().GRPOConfig(**CPU, per_device_train_batch_size=4, gradient_accumulation_steps=4)
     assert theirs.generation_batch_size == args.generation_batch_size
+
+
+def test_a_generation_batch_larger_than_a_step_is_counted_as_trl_counts_it():
+    """generation_batch_size set directly, or steps_per_generation: TRL's derived counts, and
+    the optimizer steps one generation batch serves."""
+    for settings in (dict(generation_batch_size=32), dict(steps_per_generation=8)):
+        args = GRPOConfig(
+            **CPU, per_device_train_batch_size=4, gradient_accumulation_steps=2, **settings
+        )
+        theirs = trl().GRPOConfig(
+            **CPU, per_device_train_batch_size=4, gradient_accumulation_steps=2, **settings
+        )
+        assert (args.steps_per_generation, args.generation_batch_size) == (
+            theirs.steps_per_generation,
+            theirs.generation_batch_size,
+        )
+        assert (args.generation_steps, args.prompts_per_step) == (4, 32 // args.num_generations)
 
 
 def test_no_effect_fields_take_any_value():

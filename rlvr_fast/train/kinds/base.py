@@ -9,6 +9,7 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.contributes(question)                       # its rewards vary: its gradient counts
     kind.loss(question)                              # the forward pass of its loss
     kind.loss_count(question)                        # what that loss averages over
+    kind.step_normaliser(questions)                  # flat kinds: a pooled step's divisor
     kind.measure(questions, phase)                   # figures of those whose loss won't run
     kind.figures(questions, micro_batches)           # TRL's entropy / KL / clip figures
     kind.reference                                   # the KL's reference model, or None
@@ -39,12 +40,14 @@ from rlvr_fast.utils.phases import Phases
 @dataclass
 class Question:
     """One question of a step: its problem and prompt, then what its kind sampled (``rollouts``)
-    and credited (``credit``)."""
+    and credited (``credit``), and on a step of generation_steps > 1 the completions that step
+    trains on (``share``, leaf order; None: all)."""
 
     problem: Problem
     prompt_ids: list[int]
     rollouts: object = None
     credit: object = None
+    share: list[int] | None = None
 
 
 @dataclass(frozen=True)

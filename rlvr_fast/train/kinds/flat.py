@@ -63,11 +63,14 @@ class QuestionCredit:
     advantages: torch.Tensor | None
     token_weights: list[torch.Tensor]
     policy: PolicyTerms | None = None
+    share_policy: PolicyTerms | None = None  # the terms of the step's share, when it has one
 
 
 # Loss types normalised by the tokens of the step (TRL: dapo and cispo by the generation batch's,
 # bnpo by the micro-batch's).
 TOKEN_NORMALISED = ("dapo", "bnpo", "cispo")
+# Those TRL normalises by the generation batch's tokens, rescaled to one optimizer step.
+GENERATION_NORMALISED = ("dapo", "cispo")
 
 
 class FlatKind:
@@ -133,7 +136,7 @@ class FlatKind:
             with phase("reference"):
                 for question in questions:
                     self.add_reference_logprobs(question)
-        if self.config.num_iterations > 1:
+        if self.config.updates_per_generation > 1:
             with phase("old_logprobs"):
                 for question in filter(self.contributes, questions):
                     self.add_old_logprobs(question)
@@ -193,31 +196,45 @@ class FlatKind:
         eos = self.policy.tokenizer.eos_token_ids
         return [c[-1] not in eos for c in question.rollouts.completions]
 
-    def loss_count(self, question: Question) -> int:
+    def loss_count(self, question: Question, whole: bool = False) -> int:
         """What the question's loss is an average over, which a pooled multi-question step
         re-normalises over the whole step (``rlvr_fast.train.steps.pooled_weights``): under
         dapo its tokens (those of truncated completions left out with ``mask_truncated``), else
-        its completions."""
+        its completions; those of its ``share`` of the step, unless ``whole``."""
         completions = question.rollouts.completions
+        picked = range(len(completions))
+        if question.share is not None and not whole:
+            picked = question.share
         if self.config.loss_type not in TOKEN_NORMALISED:
-            return len(completions)
+            return len(picked)
         cut = self.truncated(question) if self.config.mask_truncated else [False] * len(completions)
-        return sum(len(c) for c, masked in zip(completions, cut) if not masked)
+        return sum(len(completions[i]) for i in picked if not cut[i])
+
+    def step_normaliser(self, questions: list[Question]) -> float:
+        """The sum a pooled step on ``questions`` normalises by (of this rank): their loss
+        counts; on shares of their generation, under dapo and cispo the generation's tokens
+        over generation_steps."""
+        if questions[0].share is not None and self.config.loss_type in GENERATION_NORMALISED:
+            tokens = sum(self.loss_count(q, whole=True) for q in questions)
+            return tokens / self.config.generation_steps
+        return sum(self.loss_count(q) for q in questions)
 
     def contributes(self, question: Question) -> bool:
-        """Its rewards vary, or a KL term pulls it to the reference (kl_beta > 0)."""
-        return question.credit.sigma != 0 or self.config.kl_beta > 0
+        """Its rewards vary, or a KL term pulls it to the reference (kl_beta > 0); and the step
+        trains on one of its completions."""
+        pulled = question.credit.sigma != 0 or self.config.kl_beta > 0
+        return pulled and question.share != []
 
     def loss(self, question: Question) -> torch.Tensor:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
-            terms = credit.policy
+            terms, completions = self.step_terms(question)
             loss, terms.stats = policy_loss(
                 model,
                 question.prompt_ids,
-                self.loss_completions(question),
-                credit.advantages,
+                completions,
+                terms.advantages,
                 self.policy_settings,
                 old_logprobs=terms.old_logprobs,
                 ref_logprobs=terms.ref_logprobs,
@@ -236,6 +253,15 @@ class FlatKind:
             config.temperature if config.tempered_logprobs else 1.0,
         )
 
+    def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
+        """The policy terms and loss completions of the question this step: its share's (kept
+        as ``credit.share_policy``) when the step trains on a share of the generation."""
+        terms, completions = question.credit.policy, self.loss_completions(question)
+        if question.share is not None:
+            terms = question.credit.share_policy = terms.subset(question.share)
+            completions = [completions[i] for i in question.share]
+        return terms, completions
+
     def measure(self, questions: list[Question], phase: Phases) -> None:
         """On TRL's loss types, the figures of ``questions``, whose loss does not run this step
         (TRL's loss runs on every completion and logs their entropy): a pass of the fused op
@@ -246,11 +272,9 @@ class FlatKind:
         self.policy.model.train()
         with phase("measure"):
             for question in questions:
-                question.credit.policy.stats = completion_stats(
-                    self.policy.model,
-                    question.prompt_ids,
-                    self.loss_completions(question),
-                    self.loss_temperature(),
+                terms, completions = self.step_terms(question)
+                terms.stats = completion_stats(
+                    self.policy.model, question.prompt_ids, completions, self.loss_temperature()
                 )
 
     def figures(
@@ -261,6 +285,8 @@ class FlatKind:
         if not self.policy_loss:
             return {}
         terms = [q.credit.policy for q in questions]
+        if questions[0].share is not None:  # this step's shares of the generation
+            terms = [q.credit.share_policy for q in questions]
         return step_figures(terms, self.policy_settings, micro_batches)
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
@@ -268,6 +294,7 @@ class FlatKind:
             lengths=question.credit.lengths,
             category=self.category,
             reused=inputs.iteration > 0,
+            trained=question.share,
             **self.common_record(question, inputs),
         )
 
@@ -319,6 +346,7 @@ class FlatKind:
             lengths=line["lengths"],
             category=cls.category,
             reused=line.get("iteration", 0) > 0,
+            trained=line.get("trained"),
             **inputs,
         )
 
@@ -340,7 +368,7 @@ class FlatKind:
             unscored = [math.nan if r is None else r for r in rewards]
             sigma = standardised_advantages(unscored, scale=config.scale_rewards)[1]
         decision = decide_step(
-            int(sigma != 0 or config.kl_beta > 0),
+            int((sigma != 0 or config.kl_beta > 0) and line.get("trained") != []),
             skip_zero_var=config.skip_zero_var,
             zero_var_step=config.zero_var_step,
         )
