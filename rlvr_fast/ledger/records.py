@@ -164,7 +164,7 @@ class StepRecord(SeedFlops):
     stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
     stage2_gen: int | None = None  # tokens Stage 2 sampled; None on flat steps
     parallel: ParallelStats | None = None  # parallel-path steps only
-    policy: dict[str, float] | None = None  # TRL's loss types: POLICY_FIGURES, when a loss ran
+    policy: dict[str, float] | None = None  # TRL's loss types: POLICY_FIGURES of every step
     reused: bool = False  # an update on an earlier step's rollouts (num_iterations)
     # The completions this step trained on (generation_steps > 1: its share of the generation,
     # leaf order); None: all of them.

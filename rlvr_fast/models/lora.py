@@ -101,13 +101,52 @@ def part_rows(config: ModelConfig, suffix: str) -> tuple[int, ...]:
     }[suffix]
 
 
+def in_features(config: ModelConfig, suffix: str) -> int:
+    """The input width of our projection module ``suffix``."""
+    return {
+        "self_attn.qkv_proj": config.hidden_size,
+        "self_attn.o_proj": config.num_attention_heads * config.head_dim,
+        "mlp.gate_up_proj": config.hidden_size,
+        "mlp.down_proj": config.intermediate_size,
+    }[suffix]
+
+
+def adapted_projections(config: ModelConfig, settings: LoraSettings) -> dict[str, tuple]:
+    """Our projection modules that ``settings`` adapt (``model.layers.N.<suffix>``) -> (suffix,
+    the Hugging Face parts adapted in it): what ``apply_lora`` adapts, and what the memory plan
+    counts, from the model's config alone."""
+    adapted = {}
+    for layer in range(config.num_hidden_layers):
+        for suffix, parts in PROJECTIONS.items():
+            name = f"model.layers.{layer}.{suffix}"
+            owner = name.rsplit(".", 1)[0]
+            chosen = tuple(p for p in parts if settings.matches(f"{owner}.{p}"))
+            if chosen:
+                adapted[name] = (suffix, chosen)
+    return adapted
+
+
+def adapter_parameters(config: ModelConfig, settings: LoraSettings) -> int:
+    """Parameters of every (A, B) pair: r x (in + rows) per adapted part."""
+    total = 0
+    for suffix, parts in adapted_projections(config, settings).values():
+        rows = dict(zip(PROJECTIONS[suffix], part_rows(config, suffix)))
+        total += sum(settings.rank * (in_features(config, suffix) + rows[p]) for p in parts)
+    return total
+
+
 class LoraLinear(nn.Module):
     """A frozen projection whose weight stacks ``parts`` (name -> rows, in order), with an
     (A, B) pair on each part named in ``adapted``. ``weight`` and ``bias`` are the frozen
     projection's own parameters (so their names do not change)."""
 
     def __init__(
-        self, base: nn.Linear, parts: dict[str, int], adapted: tuple[str, ...], settings
+        self,
+        base: nn.Linear,
+        parts: dict[str, int],
+        adapted: tuple[str, ...],
+        settings,
+        generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
         self.weight, self.bias = base.weight, base.bias
@@ -121,8 +160,11 @@ class LoraLinear(nn.Module):
         self.lora_B = nn.ParameterDict(
             {p: nn.Parameter(torch.zeros(self.parts[p], rank, **factory)) for p in self.adapted}
         )
-        for a in self.lora_A.values():
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        with torch.no_grad():
+            for a in self.lora_A.values():
+                # Drawn on the CPU: the same values from ``generator`` on every device.
+                draw = torch.empty(a.shape, dtype=torch.float32)
+                a.copy_(nn.init.kaiming_uniform_(draw, a=math.sqrt(5), generator=generator))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
@@ -158,8 +200,11 @@ class LoraLinear(nn.Module):
         return (self.lora_B[part].float() @ self.lora_A[part].float()) * self.scaling
 
 
-def apply_lora(model: Qwen3ForCausalLM, settings: LoraSettings) -> "LoraAdapters":
-    """Freeze ``model`` and put adapters on its target projections (in place)."""
+def apply_lora(
+    model: Qwen3ForCausalLM, settings: LoraSettings, generator: torch.Generator | None = None
+) -> "LoraAdapters":
+    """Freeze ``model`` and put adapters on its target projections (in place), each A drawn
+    from ``generator`` (a CPU one; None: torch's global one, as peft)."""
     for name, module in model.named_modules():
         leaf = not any(True for _ in module.children())
         if leaf and not name.endswith(tuple(PROJECTIONS)) and settings.matches(name):
@@ -171,16 +216,12 @@ def apply_lora(model: Qwen3ForCausalLM, settings: LoraSettings) -> "LoraAdapters
     for param in model.parameters():
         param.requires_grad_(False)
     layers = {}
-    for name, module in list(model.named_modules()):
-        suffix = next((s for s in PROJECTIONS if name.endswith(f".{s}")), None)
-        if suffix is None:
-            continue
+    for name, (suffix, adapted) in adapted_projections(model.config, settings).items():
         parent_name, attribute = name.rsplit(".", 1)
         parts = dict(zip(PROJECTIONS[suffix], part_rows(model.config, suffix)))
-        adapted = tuple(p for p in parts if settings.matches(f"{parent_name}.{p}"))
-        if adapted:
-            layers[name] = LoraLinear(module, parts, adapted, settings)
-            setattr(model.get_submodule(parent_name), attribute, layers[name])
+        module = model.get_submodule(name)
+        layers[name] = LoraLinear(module, parts, adapted, settings, generator)
+        setattr(model.get_submodule(parent_name), attribute, layers[name])
     if not layers:
         raise ValueError(
             f"LoRA target_modules {settings.targets!r} match none of the model's projections "
@@ -226,17 +267,22 @@ class LoraAdapters:
         """The Hugging Face projection names adapted (peft's resolved target_modules)."""
         return sorted({part for layer in self.layers.values() for part in layer.adapted})
 
-    def peft_state(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+    def peft_state(
+        self, adapter: str | None = None, weights: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Adapter tensors by peft's names: as saved (``adapter`` None) or as a ``PeftModel``
-        names its parameters (``...lora_A.<adapter>.weight``)."""
+        names its parameters (``...lora_A.<adapter>.weight``); ``weights`` by our parameter
+        names (a bf16-mixed run's fp32 masters) in place of the model's own."""
         infix = "" if adapter is None else f".{adapter}"
+        weights = weights or {}
         state = {}
         for name, layer in self.layers.items():
             owner = name.rsplit(".", 1)[0]
             for part in layer.adapted:
                 stem = f"{PEFT_PREFIX}{owner}.{part}"
-                state[f"{stem}.lora_A{infix}.weight"] = layer.lora_A[part]
-                state[f"{stem}.lora_B{infix}.weight"] = layer.lora_B[part]
+                for matrix, tensors in (("lora_A", layer.lora_A), ("lora_B", layer.lora_B)):
+                    ours = weights.get(f"{name}.{matrix}.{part}", tensors[part])
+                    state[f"{stem}.{matrix}{infix}.weight"] = ours
         return state
 
     def peft_config(self, base_model: str, task_type: str | None = "CAUSAL_LM") -> dict:
@@ -258,9 +304,13 @@ class LoraAdapters:
             "inference_mode": True,
         }
 
-    def write_files(self, directory: Path, base_model: str, task_type="CAUSAL_LM") -> None:
-        """adapter_config.json + adapter_model.safetensors into an existing ``directory``."""
-        tensors = {n: t.detach().cpu().contiguous() for n, t in self.peft_state().items()}
+    def write_files(
+        self, directory: Path, base_model: str, weights=None, task_type="CAUSAL_LM"
+    ) -> None:
+        """adapter_config.json + adapter_model.safetensors into an existing ``directory``
+        (``weights`` as ``peft_state`` takes them)."""
+        state = self.peft_state(weights=weights)
+        tensors = {n: t.detach().cpu().contiguous() for n, t in state.items()}
         save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
         config = self.peft_config(base_model, task_type)
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

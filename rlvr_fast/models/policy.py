@@ -68,7 +68,13 @@ class Policy:
         """Weights, config and tokenizer files into an existing ``directory`` (a staging one).
         The tokenizer files are copied from the model directory the way they were read: regular
         files inside it, bounded (a link out of it is refused, not copied)."""
-        write_model_files(self.decoder, directory, weights)
+        if self.adapters is None:
+            write_model_files(self.decoder, directory, weights)
+        else:
+            # LoRA: the merged model (its frozen base has no fp32 copy) and peft's adapter
+            # files beside it, their tensors ``weights`` (fp32 masters) where given.
+            write_model_files(self.decoder, directory)
+            self.adapters.write_files(directory, str(self.path), weights)
         for name in TOKENIZER_FILES:
             source = model_file(self.path, name)
             if source is not None:

@@ -181,9 +181,10 @@ class _FusedPolicyLoss(torch.autograd.Function):
             loss, ratio, kl = objective(leaf)
             grad_logprobs = torch.autograd.grad(loss, leaf)[0] if need_grad else None
         grad_hidden = torch.empty_like(hidden) if need_grad else None
+        # A frozen head (LoRA) gets no dW: neither its fp32 [V, H] nor its GEMMs.
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            if need_grad
+            if need_grad and ctx.needs_input_grad[1]
             else None
         )
         for start in range(0, hidden.shape[0] if need_grad else 0, chunk):
@@ -194,7 +195,8 @@ class _FusedPolicyLoss(torch.autograd.Function):
                 logits, targets[start:end], lse[start:end], grad_logprobs[start:end], temperature
             )
             torch.mm(logits, weight, out=grad_hidden[start:end])
-            accumulate_grad_weight(grad_weight, logits, h)
+            if grad_weight is not None:
+                accumulate_grad_weight(grad_weight, logits, h)
             del logits
         ctx.save_for_backward(grad_hidden, grad_weight)
         outputs = (logprobs, entropy, ratio, kl)

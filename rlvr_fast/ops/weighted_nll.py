@@ -63,9 +63,10 @@ class _WeightedTokenNLL(torch.autograd.Function):
         num_tokens = hidden.shape[0]
         logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
+        # A frozen head (LoRA) gets no dW: neither its fp32 [V, H] nor its GEMMs.
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            if need_grad
+            if need_grad and ctx.needs_input_grad[1]
             else None
         )
         for start in range(0, num_tokens, chunk_size):
@@ -77,7 +78,8 @@ class _WeightedTokenNLL(torch.autograd.Function):
             )
             if need_grad:
                 torch.mm(logits, weight, out=grad_hidden[start:end])
-                accumulate_grad_weight(grad_weight, logits, h)
+                if grad_weight is not None:
+                    accumulate_grad_weight(grad_weight, logits, h)
             del logits  # else the next chunk's tile is allocated while this one is alive
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.mark_non_differentiable(logprobs)

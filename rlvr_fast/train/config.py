@@ -22,6 +22,8 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
   ``lambda_path``, ``judge_model``;
 - the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``;
+- LoRA (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every weight trains),
+  ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
 - device: ``precision`` (``rlvr_fast.train.precision``), ``activation_checkpointing``, and the
   engine's ``kv_memory_fraction``, ``kv_blocks``, ``max_model_len`` (``rlvr_fast.train.memory_plan``
   sizes them before anything is allocated).
@@ -58,6 +60,7 @@ from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 
@@ -72,7 +75,7 @@ ADAMW_FUSED_HELP = (
 
 
 @dataclass
-class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
+class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     arm: str = setting(
         "baseline",
         "the arm whose preset the settings start from (rlvr_fast.train.arms)",
@@ -385,6 +388,7 @@ class TrainConfig(PolicyLossConfig, SamplerOptionsConfig):
         _check_shapley(self)
         _check_ablations(self)
         _check_optimizer(self)
+        check_lora(self)
         step_kind(self.sampler).check_config(self)
 
     @classmethod

@@ -139,11 +139,21 @@ def completion_logprobs(
 ) -> torch.Tensor:
     """log pi(y_t) [N] at ``temperature`` of every token of the non-empty ``completions``, from
     ``model`` without gradients (fused, no [tokens, vocab] logits)."""
+    return completion_stats(model, prompt_ids, completions, temperature).logprobs
+
+
+def completion_stats(
+    model, prompt_ids: list[int], completions: list[list[int]], temperature: float = 1.0
+) -> PolicyLossStats:
+    """The fused pass's per-token figures [N] (log p and entropy at ``temperature``, ratio ones,
+    kl zeros) of every token of the non-empty ``completions``, without gradients."""
+    kept = [c for c in completions if c]
+    if not kept:  # every completion masked out of the loss: no tokens, no pass
+        none = torch.zeros(0, device=model.lm_head.weight.device)
+        return PolicyLossStats(none, none, none, none)
     with torch.no_grad():
-        hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
-        return fused_token_logprobs(
-            hidden, model.lm_head.weight, targets, temperature=temperature
-        ).logprobs
+        hidden, targets = completion_hidden(model, prompt_ids, kept)
+        return fused_token_logprobs(hidden, model.lm_head.weight, targets, temperature=temperature)
 
 
 def completion_hidden(

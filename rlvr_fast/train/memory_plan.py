@@ -27,6 +27,13 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - the decode working set: ``max_batch`` rows of V logits in the compute dtype and the Triton
   sampler's buffers per row (``SAMPLER_BYTES_PER_ROW``, measured; they do not grow with V),
   which the CUDA graphs' private pool keeps;
+- with LoRA (``lora``, ``rlvr_fast.models.lora``): the weights term is the frozen base, held
+  once; beside it the adapters in the compute dtype and the merged copy of each adapted
+  projection module that the engine decodes from; masters, moments and gradients (and the
+  unit-gradient sum) are the adapters' alone; the LM head is frozen, so the fused loss forms no
+  dW; the activations add what the adapted projections keep (B's input, and with dropout each
+  part's dropped input and mask) to the full model's, an upper bound (a frozen projection keeps
+  no input for a dW; measured on the meta device);
 - a judge model's weights and its own engine's KV cache;
 - an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
 - the KV cache: ``kv_blocks`` if given, else ``kv_memory_fraction`` of what is left, at most what
@@ -47,13 +54,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr_fast.models.config import ConfigError, ModelConfig
+from rlvr_fast.models.lora import LoraSettings, adapter_parameters
+from rlvr_fast.train.memory_terms import (
+    PRECISIONS,
+    SAMPLER_BYTES_PER_ROW,
+    activation_bytes,
+    adapter_saved_bytes_per_token,
+    eager_loss_bytes,
+    fused_loss_bytes,
+    kv_block_bytes,
+    merged_twin_parameters,
+    rope_table_bytes,
+    sampler_bytes,
+    saved_bytes_per_token_layer,
+)
 
 GIB = 1 << 30
 RUNTIME_ALLOWANCE = 1 * GIB
-# Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
-# (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
-# and the int64 token. Measured on the meta device with the launches left out (tests check it).
-SAMPLER_BYTES_PER_ROW = 34_832
 DEFAULT_MAX_MODEL_LEN = 16384  # the engine's default cap on max_position_embeddings
 UNITS = {
     "B": 1,
@@ -65,23 +82,6 @@ UNITS = {
     "MIB": 1 << 20,
     "GIB": 1 << 30,
     "TIB": 1 << 40,
-}
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per parameter of each copy a precision keeps (0: no such copy)."""
-
-    compute: int
-    master: int
-    gradient: int
-    moment: int
-
-
-PRECISIONS = {
-    "fp32": Precision(compute=4, master=0, gradient=4, moment=4),
-    "bf16-mixed": Precision(compute=2, master=4, gradient=4, moment=4),
-    "bf16-true": Precision(compute=2, master=0, gradient=2, moment=2),
 }
 
 
@@ -170,97 +170,6 @@ def _advice(terms: list[Term], largest: Term) -> str:
     return ""
 
 
-# ---------------------------------------------------------------------- the terms' formulas
-
-
-def _widths(config: ModelConfig) -> tuple[int, int, int, int]:
-    """Hidden, MLP, query and key/value widths."""
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    return config.hidden_size, config.intermediate_size, q, kv
-
-
-def _norm_saved(width: int, rows: int, e: int) -> int:
-    """RMSNorm (``rms_norm_reference``) over ``width`` per token, ``rows`` normalised rows: the
-    fp32 input (the input itself in fp32, a cast otherwise), its inverse RMS, the normalised
-    value in the compute dtype and the weighted output (kept by the next linear layer)."""
-    return 4 * width + 4 * rows + 2 * e * width
-
-
-def saved_bytes_per_token_layer(config: ModelConfig, e: int) -> int:
-    """Bytes one decoder layer keeps for backward per token, compute dtype size ``e``."""
-    h, i, q, kv = _widths(config)
-    heads = config.num_attention_heads
-    saved = 2 * _norm_saved(h, 1, e)  # input_layernorm, post_attention_layernorm
-    saved += e * (q + 2 * kv)  # qkv_proj's output: v (and, in fp32, the q / k norm's input)
-    if config.qk_norm:
-        qk, rows = q + kv, heads + config.num_key_value_heads
-        # No weighted output kept (RoPE's multiplies keep only cos / sin); no fp32 cast in fp32.
-        saved += (4 * qk if e < 4 else 0) + 4 * rows + e * qk
-    saved += e * (q + kv)  # RoPE's output: attention's q and k
-    saved += e * q + 4 * heads  # attention's output (o_proj's input) and its log-sum-exp
-    saved += 4 * e * i  # gate_up_proj's output, silu(gate), silu(gate) * up
-    return saved
-
-
-def tail_bytes_per_token(config: ModelConfig, e: int) -> int:
-    """Kept outside the layers per token: the final norm, the cos / sin rows gathered from the
-    RoPE tables."""
-    return _norm_saved(config.hidden_size, 1, e) + 2 * e * config.head_dim
-
-
-def rope_table_bytes(config: ModelConfig, e: int) -> int:
-    """``RotaryEmbedding``'s cos and signed sin tables [max_position_embeddings, 1, D]."""
-    return 2 * config.max_position_embeddings * config.head_dim * e
-
-
-def backward_bytes_per_token(config: ModelConfig, e: int) -> int:
-    """Backward's working set beyond what is saved, per token: the gradients in flight through
-    one layer's MLP (three [T, I] wide), and in bf16 one more hidden state (the fp32 norm input's
-    gradient, cast back); as measured on the meta device, where this is exact without
-    checkpointing."""
-    return e * 3 * config.intermediate_size + (4 - e) * config.hidden_size
-
-
-def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool) -> int:
-    """Peak activation memory of one forward + backward over ``tokens`` tokens."""
-    layer = saved_bytes_per_token_layer(config, e)
-    per_token = tail_bytes_per_token(config, e) + backward_bytes_per_token(config, e)
-    if checkpointing:
-        per_token += config.num_hidden_layers * e * config.hidden_size + layer
-    else:
-        per_token += config.num_hidden_layers * layer
-    return tokens * per_token
-
-
-def fused_loss_bytes(config: ModelConfig, e: int, tokens: int, chunk: int) -> int:
-    """``weighted_token_nll`` on CUDA: the fp32 dW [V, H] (the GEMM accumulates into it, no
-    per-chunk product), the hidden states and their gradient [N, H]; in the forward one logits
-    tile [chunk, V] (the row kernel turns it into its gradient in place), in backward dW cast to
-    the compute dtype (none in fp32) and the hidden gradient scaled by the incoming one."""
-    vh = config.vocab_size * config.hidden_size
-    nh = tokens * config.hidden_size * e
-    backward = (e * vh if e < 4 else 0) + nh
-    return 4 * vh + 2 * nh + max(chunk * config.vocab_size * e, backward)
-
-
-def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
-    """Logits [N, V], their fp32 copy, log-softmax kept for backward, and in backward the
-    gradients of both."""
-    return tokens * config.vocab_size * (2 * e + 12)
-
-
-def sampler_bytes(config: ModelConfig, e: int, rows: int) -> int:
-    """``rows`` rows of logits [V] in the compute dtype and the sampler's buffers per row."""
-    return rows * (config.vocab_size * e + SAMPLER_BYTES_PER_ROW)
-
-
-def kv_block_bytes(config: ModelConfig, block_size: int, e: int) -> int:
-    """Keys and values of ``block_size`` tokens in every layer."""
-    width = config.num_key_value_heads * config.head_dim * e
-    return config.num_hidden_layers * 2 * block_size * width
-
-
 # ---------------------------------------------------------------------- the plan
 
 
@@ -284,6 +193,7 @@ class RunShape:
     untied: bool = False
     cuda_graphs: bool = True
     reference_model: bool = False
+    lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -366,32 +276,51 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     params = config.num_parameters(untied=run.untied)
     count = _count(config, run.untied)
     terms = [Term(f"weights ({_dtype(e)})", params * e, f"{count} x {e} B")]
+    trained, trained_count = params, count
+    if run.lora is not None:
+        terms += lora_terms(config, run)
+        trained = adapter_parameters(config, run.lora)
+        trained_count = f"{trained / 1e6:,.2f}M adapter"
     rope = f"2 x {config.max_position_embeddings:,} positions x {config.head_dim} x {e} B"
     terms.append(Term("RoPE cos / sin tables", rope_table_bytes(config, e), rope))
     if precision.master:
-        terms.append(Term("fp32 master weights", params * 4, f"{count} x 4 B"))
+        terms.append(Term("fp32 master weights", trained * 4, f"{trained_count} x 4 B"))
+    moments = f"2 x {trained_count} x {precision.moment} B"
     terms.append(
-        Term(
-            f"AdamW moments ({_dtype(precision.moment)})",
-            2 * params * precision.moment,
-            f"2 x {count} x {precision.moment} B",
-        )
+        Term(f"AdamW moments ({_dtype(precision.moment)})", 2 * trained * precision.moment, moments)
     )
-    terms.append(
-        Term(
-            f"gradients ({_dtype(precision.gradient)})",
-            params * precision.gradient,
-            f"{count} x {precision.gradient} B",
-        )
-    )
+    gradient = trained * precision.gradient
+    how = f"{trained_count} x {precision.gradient} B"
+    terms.append(Term(f"gradients ({_dtype(precision.gradient)})", gradient, how))
     if run.questions_per_step > 1:
         steps = f"questions_per_step {run.questions_per_step}"
-        terms.append(Term("unit-gradient sum", params * precision.gradient, steps))
+        terms.append(Term("unit-gradient sum", gradient, steps))
     if run.reference_model:
-        terms.append(Term("reference model (bf16)", params * 2, f"{count} x 2 B"))
+        # A copy of the policy: with LoRA, its adapters too.
+        copied = params + (trained if run.lora is not None else 0)
+        terms.append(Term("reference model (bf16)", copied * 2, f"{_millions(copied)} x 2 B"))
     terms += activation_terms(config, run)
     terms.append(loss_term(config, run))
     return terms
+
+
+def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
+    """LoRA's (``rlvr_fast.models.lora``): the adapters in the compute dtype beside the frozen
+    base weights, and the merged copy of each adapted projection the engine decodes from."""
+    e = PRECISIONS[run.precision].compute
+    adapters = adapter_parameters(config, run.lora)
+    twin = merged_twin_parameters(config, run.lora)
+    rank = f"r = {run.lora.rank}"
+    return [
+        Term(
+            f"LoRA adapters ({_dtype(e)})", adapters * e, f"{_millions(adapters)} x {e} B, {rank}"
+        ),
+        Term(
+            f"merged adapted projections for the engine ({_dtype(e)})",
+            twin * e,
+            f"{_millions(twin)} x {e} B",
+        ),
+    ]
 
 
 def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
@@ -402,16 +331,19 @@ def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
         f"{run.group_size} x {run.row_tokens} tokens x {config.num_hidden_layers} layers, "
         f"{saved_bytes_per_token_layer(config, e) / 1024:.1f} KiB per token per layer"
     )
+    adapters = 0
+    if run.lora is not None:
+        adapters = tokens * adapter_saved_bytes_per_token(config, run.lora, e)
     with_ckpt = Term(
         "activations, largest backward (checkpointing)",
-        activation_bytes(config, e, tokens, True),
+        activation_bytes(config, e, tokens, True) + adapters // config.num_hidden_layers,
         f"{run.group_size} x {run.row_tokens} tokens: one hidden state per layer, one layer "
         "recomputed",
         counted=run.activation_checkpointing,
     )
     without = Term(
         "activations, largest backward (no checkpointing)",
-        activation_bytes(config, e, tokens, False),
+        activation_bytes(config, e, tokens, False) + adapters,
         how,
         counted=not run.activation_checkpointing,
     )
@@ -432,9 +364,13 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
     chunk = run.loss_chunk_tokens or default_chunk_size(tokens, config.vocab_size, e)
     return Term(
         "fused loss",
-        fused_loss_bytes(config, e, tokens, min(chunk, tokens)),
-        f"{min(chunk, tokens)}-token chunks, fp32 dW [{config.vocab_size:,}, "
-        f"{config.hidden_size:,}]",
+        fused_loss_bytes(config, e, tokens, min(chunk, tokens), head_gradient=run.lora is None),
+        f"{min(chunk, tokens)}-token chunks, "
+        + (
+            f"fp32 dW [{config.vocab_size:,}, {config.hidden_size:,}]"
+            if run.lora is None
+            else "no dW (the head is frozen)"
+        ),
     )
 
 
@@ -459,7 +395,11 @@ def _kv_blocks(config: ModelConfig, run: RunShape, left: int, block_bytes: int) 
 
 
 def _count(config: ModelConfig, untied: bool = False) -> str:
-    return f"{config.num_parameters(untied=untied) / 1e6:,.1f}M"
+    return _millions(config.num_parameters(untied=untied))
+
+
+def _millions(count: int) -> str:
+    return f"{count / 1e6:,.1f}M"
 
 
 def _dtype(size: int) -> str:
@@ -496,6 +436,7 @@ def plan_for_training(
         untied=not model_config.tie_word_embeddings,
         cuda_graphs=config.cuda_graphs,
         reference_model=config.kl_beta > 0,
+        lora=config.lora_settings,
     )
     return plan_memory(model_config, device_memory, run)
 
@@ -560,6 +501,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
+    parser.add_argument("--lora-r", type=int, help="LoRA rank: adapters on a frozen model")
+    parser.add_argument(
+        "--lora-target-modules",
+        default="q_proj,v_proj",
+        help="LoRA's projections: comma-separated names, or all-linear",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -584,6 +531,7 @@ def run_plan(args: argparse.Namespace) -> int:
             eager_loss=args.eager_loss,
             untied=args.untie,
             cuda_graphs=not args.no_cuda_graphs,
+            lora=lora_argument(args),
         )
         judge = read_config(args.judge_model) if args.judge_model else None
         plan = plan_memory(read_config(args.model), args.device_memory, run, judge=judge)
@@ -592,6 +540,14 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"rlvr-fast plan: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def lora_argument(args: argparse.Namespace) -> LoraSettings | None:
+    if args.lora_r is None:
+        return None
+    targets = args.lora_target_modules
+    names = targets if targets == "all-linear" else tuple(targets.split(","))
+    return LoraSettings(rank=args.lora_r, targets=names)
 
 
 if __name__ == "__main__":

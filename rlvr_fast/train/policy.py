@@ -13,6 +13,7 @@ TRL's, are taken once per generation, after sampling and before the generation's
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -88,60 +89,117 @@ class ReferenceModel(torch.nn.Module):
                 ref.mul_(1.0 - self.alpha).add_(param.to(ref.dtype), alpha=self.alpha)
 
 
-def step_figures(terms: list[PolicyTerms], settings: PolicyLossSettings) -> dict[str, float]:
-    """TRL's per-step policy metrics over every token (sequence-level ratios: every sequence)
-    of the questions that ran a loss: entropy, kl (kl_beta > 0), the clip ratios of the clipped
-    types or cispo's; {} when none ran."""
-    ran = [t for t in terms if t.stats is not None]
-    if not ran:
+@dataclass
+class SequenceFigures:
+    """Per-token figures of S sequences back to back (``PolicyLossStats``' entropy, ratio and
+    kl [N]), with each sequence's advantage [S] and length (0: masked out of the loss)."""
+
+    entropy: torch.Tensor
+    ratio: torch.Tensor
+    kl: torch.Tensor
+    advantages: torch.Tensor
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, terms: list[PolicyTerms]) -> "SequenceFigures":
+        stats = [t.stats for t in terms]
+        return cls(
+            torch.cat([s.entropy for s in stats]),
+            torch.cat([s.ratio for s in stats]),
+            torch.cat([s.kl for s in stats]),
+            torch.cat([t.advantages.float().cpu() for t in terms]),
+            [n for t in terms for n in t.lengths],
+        )
+
+    def select(self, sequences: list[int]) -> "SequenceFigures":
+        """The figures of ``sequences`` (indices, in that order)."""
+        starts = [0]
+        for n in self.lengths:
+            starts.append(starts[-1] + n)
+        rows = [torch.arange(starts[i], starts[i + 1]) for i in sequences]
+        tokens = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        tokens = tokens.to(self.entropy.device)
+        return SequenceFigures(
+            self.entropy[tokens],
+            self.ratio[tokens],
+            self.kl[tokens],
+            self.advantages[list(sequences)],
+            [self.lengths[i] for i in sequences],
+        )
+
+
+def step_figures(
+    terms: list[PolicyTerms],
+    settings: PolicyLossSettings,
+    micro_batches: list[list[int]] | None = None,
+) -> dict[str, float]:
+    """TRL's per-step policy metrics of the questions whose last pass was measured (every
+    question of a step on TRL's loss types: those without a loss by a pass of their own):
+    entropy, kl (kl_beta > 0), the clip ratios of the clipped types or cispo's; {} when none
+    was. TRL appends each figure once per micro-batch, over that micro-batch's tokens
+    (sequence-level ratios: its sequences), and logs their mean: ``micro_batches`` (lists of
+    sequence indices, question after question) cut the step so; None: one micro-batch."""
+    measured = [t for t in terms if t.stats is not None]
+    if not measured:
         return {}
-    stats = [t.stats for t in ran]
-    figures = {"entropy": _token_mean([s.entropy for s in stats])}
+    figures = SequenceFigures.of(measured)
+    if micro_batches is None:
+        return batch_figures(figures, settings)
+    per_batch = [batch_figures(figures.select(b), settings) for b in micro_batches]
+    return {name: _nan_mean([f[name] for f in per_batch]) for name in per_batch[0]}
+
+
+def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dict[str, float]:
+    """TRL's policy metrics of one micro-batch (``step_figures``)."""
+    values = {"entropy": _token_mean(figures.entropy)}
     if settings.beta != 0.0:
-        figures["kl"] = _token_mean([s.kl for s in stats])
-    per_token_adv = [t.advantages.repeat_interleave(torch.tensor(t.lengths)) for t in ran]
-    ratios = [s.ratio for s in stats]
+        values["kl"] = _token_mean(figures.kl)
+    per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
+    ratio, lengths = figures.ratio.cpu(), figures.lengths
+    level = settings.importance_sampling_level
     if settings.loss_type in CLIPPED_LOSS_TYPES:
         high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
-        low = [(r < 1 - settings.epsilon) & (a < 0) for r, a in zip(ratios, per_token_adv)]
-        up = [(r > 1 + high) & (a > 0) for r, a in zip(ratios, per_token_adv)]
-        lengths = [n for t in ran for n in t.lengths]
-        level = settings.importance_sampling_level
-        figures.update(
+        low = (ratio < 1 - settings.epsilon) & (per_token_adv < 0)
+        up = (ratio > 1 + high) & (per_token_adv > 0)
+        values.update(
             {
-                "clip_ratio/low_mean": _clip_mean(low, ran, settings),
-                "clip_ratio/high_mean": _clip_mean(up, ran, settings),
-                "clip_ratio/region_mean": _clip_mean(
-                    [a | b for a, b in zip(low, up)], ran, settings
-                ),
+                "clip_ratio/low_mean": _clip_mean(low, lengths, level),
+                "clip_ratio/high_mean": _clip_mean(up, lengths, level),
+                "clip_ratio/region_mean": _clip_mean(low | up, lengths, level),
                 "clip_ratio/low_min": min(_sequence_means(low, lengths, level)),
                 "clip_ratio/high_max": max(_sequence_means(up, lengths, level)),
             }
         )
     elif settings.loss_type == "cispo":
-        clipped = [(r > settings.epsilon_high) & (a > 0) for r, a in zip(ratios, per_token_adv)]
-        figures["cispo_clip_ratio"] = _clip_mean(clipped, ran, settings)
-    return figures
+        clipped = (ratio > settings.epsilon_high) & (per_token_adv > 0)
+        values["cispo_clip_ratio"] = _clip_mean(clipped, lengths, level)
+    return values
 
 
-def _token_mean(values: list[torch.Tensor]) -> float:
-    flat = torch.cat(values)
-    return float(flat.sum() / max(flat.numel(), 1))
+def _token_mean(values: torch.Tensor) -> float:
+    """TRL's masked mean: 0 over no tokens."""
+    return float(values.sum() / max(values.numel(), 1))
 
 
-def _clip_mean(flags: list[torch.Tensor], ran: list[PolicyTerms], settings) -> float:
-    """TRL's global mean of a clip flag: over tokens, or over sequences when the ratio is the
+def _nan_mean(values: list[float]) -> float:
+    """The mean of the values that are not NaN, as TRL logs a metric (NaN: none are)."""
+    valid = [v for v in values if not math.isnan(v)]
+    return sum(valid) / len(valid) if valid else math.nan
+
+
+def _clip_mean(flags: torch.Tensor, lengths: list[int], level: str) -> float:
+    """TRL's mean of a clip flag: over tokens, or over sequences when the ratio is the
     sequence's."""
-    if settings.importance_sampling_level == "token":
-        return _token_mean([f.float() for f in flags])
-    per_sequence = _sequence_means(flags, [n for t in ran for n in t.lengths], "sequence")
+    if level == "token":
+        return _token_mean(flags.float())
+    per_sequence = _sequence_means(flags, lengths, "sequence")
     return sum(per_sequence) / len(per_sequence)
 
 
-def _sequence_means(flags: list[torch.Tensor], lengths: list[int], level: str) -> list[float]:
+def _sequence_means(flags: torch.Tensor, lengths: list[int], level: str) -> list[float]:
     """Each sequence's mean flag. A masked (empty) sequence: at token level 0/0, which TRL's
     nanmin / nanmax leave out; at sequence level its ratio exp(0) = 1, never clipped."""
-    flat = torch.cat([f.float() for f in flags])
+    flat = flags.float()
     means, start = [], 0
     for n in lengths:
         if n:

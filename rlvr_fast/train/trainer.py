@@ -51,6 +51,7 @@ from rlvr_fast.data.problems import Problem
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.engine.counters import SUMMED_COUNTERS
 from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
+from rlvr_fast.models.lora import apply_lora
 from rlvr_fast.rollouts.evaluation import check_prompt_lengths, encode_prompts
 from rlvr_fast.rollouts.generation import base_seed
 from rlvr_fast.run.checkpoint import Checkpointer, GeneratorState, GlobalRNGState
@@ -98,6 +99,7 @@ class RLVRTrainer:
         kind = step_kind(config.sampler)
         kind.check_task(task)
         self.policy, self.config = policy, config
+        add_adapters(policy, config)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
         if config.generation_steps > 1 and distributed.world_size() > 1:
@@ -289,6 +291,8 @@ class RLVRTrainer:
             skip_zero_var=config.skip_zero_var,
             zero_var_step=config.zero_var_step,
         )
+        running = {id(q) for q in (contributing if multi else questions if decision.active else [])}
+        kind.measure([q for q in questions if id(q) not in running], phase)
         losses = [functools.partial(kind.loss, q) for q in (contributing if multi else questions)]
         # A share of a generation is pooled as TRL normalises it (rlvr_fast.train.steps).
         combination = config.combine_questions if multi else None
@@ -404,6 +408,19 @@ class RLVRTrainer:
         step = self.checkpointer.load(path, distributed.check_world_size)
         self.policy.refresh_decoder()
         return step
+
+
+def add_adapters(policy, config: TrainConfig) -> None:
+    """With ``lora_r`` set, LoRA adapters on the policy (``rlvr_fast.models.lora``), their A
+    drawn from the run's seed (the starting weights, which the resume signature hashes, are the
+    same in every start), before anything reads which parameters train."""
+    settings = config.lora_settings
+    if settings is None:
+        return
+    if policy.adapters is not None:
+        raise ValueError("the policy has LoRA adapters already: set lora_r on a base policy")
+    generator = torch.Generator().manual_seed(config.seed)
+    policy.adapters = apply_lora(policy.model, settings, generator)
 
 
 def engine_settings(config: TrainConfig, plan: MemoryPlan | None) -> dict:

@@ -3,15 +3,14 @@ a ``peft`` config, and the rest refused by name.
 
 Honoured: ``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules`` (names, a regular
 expression, "all-linear", or None for peft's default of this architecture, q_proj and v_proj) and
-``use_rslora``, with ``bias="none"`` and peft's default initialisation. Every other field of the
+``use_rslora``, with ``bias="none"`` and peft's default initialisation: the native run's
+``lora_*`` settings, by which ``RLVRTrainer`` adds the adapters. Every other field of the
 config that differs from its default is refused, naming it (DoRA, modules_to_save, a LoRA bias,
 rank or alpha patterns, layer selection, another initialisation, ...): the adapters trained would
 not be the ones the config describes.
 """
 
 from __future__ import annotations
-
-from rlvr_fast.models.lora import DEFAULT_TARGETS, LoraSettings
 
 # Fields that name or describe the adapter's file and surroundings, not its computation.
 BOOKKEEPING = frozenset(
@@ -36,8 +35,9 @@ NAMED_REASONS = {
 }
 
 
-def lora_settings(peft_config) -> LoraSettings:
-    """The ``LoraSettings`` of a ``peft.LoraConfig``; ValueError naming what is not supported."""
+def lora_fields(peft_config) -> dict:
+    """The ``TrainConfig`` LoRA settings (``rlvr_fast.train.lora_config``) of a
+    ``peft.LoraConfig``; ValueError naming what is not supported."""
     peft_type = getattr(peft_config, "peft_type", None)
     if peft_type is None or not hasattr(peft_config, "to_dict"):
         raise TypeError(
@@ -62,14 +62,12 @@ def lora_settings(peft_config) -> LoraSettings:
             f"(leave {name} at its default)"
         )
     targets = peft_config.target_modules
-    if targets is None:
-        targets = DEFAULT_TARGETS
-    elif not isinstance(targets, str):
-        targets = tuple(targets)
-    return LoraSettings(
-        rank=peft_config.r,
-        alpha=float(peft_config.lora_alpha),
-        dropout=float(peft_config.lora_dropout),
-        targets=targets,
-        rslora=bool(peft_config.use_rslora),
+    if targets is not None and not isinstance(targets, str):
+        targets = sorted(targets)  # peft holds a list as a set
+    return dict(
+        lora_r=peft_config.r,
+        lora_alpha=float(peft_config.lora_alpha),
+        lora_dropout=float(peft_config.lora_dropout),
+        lora_target_modules=targets,
+        use_rslora=bool(peft_config.use_rslora),
     )

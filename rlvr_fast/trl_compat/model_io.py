@@ -12,6 +12,7 @@ tokenizer has none.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -90,6 +91,7 @@ def load_trl_policy(model, processing_class, *, device: torch.device, dtype) -> 
         raise TypeError(
             f"model must be a checkpoint path or a transformers model, got {type(model).__name__}"
         )
+    refuse_peft_model(model)
     config = ModelConfig.from_hf_dict(model.config.to_dict())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     ours = build_model(config, dict(model.state_dict()), device=device, dtype=dtype, source=name)
@@ -101,6 +103,19 @@ def load_trl_policy(model, processing_class, *, device: torch.device, dtype) -> 
         tokenizer=tokenizer_of(processing_class, eos_ids),
         config=config,
         path=Path(name),
+    )
+
+
+def refuse_peft_model(model) -> None:
+    """A ``peft.PeftModel`` (its adapters inside the model's modules) is refused, saying what
+    to pass: rlvr_fast puts LoRA on its own packed projections from ``peft_config``."""
+    peft = sys.modules.get("peft")  # a PeftModel exists only once peft is imported
+    if peft is None or not isinstance(model, peft.PeftModel):
+        return
+    raise ValueError(
+        "GRPOTrainer: model is a peft.PeftModel, whose adapters rlvr_fast cannot train: pass "
+        "the base model (its path, or model.merge_and_unload()) as model and its LoraConfig "
+        "as peft_config"
     )
 
 

@@ -6,10 +6,11 @@ under the study's sum type TRL's surrogate at ratio 1), num_tokens (prompt and c
 tokens so far), completions/* (lengths, clipped ratio, terminated lengths), rewards/NAME/mean|std,
 reward, reward_std, frac_reward_zero_std, and from the fused policy loss's own pass
 (``rlvr_fast.train.policy.step_figures``) entropy, kl (beta > 0), clip_ratio/* (the clipped
-types) or cispo_clip_ratio. The entropy covers the groups that ran a loss: a step whose groups
-all agree (beta = 0) runs none and logs None; a clip ratio there is 0, as TRL's (every advantage
-is 0). ``window_means`` averages a logging window as TRL does. ``CompletionsLog`` is TRL's
-``log_completions``: a table printed at each log and saved as
+types) or cispo_clip_ratio, over every completion of the step as TRL's: a group without a loss
+(its rewards agree, beta = 0) has its figures from a pass without gradients. With
+gradient_accumulation_steps micro-batches TRL logs the mean of each micro-batch's figure
+(``micro_batches``). ``window_means`` averages a logging window as TRL does.
+``CompletionsLog`` is TRL's ``log_completions``: a table printed at each log and saved as
 ``output_dir/completions/completions_STEP.jsonl``.
 """
 
@@ -24,6 +25,7 @@ import torch
 from rlvr_fast.credit.group import scored_std, standardised_advantages
 from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES
 from rlvr_fast.train.losses import sequence_scales
+from rlvr_fast.train.steps import generation_order
 from rlvr_fast.trl_compat.rewards import ScoredGroup
 
 CLIP_RATIO_KEYS = (
@@ -58,6 +60,33 @@ def sum_type_loss(groups, advantages, truncated, config) -> float:
         scales = sequence_scales(lengths, cut if config.mask_truncated else None)
         values.append(-float((adv * scales * torch.tensor(lengths)).sum()) / len(lengths))
     return sum(values) / len(values)
+
+
+def micro_batches(config, step: int, sizes: list[int], count: int) -> list[list[int]]:
+    """The sequences (indices into step ``step``'s, question after question) of each of its
+    ``count`` micro-batches, as TRL cuts them: the generation's shuffle
+    (``rlvr_fast.train.steps.generation_order``, which TRL draws from torch's global RNG, a draw
+    no other run replays) cut into equal slices, the step's share of them in order."""
+    steps = config.generation_steps
+    generation, index = step // (steps * config.num_iterations), step % steps
+    order = generation_order(config.seed, generation, sum(sizes))
+    per_step = len(order) // steps
+    mine = order[index * per_step : (index + 1) * per_step]
+    # The step's sequences are its questions' shares, each in leaf order: by generation index.
+    position = {completion: i for i, completion in enumerate(sorted(mine))}
+    size = per_step // count
+    return [[position[c] for c in mine[k * size : (k + 1) * size]] for k in range(count)]
+
+
+def step_policy_figures(trainer, step: int) -> dict:
+    """Step ``step``'s policy figures (``rlvr_fast.train.policy.step_figures``) over the
+    micro-batches TRL would cut its completions into."""
+    questions, count = trainer.trainer.generation, trainer.args.gradient_accumulation_steps
+    batches = None
+    if count > 1:
+        sizes = [len(q.rollouts.completions) for q in questions]
+        batches = micro_batches(trainer.trainer.config, step, sizes, count)
+    return trainer.trainer.kind.figures(questions, batches)
 
 
 def policy_metrics(config, figures: dict) -> dict:

@@ -10,6 +10,7 @@ import logging
 
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.trl_compat.lora import lora_fields
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +91,9 @@ def log_vllm_settings(args) -> None:
     )
 
 
-def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
-    """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss)."""
+def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) -> TrainConfig:
+    """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss) and of a
+    ``peft_config`` (LoRA: ``rlvr_fast.trl_compat.lora``)."""
     log_vllm_settings(args)
     study_loss = args.loss_type == "sum"
     # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
@@ -133,6 +135,8 @@ def train_config(args, max_steps: int, prompts_per_step: int) -> TrainConfig:
         activation_checkpointing=args.gradient_checkpointing,
     )
     settings.update(policy_loss_settings(args))
+    if peft_config is not None:
+        settings.update(lora_fields(peft_config))
     if prompts_per_step > 1:
         if not args.skip_zero_variance_backward:
             raise ValueError(

@@ -27,6 +27,8 @@ class SavingAndSurface:
         # A bf16-mixed run's model is its fp32 masters (what the Trainer saves of a bf16 run),
         # in the dtype model_init_kwargs asks for when it names one.
         weights = self.trainer.saved_weights()
+        if self.policy.adapters is not None:
+            weights = None  # the merged decoder's: the frozen base has no fp32 masters
         dtype = requested_dtype(self.args)
         if weights is not None and dtype is not None:
             weights = {name: t.to(dtype) for name, t in weights.items()}
@@ -56,7 +58,7 @@ class SavingAndSurface:
             self.model.save_pretrained(directory)
         else:
             base = self.model_dir or self.model.config._name_or_path
-            adapters.write_files(directory, str(base))
+            adapters.write_files(directory, str(base), self.trainer.saved_weights())
         self.processing_class.save_pretrained(directory)
 
     def _save_checkpoint(self) -> None:

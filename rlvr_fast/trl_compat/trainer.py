@@ -35,14 +35,12 @@ from pathlib import Path
 
 import torch
 
-from rlvr_fast.models.lora import apply_lora
 from rlvr_fast.train import distributed
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
-from rlvr_fast.trl_compat.lora import lora_settings
 from rlvr_fast.trl_compat.model_io import (
     is_transformers_model,
     load_processing_class,
@@ -55,6 +53,7 @@ from rlvr_fast.trl_compat.reporting import (
     CompletionsLog,
     group_advantages,
     step_metrics,
+    step_policy_figures,
     window_means,
 )
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, RewardModel, callable_name
@@ -114,8 +113,6 @@ class GRPOTrainer(SavingAndSurface):
         self.policy = load_trl_policy(
             model, self.processing_class, device=device, dtype=policy_dtype(args)
         )
-        if peft_config is not None:
-            self.policy.adapters = apply_lora(self.policy.model, lora_settings(peft_config))
         self.model_dir = model_directory(model)
         self.model = model if is_transformers_model(model) else None
         if self.model is None:
@@ -162,7 +159,7 @@ class GRPOTrainer(SavingAndSurface):
         )
         self.control = TrainerControl()
         self._metrics: dict[str, list] = {}
-        config = train_config(args, max_steps, self.prompts_per_step)
+        config = train_config(args, max_steps, self.prompts_per_step, peft_config)
         self.task = self._task(self.rows, config.gate_min_chars)
         self.eval_tasks = {
             name: (self._task(rows, config.gate_min_chars), len(rows))
@@ -384,7 +381,7 @@ class GRPOTrainer(SavingAndSurface):
             completion_end_ids(self.policy.tokenizer),
             self.reward_func_names,
             self.state.num_input_tokens_seen,
-            record,
+            dict(record, policy=step_policy_figures(self, self.state.global_step - 1)),
         )
         self._loss_total += values["loss"]
         values["step_time"] = seconds

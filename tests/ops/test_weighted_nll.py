@@ -177,3 +177,29 @@ def test_bad_sequence_lengths_are_clear_errors(lengths, message):
     hidden, weight, targets, _ = make_inputs(5, 64, 100)
     with pytest.raises(ValueError, match=message):
         weighted_token_nll(hidden, weight, targets, torch.ones(2), sequence_lengths=lengths)
+
+
+@pytest.mark.parametrize("op", ["weighted_token_nll", "fused_policy_loss"])
+def test_a_frozen_head_gets_no_weight_gradient_and_the_same_hidden_gradient(op):
+    """LoRA freezes the LM head: the fused ops then form no dW (neither its fp32 [V, H] nor its
+    GEMMs), and the hidden states' gradient is the one a trained head gives, bit for bit."""
+    from rlvr_fast.ops.policy_loss import fused_policy_loss
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(9, 16, generator=generator)
+    weight = torch.randn(37, 16, generator=generator)
+    targets = torch.randint(0, 37, (9,), generator=generator)
+
+    def hidden_gradient(trained_head: bool):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_(trained_head)
+        if op == "weighted_token_nll":
+            loss = weighted_token_nll(h, w, targets, torch.linspace(-1, 1, 9), chunk_size=4)
+        else:
+            advantages = torch.tensor([0.5, -1.0])
+            loss = fused_policy_loss(h, w, targets, None, advantages, [4, 5], chunk_size=4)[0]
+        loss.backward()
+        return h.grad, w.grad
+
+    frozen, trained = hidden_gradient(False), hidden_gradient(True)
+    assert frozen[1] is None and trained[1] is not None
+    assert torch.equal(frozen[0], trained[0])

@@ -30,7 +30,9 @@ from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.kernels import top_p_sampling
 from rlvr_fast.models import qwen3
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.policy import load_policy
+from rlvr_fast.models.lora import LoraSettings, adapter_parameters, apply_lora
+from rlvr_fast.ops.weighted_nll import default_chunk_size
+from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.train import memory_plan
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.trainer import engine_settings
@@ -43,8 +45,8 @@ from rlvr_fast.train.memory_plan import (
     plan_memory,
     rope_table_bytes,
     saved_bytes_per_token_layer,
-    tail_bytes_per_token,
 )
+from rlvr_fast.train.memory_terms import adapter_saved_bytes_per_token, tail_bytes_per_token
 
 CONFIGS = Path(memory_plan.__file__).parents[1] / "assets" / "configs"
 MODELS = {name: CONFIGS / f"qwen3-{name}-base.json" for name in ("0.6b", "1.7b", "4b")}
@@ -326,3 +328,71 @@ def test_the_engine_takes_the_plans_kv_cache():
     assert engine.num_blocks == plan.kv_blocks
     assert bytes_per_block(policy.config, 16, torch.float32) == plan.block_bytes
     assert engine_settings(TrainConfig(kv_blocks=7), None)["kv_blocks"] == 7
+
+
+def lora_model(cfg: ModelConfig, settings: LoraSettings, dtype=torch.bfloat16):
+    """Our decoder with LoRA on the meta device, and its adapters."""
+    with torch.device("meta"):
+        model = qwen3.Qwen3ForCausalLM(cfg).to(dtype)
+    return model, apply_lora(model, settings)
+
+
+def test_the_plan_under_lora_holds_the_base_once_and_trains_only_the_adapters(capsys):
+    """Qwen3-0.6B under bf16-mixed with LoRA (all-linear, r 16), counted on the meta device: the
+    plan's base weights, adapters and merged projections are the bytes the model and its
+    engine twin hold; the plan is smaller than full training by the fp32 masters, gradients and
+    AdamW moments of the frozen base and the fused loss's dW of the frozen head, and larger by
+    the adapters, the twin and what the adapted projections keep for backward."""
+    cfg = config("0.6b")
+    settings = LoraSettings(rank=16, targets="all-linear")
+    model, adapters = lora_model(cfg, settings)
+    own = {id(p) for p in model.parameters()}
+    adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    twin = sum(p.numel() for p in adapters.decoder.parameters() if id(p) not in own)
+    full = plan_memory(cfg, CARDS["141GB"], RunShape())
+    lora = plan_memory(cfg, CARDS["141GB"], RunShape(lora=settings))
+    terms = {t.name: t.bytes for t in lora.terms}
+    assert terms["weights (bf16)"] == 2 * frozen
+    assert terms["LoRA adapters (bf16)"] == 2 * adapter == 2 * adapter_parameters(cfg, settings)
+    assert terms["merged adapted projections for the engine (bf16)"] == 2 * twin
+    assert terms["fp32 master weights"] == 4 * adapter
+    assert terms["AdamW moments (fp32)"] == 8 * adapter and terms["gradients (fp32)"] == 4 * adapter
+    tokens, vh = ROWS * 512, cfg.vocab_size * cfg.hidden_size
+    chunk = default_chunk_size(tokens, cfg.vocab_size, 2)
+    nh = 2 * tokens * cfg.hidden_size
+    head_dw = (
+        4 * vh + max(chunk * cfg.vocab_size * 2, 2 * vh + nh) - max(chunk * cfg.vocab_size * 2, nh)
+    )
+    kept = ROWS * 712 * adapter_saved_bytes_per_token(cfg, settings, 2)
+    saved = (frozen - adapter) * (4 + 8 + 4) + head_dw - 2 * adapter - 2 * twin - kept
+    assert full.fixed_bytes - lora.fixed_bytes == saved > 0
+    lora_options = ["--lora-r", "16", "--lora-target-modules", "all-linear"]
+    command = ["--model", str(MODELS["0.6b"]), "--device-memory", "141GB", *lora_options]
+    assert memory_plan.main(command) == 0
+    assert "| LoRA adapters (bf16) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_plans_lora_activations_bound_a_meta_device_measurement(monkeypatch, dropout):
+    """At the embedded model's shape on the meta device, what a LoRA forward keeps for backward
+    is at most what the full model keeps plus the plan's adapter term (B's inputs; with dropout
+    each part's dropped input and mask): the frozen projections keep no input for a dW."""
+    monkeypatch.setattr(qwen3, "dense_attention", flash_attention)
+    cfg = ModelConfig.from_file(TINY_MODEL_DIR / "config.json")
+    settings = LoraSettings(rank=4, dropout=dropout, targets=("q_proj", "k_proj", "down_proj"))
+    ids = torch.zeros(2, 24, dtype=torch.long, device="meta")
+
+    def kept(model) -> int:
+        model.train()
+        model.model.embed_tokens.weight.requires_grad_(False)
+        tracker = LiveBytes(ignore=list(model.parameters()))
+        with tracker:
+            hidden = model(ids, return_hidden=True)
+            return tracker.live() - hidden.untyped_storage().nbytes()
+
+    with torch.device("meta"):
+        plain = qwen3.Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    adapter_term = ids.numel() * adapter_saved_bytes_per_token(cfg, settings, 2)
+    assert adapter_term > 0
+    assert kept(lora_model(cfg, settings)[0]) <= kept(plain) + adapter_term

@@ -94,14 +94,25 @@ def test_the_same_script_runs_on_trl_and_on_rlvr_fast(tmp_path, layout):
         assert mine["kwargs"]["trainer_state"] is ours.state
 
 
-def trl_gradient(trl, completions, prompts, tmp_path, weights=None, **settings):
-    """TRL's gradient and logged loss of one step whose generation returns ``completions``,
-    through its own accumulation: each micro-batch's compute_loss and backward; the policy at
-    ``weights`` (default: the model's own; the reference model stays at them)."""
+def trl_gradient(
+    trl,
+    completions,
+    prompts,
+    tmp_path,
+    weights=None,
+    reward=varied_reward,
+    generation=0,
+    **settings,
+):
+    """TRL's gradient and logged loss of one step whose generation (number ``generation``)
+    returns ``completions``, through its own accumulation: each micro-batch's compute_loss and
+    backward, the generation shuffled in our order (``generation_order``: TRL's shuffle draws
+    from torch's global RNG); the policy at ``weights`` (default: the model's own; the
+    reference model stays at them)."""
+    from trl.trainer import grpo_trainer
+
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
-    trainer = trl.GRPOTrainer(
-        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
-    )
+    trainer = trl.GRPOTrainer(model=MODEL, reward_funcs=reward, args=args, train_dataset=dataset())
     if weights is not None:
         with torch.no_grad():
             for name, param in trainer.model.named_parameters():
@@ -110,25 +121,33 @@ def trl_gradient(trl, completions, prompts, tmp_path, weights=None, **settings):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
     batch = [{"prompt": p} for p in prompts]
+    order = generation_order(args.seed, generation, len(prompts))
     loss_total = 0.0
-    for micro in range(args.gradient_accumulation_steps):
-        trainer._step = micro
-        loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
-        loss.backward()
-        loss_total += float(loss)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grpo_trainer, "shuffle_sequence_dict", shuffled_as(order))
+        for micro in range(args.gradient_accumulation_steps):
+            trainer._step = micro
+            loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
+            loss.backward()
+            loss_total += float(loss)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
     return grads, loss_total, metrics
 
 
-def our_gradient(tmp_path, at=0, steps=None, **settings):
+def first_group_agrees(prompts, completion_ids, **kwargs):
+    """Equal rewards in the group of a call's first prompt, varied in the others'."""
+    return [
+        0.0 if p == prompts[0] else float(sum(ids) % 7) for p, ids in zip(prompts, completion_ids)
+    ]
+
+
+def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, **settings):
     """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
     prompts, loss and the weights it was taken at (Hugging Face names); ``steps`` gets every
     such step's (groups, weights, gradient, logs)."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
-    trainer = GRPOTrainer(
-        model=MODEL, reward_funcs=varied_reward, args=args, train_dataset=dataset()
-    )
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=reward, args=args, train_dataset=dataset())
     captured = []
     clip = trainer.trainer.stepping.clip_gradients
 
@@ -181,12 +200,35 @@ def our_gradient(tmp_path, at=0, steps=None, **settings):
 def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings):
     trl = trl_modules()
     ours, completions, prompts, logs, _ = our_gradient(tmp_path, **settings)
-    theirs, their_loss, metrics = trl_gradient(trl, completions, prompts, tmp_path, **settings)
+    theirs, their_loss, metrics = trl_gradient(
+        trl, completions, prompts, tmp_path, generation=logs["step"] - 1, **settings
+    )
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
-    # Our entropy covers the groups that ran a loss; TRL's the micro-batches' means.
-    if settings.get("gradient_accumulation_steps", 1) == 1 and logs["frac_reward_zero_std"] == 0:
-        assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+
+
+def test_entropy_covers_a_group_without_a_loss_in_trls_micro_batches(tmp_path):
+    """Two prompts, the first group's rewards equal (beta = 0: no loss runs on it, a pass
+    without gradients measures it), in two micro-batches: TRL's entropy, the mean of each
+    micro-batch's token mean over every completion, within 1e-5; TRL's gradient."""
+    trl = trl_modules()
+    settings = dict(loss_type="grpo", per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    ours, completions, prompts, logs, _ = our_gradient(
+        tmp_path, reward=first_group_agrees, **settings
+    )
+    assert logs["frac_reward_zero_std"] == 0.5
+    theirs, _, metrics = trl_gradient(
+        trl,
+        completions,
+        prompts,
+        tmp_path,
+        reward=first_group_agrees,
+        generation=logs["step"] - 1,
+        **settings,
+    )
+    assert_same_gradient(ours, theirs)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
 
 
 def assert_same_gradient(ours, theirs):
@@ -317,7 +359,8 @@ def test_zero_variance_groups_take_the_zero_gradient_step(tmp_path):
     assert all(not torch.equal(a, p) for a, p in zip(before, trainer.policy.model.parameters()))
     logs = trainer.state.log_history[0]
     assert logs["frac_reward_zero_std"] == 1.0 and logs["loss"] == 0.0
-    assert logs["grad_norm"] == 0.0 and logs["entropy"] is None
+    # TRL's loss runs on (and logs the entropy of) groups whose rewards agree too.
+    assert logs["grad_norm"] == 0.0 and logs["entropy"] > 0
 
 
 def test_async_reward_functions_and_none_rewards(tmp_path):

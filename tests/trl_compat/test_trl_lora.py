@@ -11,7 +11,8 @@ import torch
 from rlvr_fast.models.lora import LoraSettings
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
-from rlvr_fast.trl_compat.lora import lora_settings
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.trl_compat.lora import lora_fields
 from trl_side_by_side import QUIET_CPU_RUN, text_rows, trl_modules, varied_reward
 
 MODEL = str(TINY_MODEL_DIR)
@@ -28,6 +29,11 @@ SETTINGS = dict(
 
 def peft():
     return pytest.importorskip("peft")
+
+
+def lora_settings(peft_config) -> LoraSettings:
+    """The adapters a peft config trains: through the native run's lora_* settings."""
+    return TrainConfig(**lora_fields(peft_config)).lora_settings
 
 
 def test_lora_config_fields_are_read_and_the_unsupported_refused_by_name():
@@ -152,3 +158,14 @@ def test_one_lora_step_gives_trl_and_peft_adapter_gradient_and_the_adapter_loads
         torch.testing.assert_close(
             trainer.policy.decoder(ids), loaded(input_ids=ids).logits, rtol=1e-4, atol=1e-4
         )
+
+
+def test_a_peft_model_as_model_is_refused_saying_what_to_pass(tmp_path):
+    """A PeftModel's adapters sit in its modules (``base_layer`` names): refused, pointing at
+    the base model and peft_config."""
+    from transformers import AutoModelForCausalLM
+
+    model = peft().get_peft_model(AutoModelForCausalLM.from_pretrained(MODEL), lora_config())
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, **SETTINGS)
+    with pytest.raises(ValueError, match=r"PeftModel.*merge_and_unload\(\).*peft_config"):
+        GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=ROWS)

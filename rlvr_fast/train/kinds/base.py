@@ -10,7 +10,8 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.loss(question)                              # the forward pass of its loss
     kind.loss_count(question)                        # what that loss averages over
     kind.step_normaliser(questions)                  # flat kinds: a pooled step's divisor
-    kind.figures(questions)                          # TRL's entropy / KL / clip figures
+    kind.measure(questions, phase)                   # figures of those whose loss won't run
+    kind.figures(questions, micro_batches)           # TRL's entropy / KL / clip figures
     kind.reference                                   # the KL's reference model, or None
     kind.record(step, question, ...)                 # its ledger record (checked)
     kind.rollouts_line(step, question)               # what verify re-derives the record from
@@ -85,7 +86,11 @@ class StepKind(Protocol):
 
     def loss_count(self, question: Question) -> int: ...
 
-    def figures(self, questions: list[Question]) -> dict[str, float]: ...
+    def measure(self, questions: list[Question], phase: Phases) -> None: ...
+
+    def figures(
+        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+    ) -> dict[str, float]: ...
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord: ...
 

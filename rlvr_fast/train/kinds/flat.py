@@ -29,6 +29,7 @@ from rlvr_fast.train.kinds.base import (
 )
 from rlvr_fast.train.losses import (
     completion_logprobs,
+    completion_stats,
     fused_grpo_loss,
     fused_sum_then_scale_loss,
     policy_loss,
@@ -228,10 +229,7 @@ class FlatKind:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
-            terms, completions = credit.policy, self.loss_completions(question)
-            if question.share is not None:
-                terms = credit.share_policy = terms.subset(question.share)
-                completions = [completions[i] for i in question.share]
+            terms, completions = self.step_terms(question)
             loss, terms.stats = policy_loss(
                 model,
                 question.prompt_ids,
@@ -255,15 +253,41 @@ class FlatKind:
             config.temperature if config.tempered_logprobs else 1.0,
         )
 
-    def figures(self, questions: list[Question]) -> dict[str, float]:
-        """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``), {} on the
-        study's sum type."""
+    def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
+        """The policy terms and loss completions of the question this step: its share's (kept
+        as ``credit.share_policy``) when the step trains on a share of the generation."""
+        terms, completions = question.credit.policy, self.loss_completions(question)
+        if question.share is not None:
+            terms = question.credit.share_policy = terms.subset(question.share)
+            completions = [completions[i] for i in question.share]
+        return terms, completions
+
+    def measure(self, questions: list[Question], phase: Phases) -> None:
+        """On TRL's loss types, the figures of ``questions``, whose loss does not run this step
+        (TRL's loss runs on every completion and logs their entropy): a pass of the fused op
+        without gradients, at the weights the step's losses see, in their training mode. The
+        study's sum type logs no entropy and runs nothing here."""
+        if not self.policy_loss or not questions:
+            return
+        self.policy.model.train()
+        with phase("measure"):
+            for question in questions:
+                terms, completions = self.step_terms(question)
+                terms.stats = completion_stats(
+                    self.policy.model, question.prompt_ids, completions, self.loss_temperature()
+                )
+
+    def figures(
+        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+    ) -> dict[str, float]:
+        """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``, over
+        ``micro_batches`` of its completions), {} on the study's sum type."""
         if not self.policy_loss:
             return {}
         terms = [q.credit.policy for q in questions]
-        if questions[0].share is not None:  # the shares that ran this step's loss
-            terms = [q.credit.share_policy for q in questions if self.contributes(q)]
-        return step_figures(terms, self.policy_settings)
+        if questions[0].share is not None:  # this step's shares of the generation
+            terms = [q.credit.share_policy for q in questions]
+        return step_figures(terms, self.policy_settings, micro_batches)
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         return flat_step_record(

@@ -165,7 +165,10 @@ class ParallelKind:
             step_credit.summary_weights,
         )
 
-    def figures(self, questions: list[Question]) -> dict[str, float]:
+    def measure(self, questions: list[Question], phase: Phases) -> None:
+        """Nothing to measure: the study's loss forms no ratio, KL or entropy."""
+
+    def figures(self, questions: list[Question], micro_batches=None) -> dict[str, float]:
         """No policy figures: the study's loss forms no ratio, KL or entropy."""
         return {}
 
