@@ -91,7 +91,7 @@ class ReferenceModel(torch.nn.Module):
 def step_figures(terms: list[PolicyTerms], settings: PolicyLossSettings) -> dict[str, float]:
     """TRL's per-step policy metrics over every token (sequence-level ratios: every sequence)
     of the questions that ran a loss: entropy, kl (kl_beta > 0), the clip ratios of the clipped
-    types or cispo's; {} when none ran."""
+    types or cispo's (epsilon_high None: epsilon, as TRL's); {} when none ran."""
     ran = [t for t in terms if t.stats is not None]
     if not ran:
         return {}
@@ -101,8 +101,8 @@ def step_figures(terms: list[PolicyTerms], settings: PolicyLossSettings) -> dict
         figures["kl"] = _token_mean([s.kl for s in stats])
     per_token_adv = [t.advantages.repeat_interleave(torch.tensor(t.lengths)) for t in ran]
     ratios = [s.ratio for s in stats]
+    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
     if settings.loss_type in CLIPPED_LOSS_TYPES:
-        high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
         low = [(r < 1 - settings.epsilon) & (a < 0) for r, a in zip(ratios, per_token_adv)]
         up = [(r > 1 + high) & (a > 0) for r, a in zip(ratios, per_token_adv)]
         lengths = [n for t in ran for n in t.lengths]
@@ -119,7 +119,7 @@ def step_figures(terms: list[PolicyTerms], settings: PolicyLossSettings) -> dict
             }
         )
     elif settings.loss_type == "cispo":
-        clipped = [(r > settings.epsilon_high) & (a > 0) for r, a in zip(ratios, per_token_adv)]
+        clipped = [(r > high) & (a > 0) for r, a in zip(ratios, per_token_adv)]
         figures["cispo_clip_ratio"] = _clip_mean(clipped, ran, settings)
     return figures
 
