@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import tempfile
 import traceback
 from pathlib import Path
@@ -234,6 +235,13 @@ def outcome(err: Exception) -> str:
     return "refused" if ours and isinstance(err, (ValueError, TypeError)) else "fails"
 
 
+def commit() -> str:
+    """The commit probed (a + marks uncommitted changes)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None)
@@ -253,7 +261,7 @@ def main(argv=None) -> None:
         f"\n{len(cells)} features probed; TRL runs {len(trl_runs)}; of those rlvr_fast runs "
         f"{ours['runs']}, refuses {ours['refused']} by name and fails on "
         f"{len(trl_runs) - ours['runs'] - ours['refused']} otherwise "
-        f"(load average {os.getloadavg()[0]:.1f})."
+        f"(load average {os.getloadavg()[0]:.1f}; commit {commit()})."
     )
     print(summary)
     if options.out is not None:

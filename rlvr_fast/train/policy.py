@@ -135,8 +135,8 @@ def step_figures(
 ) -> dict[str, float]:
     """TRL's per-step policy metrics of the questions whose last pass was measured (every
     question of a step on TRL's loss types: those without a loss by a pass of their own):
-    entropy, kl (kl_beta > 0), the clip ratios of the clipped types or cispo's; {} when none
-    was. TRL appends each figure once per micro-batch, over that micro-batch's tokens
+    entropy, kl (kl_beta > 0), the clip ratios of the clipped types or cispo's (epsilon_high
+    None: epsilon, as TRL's); {} when none was. TRL appends each figure once per micro-batch, over that micro-batch's tokens
     (sequence-level ratios: its sequences), and logs their mean: ``micro_batches`` (lists of
     sequence indices, question after question) cut the step so; None: one micro-batch."""
     measured = [t for t in terms if t.stats is not None]
@@ -157,8 +157,8 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
     per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
     ratio, lengths = figures.ratio.cpu(), figures.lengths
     level = settings.importance_sampling_level
+    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
     if settings.loss_type in CLIPPED_LOSS_TYPES:
-        high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
         low = (ratio < 1 - settings.epsilon) & (per_token_adv < 0)
         up = (ratio > 1 + high) & (per_token_adv > 0)
         values.update(
@@ -171,7 +171,7 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
             }
         )
     elif settings.loss_type == "cispo":
-        clipped = (ratio > settings.epsilon_high) & (per_token_adv > 0)
+        clipped = (ratio > high) & (per_token_adv > 0)
         values["cispo_clip_ratio"] = _clip_mean(clipped, lengths, level)
     return values
 

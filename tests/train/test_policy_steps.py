@@ -14,10 +14,10 @@ import torch
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
-from rlvr_fast.ops.policy_loss import PolicyLossSettings
+from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.losses import policy_loss
-from rlvr_fast.train.policy import ReferenceModel
+from rlvr_fast.train.policy import PolicyTerms, ReferenceModel, step_figures
 from rlvr_fast.train.steps import generation_shares
 from rlvr_fast.train.trainer import RLVRTrainer
 
@@ -129,3 +129,12 @@ def test_policy_settings_need_a_policy_loss_type():
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, checkpoint_every=6, generation_steps=3))
     with pytest.raises(ValueError, match="multiple of num_iterations x generation_steps"):
         TrainConfig.from_arm("zg_flat", **dict(POLICY_RUN, generation_steps=2))
+
+
+def test_cispo_figures_without_epsilon_high_clip_at_epsilon_as_trls():
+    """TRL's cispo clip ratio with epsilon_high None counts ratios above epsilon."""
+    ratio = torch.tensor([0.1, 0.3, 1.0, 0.15])
+    stats = PolicyLossStats(torch.zeros(4), torch.zeros(4), ratio, torch.zeros(4))
+    terms = PolicyTerms(torch.tensor([1.0, -1.0]), [2, 2], stats=stats)
+    figures = step_figures([terms], PolicyLossSettings(loss_type="cispo", epsilon=0.2))
+    assert figures["cispo_clip_ratio"] == pytest.approx(0.25)
