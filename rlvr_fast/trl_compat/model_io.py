@@ -12,7 +12,9 @@ tokenizer has none.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -141,32 +143,87 @@ def meta_transformers_model(directory: Path):
         return AutoModelForCausalLM.from_config(config)
 
 
-def synced_transformers_model(policy: Policy, hf_model, directory: Path | None, weights=None):
+def synced_transformers_model(policy: Policy, hf_model, weights=None):
     """``hf_model`` holding the policy's weights, or ``weights`` of the same names in their
-    place (a bf16-mixed run's fp32 masters): copied in, after loading the checkpoint's weights
-    (buffers and all) in the dtype of what is copied when ``hf_model`` is still on the meta
-    device."""
+    place (a bf16-mixed run's fp32 masters). A model of a path (on the meta device until the
+    first sync, then built here) is given the tensors themselves (``shared_transformers_model``):
+    a sync makes no copy of the weights, which at the end of ``train()`` was the run's memory
+    peak; a caller's own model gets a copy."""
+    if hf_model in _SHARING:
+        point_weights_to(policy, hf_model, weights)
+        return hf_model
     if next(hf_model.parameters()).device.type == "meta":
-        from transformers import AutoModelForCausalLM
-
-        dtype = next(iter(weights.values())).dtype if weights else policy.dtype
-        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
-        hf_model.to(policy.device)
-    copy_weights_to(policy, hf_model, weights)
+        return shared_transformers_model(policy, hf_model.config, weights)
+    tensors = hf_tensors(policy, weights)
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            param.copy_(tensors[name])
     return hf_model
 
 
-def copy_weights_to(policy: Policy, hf_model, weights=None) -> None:
-    """Copy the policy's weights (or ``weights`` in their place) into ``hf_model`` (Hugging Face
-    names; tied heads share the embedding there, so copying it covers both); with LoRA, the
-    merged weights."""
+def shared_transformers_model(policy: Policy, config, weights=None):
+    """A ``transformers`` model of ``config`` whose parameters are the policy's tensors (or
+    ``weights``): views, the per-projection weights split out of our packed ones without a copy.
+    Its buffers (RoPE's frequencies) are computed as ``from_config`` computes them."""
+    from transformers import AutoModelForCausalLM
+
+    with parameters_on_meta():
+        hf_model = AutoModelForCausalLM.from_config(config)
+    point_weights_to(policy, hf_model, weights)
+    hf_model.to(policy.device)
+    _SHARING.add(hf_model)
+    return hf_model
+
+
+def point_weights_to(policy: Policy, hf_model, weights=None) -> None:
+    """Make ``hf_model``'s parameters the policy's tensors (``shared_transformers_model``),
+    again after a parameter of the policy was replaced by another tensor."""
+    tensors = hf_tensors(policy, weights)
+    for name, param in list(hf_model.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        hf_model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
+            tensors[name], requires_grad=param.requires_grad
+        )
+    if policy.config.tie_word_embeddings:
+        hf_model.tie_weights()
+
+
+def hf_tensors(policy: Policy, weights=None) -> dict[str, torch.Tensor]:
+    """The policy's weights (or ``weights`` in their place) by Hugging Face name, detached views
+    of its own tensors (tied heads share the embedding there, so it covers both); with LoRA, the
+    merged weights. KeyError when the transformers model has a name we do not."""
     state = {name: p.detach() for name, p in policy.decoder.named_parameters()}
     state.update({name: t.detach() for name, t in (weights or {}).items()})
     if policy.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    tensors = packed_to_hf(state, policy.config)
-    with torch.no_grad():
-        for name, param in hf_model.named_parameters():
-            if name not in tensors:
-                raise KeyError(f"copy back: {name} has no counterpart in rlvr_fast's model")
-            param.copy_(tensors[name])
+    return HFTensors(packed_to_hf(state, policy.config))
+
+
+class HFTensors(dict):
+    """Hugging Face name -> tensor; a name rlvr_fast's model lacks is a KeyError naming it."""
+
+    def __missing__(self, name: str):
+        raise KeyError(f"copy back: {name} has no counterpart in rlvr_fast's model")
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside hold their parameters on the meta device (each is allocated, never
+    written, and dropped as it is registered) and their buffers as usual."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        # A parameter already on the meta device stays the same object (a tied head).
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+# The transformers models whose parameters are a policy's tensors (shared_transformers_model).
+_SHARING: weakref.WeakSet = weakref.WeakSet()

@@ -32,7 +32,7 @@ class SavingAndSurface:
         dtype = requested_dtype(self.args)
         if weights is not None and dtype is not None:
             weights = {name: t.to(dtype) for name, t in weights.items()}
-        self.model = synced_transformers_model(self.policy, self.model, self.model_dir, weights)
+        self.model = synced_transformers_model(self.policy, self.model, weights)
         self.callback_handler.model = self.model
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
