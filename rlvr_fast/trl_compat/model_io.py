@@ -2,10 +2,10 @@
 
 ``model`` is a local checkpoint path (or "tiny") or a loaded ``transformers`` causal LM of an
 architecture rlvr_fast runs (Qwen3, Qwen2, Llama). Its weights go into rlvr_fast's model, which
-trains; ``trainer.model`` is a ``transformers`` model as TRL's is: the caller's, or for a path
-one built on the meta device (its config is there from the start, e.g. for a model card) and
-given real, trained weights whenever the policy is synced back (end of ``train()``,
-``save_model``). Without ``processing_class`` the tokenizer and its chat template are loaded
+trains; ``trainer.model`` is a ``transformers`` model as TRL's is: the caller's (the trained
+weights copied in whenever the policy is synced back: end of ``train()``, ``save_model``), or
+for a path one built on the meta device (its config is there from the start, e.g. for a model
+card) whose parameters become the policy's own tensors at the first sync (no second copy). Without ``processing_class`` the tokenizer and its chat template are loaded
 from the model's directory, as TRL does, with the end-of-sequence token as pad token when the
 tokenizer has none.
 """
