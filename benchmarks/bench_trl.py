@@ -33,6 +33,16 @@ from rlvr_fast.grading import grade_response
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 
 GROUP = 8
+# A quiet CPU run of either side: a log line per step, no reports, no saves, no progress bar
+# (the TRL side-by-side tests run the same).
+QUIET_CPU_RUN = dict(
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    bf16=False,
+    use_cpu=True,
+    disable_tqdm=True,
+)
 MAX_COMPLETION = 256
 SIDES = ("trl", "rlvr_fast")
 
@@ -79,12 +89,7 @@ def build(
         temperature=0.8,
         top_p=0.9,
         learning_rate=1e-5,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        bf16=False,
-        use_cpu=True,
-        disable_tqdm=True,
+        **QUIET_CPU_RUN,
         seed=42,
         **{**extra, **settings},
     )

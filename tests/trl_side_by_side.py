@@ -9,19 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_trl import QUIET_CPU_RUN  # noqa: F401  (the tests' run settings)
+
 from rlvr_fast.data.problems import render_prompt
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 
-# A quiet CPU run of either side: a log line per step, no reports, no saves, no progress bar.
-QUIET_CPU_RUN = dict(
-    logging_steps=1,
-    report_to="none",
-    save_strategy="no",
-    bf16=False,
-    use_cpu=True,
-    disable_tqdm=True,
-)
 
 # A chat template in the embedded tokenizer's own characters (it has no special chat tokens).
 CHAT_TEMPLATE = (
