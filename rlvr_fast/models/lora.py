@@ -13,7 +13,8 @@ weights are merged, W + s B A, and refreshed in place after each optimizer step 
 the engine's CUDA graphs hold their addresses); every other tensor is the model's own. Adapter
 files are peft's: ``adapter_config.json`` and ``adapter_model.safetensors`` with its names
 (``base_model.model.<module>.lora_A.weight``), which ``peft.PeftModel.from_pretrained`` loads
-onto the Hugging Face model of the base checkpoint.
+onto the Hugging Face model of the base checkpoint; a run's saved model directory holds the
+merged weights and the adapter files in its ``adapter/`` subdirectory (``ADAPTER_DIR``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ DEFAULT_TARGETS = ("q_proj", "v_proj")
 ALL_LINEAR = "all-linear"
 PEFT_PREFIX = "base_model.model."
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+# A run's saved model keeps its adapter files in this subdirectory: beside the merged weights,
+# transformers' from_pretrained would find adapter_config.json and apply the adapter again.
+ADAPTER_DIR = "adapter"
 
 
 @dataclass(frozen=True)
