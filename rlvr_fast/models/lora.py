@@ -328,14 +328,28 @@ class LoraAdapters:
 def merged_twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear]) -> Qwen3ForCausalLM:
     """A decoder sharing every parameter object of ``model`` but the adapted weights, which
     are merged copies (frozen, as the engine reads them under inference mode)."""
+    return _twin(
+        model,
+        layers,
+        lambda layer: nn.Parameter(layer.merged_weight().detach(), requires_grad=False),
+    )
+
+
+def base_twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear]) -> Qwen3ForCausalLM:
+    """The frozen base model with the adapters left out (peft's ``disable_adapter``): a
+    decoder sharing every parameter object of ``model``, each adapted projection its frozen
+    weight alone; nothing is copied."""
+    return _twin(model, layers, lambda layer: layer.weight)
+
+
+def _twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear], weight_of) -> Qwen3ForCausalLM:
     with torch.device("meta"):
         twin = Qwen3ForCausalLM(model.config)
     for name, module in twin.named_modules():
         source = model.get_submodule(name)
         for key in list(module._parameters):
             if name in layers and key == "weight":
-                merged = layers[name].merged_weight().detach()
-                module._parameters[key] = nn.Parameter(merged, requires_grad=False)
+                module._parameters[key] = weight_of(layers[name])
             else:
                 module._parameters[key] = getattr(source, key)
     return twin.eval()

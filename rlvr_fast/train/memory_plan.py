@@ -11,7 +11,8 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
   bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
   (the unit-gradient average keeps it beside each question's gradient); the frozen reference
-  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
+  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``; under LoRA the frozen
+  base itself, nothing more);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
@@ -324,10 +325,8 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     if run.questions_per_step > 1:
         steps = f"questions_per_step {run.questions_per_step}"
         terms.append(Term("unit-gradient sum", gradient, steps))
-    if run.reference_model:
-        # A copy of the policy: with LoRA, its adapters too.
-        copied = params + (trained if run.lora is not None else 0)
-        terms.append(Term("reference model (bf16)", copied * 2, f"{_millions(copied)} x 2 B"))
+    if run.reference_model and run.lora is None:  # under LoRA: the frozen base, shared
+        terms.append(Term("reference model (bf16)", params * 2, f"{_millions(params)} x 2 B"))
     terms += activation_terms(config, run)
     terms.append(loss_term(config, run))
     terms.append(optimizer_step_term(config, run, trained, trained_count))

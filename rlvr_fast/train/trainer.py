@@ -161,7 +161,7 @@ class RLVRTrainer:
         }
         if self.stepping.masters is not None:
             components["masters"] = self.stepping.masters
-        if self.kind.reference is not None:
+        if self.kind.reference is not None and self.kind.reference.owns_weights:
             components["reference"] = self.kind.reference
         self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0

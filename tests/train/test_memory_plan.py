@@ -256,11 +256,15 @@ def test_more_questions_per_step_add_a_gradient_sum_and_rows():
     assert four.rows_wanted == 4 * one.rows_wanted
 
 
-def test_a_kl_reference_model_costs_its_bf16_weights():
+def test_a_kl_reference_model_costs_its_bf16_weights_and_nothing_under_lora():
     cfg = config("0.6b")
     plain = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32"))
     kl = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32", reference_model=True))
     assert kl.fixed_bytes - plain.fixed_bytes == 2 * cfg.num_parameters(untied=False)
+    lora = LoraSettings(rank=8, targets="all-linear")
+    shapes = [RunShape(lora=lora, reference_model=ref) for ref in (False, True)]
+    lora_plain, lora_kl = (plan_memory(cfg, CARDS["80GB"], shape) for shape in shapes)
+    assert lora_kl.fixed_bytes == lora_plain.fixed_bytes  # the frozen base, shared
 
 
 def test_the_eager_loss_costs_the_full_logits():

@@ -88,7 +88,9 @@ class FlatKind:
         self.reference = None
         if config.kl_beta > 0:
             sync = config.ref_model_sync_steps if config.sync_ref_model else None
-            self.reference = ReferenceModel(policy.model, sync, config.ref_model_mixup_alpha)
+            self.reference = ReferenceModel(
+                policy.model, sync, config.ref_model_mixup_alpha, policy.adapters
+            )
 
     @classmethod
     def check_config(cls, config) -> None:
