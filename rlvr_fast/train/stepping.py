@@ -4,8 +4,10 @@ An active step computes the step's gradient from its loss functions (each runs o
 one backward: one per step, or on a multi-question step one per contributing question, combined
 as ``rlvr_fast.train.steps`` says: unit gradients averaged, ``accumulate_unit_gradients``, or
 losses pooled with their weights, ``accumulate_pooled_gradients``), all-reduces it over the ranks
-of a data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step.
-An inactive step takes a zero-gradient AdamW step, through the fused kernel, or none.
+of a data-parallel run, clips it (the norm is logged before clipping) and takes an optimizer step: torch's AdamW, or
+with ``optimizer="adafactor"`` transformers' Adafactor as TRL builds it (``rlvr_fast.train.adafactor``).
+An inactive step takes a zero-gradient step, through the fused AdamW kernel, or none (Adafactor
+steps zero gradients itself: the fused kernel is AdamW's).
 Under ``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
 each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
 and clipping run on those, and the stepped masters are rounded into the model's weights.
@@ -19,6 +21,7 @@ import torch
 
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.train import distributed
+from rlvr_fast.train.adafactor import Adafactor, check_adafactor_state
 from rlvr_fast.train.decision import StepDecision
 from rlvr_fast.train.precision import COMPUTE_DTYPES, MasterWeights
 from rlvr_fast.utils.phases import Phases
@@ -37,8 +40,12 @@ class Update:
     question_grad_norms: list[float | None] = field(default_factory=list)
 
 
+OPTIMIZERS = ("adamw", "adafactor")
+ADAMW_DEFAULTS = ((0.9, 0.999), 1e-8)  # TrainConfig's betas and eps
+
+
 class OptimizerStepping:
-    """AdamW over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
+    """AdamW (or Adafactor) over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
     masters), stepped by each step's decision. The model is cast to ``precision``'s compute
     dtype first; the masters copy its weights before the cast. ``after_publish`` runs after
     every step that moved the weights (with LoRA: the engine's merged weights refreshed)."""
@@ -56,14 +63,12 @@ class OptimizerStepping:
         self.stepped = self.masters.parameters() if self.masters is not None else self.params
         self.max_grad_norm = config.max_grad_norm
         self.fused_zero_grad_step = config.fused_zero_grad_step
-        self.optimizer = torch.optim.AdamW(
-            self.stepped,
-            lr=config.lr,
-            betas=config.betas,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            fused=True if config.adamw_fused else None,
+        named = (
+            self.masters.named_parameters()
+            if self.masters is not None
+            else ((name, p) for name, p in model.named_parameters() if p.requires_grad)
         )
+        self.optimizer = make_optimizer(named, model.config, config)
 
     @property
     def num_params(self) -> int:
@@ -196,10 +201,52 @@ class OptimizerStepping:
         return self.optimizer.state_dict()
 
     def check_state(self, state: dict) -> None:
-        check_optimizer_state(state, self.stepped)
+        if isinstance(self.optimizer, Adafactor):
+            check_adafactor_state(state, self.optimizer)
+        else:
+            check_optimizer_state(state, self.stepped)
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:
+    """The run's optimizer (``config.optimizer``) over ``named_params`` (name, parameter) of a
+    model with ``model_config``."""
+    if config.optimizer == "adafactor":
+        return Adafactor(named_params, model_config, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        [p for _, p in named_params],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        fused=True if config.adamw_fused else None,
+    )
+
+
+def check_optimizer_settings(config) -> None:
+    """Settings that only one optimizer has: the zero-gradient kernel reproduces the
+    single-tensor AdamW step, betas and eps are AdamW's."""
+    if config.adamw_fused and config.fused_zero_grad_step:
+        raise ValueError(
+            "adamw_fused needs fused_zero_grad_step=false: the zero-gradient kernel "
+            "reproduces the single-tensor AdamW step's rounding, not the fused kernel's"
+        )
+    if config.optimizer != "adafactor":
+        return
+    if config.fused_zero_grad_step:
+        raise ValueError(
+            "optimizer adafactor needs fused_zero_grad_step=false: the zero-gradient kernel is "
+            "AdamW's (Adafactor steps zero gradients itself)"
+        )
+    if config.adamw_fused:
+        raise ValueError("adamw_fused is an AdamW kernel: optimizer adafactor takes none")
+    if (config.betas, config.eps) != ADAMW_DEFAULTS:
+        raise ValueError(
+            "betas and eps are AdamW's: optimizer adafactor keeps no first moment and takes "
+            "transformers' eps, as TRL's optim='adafactor' does"
+        )
 
 
 def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:
