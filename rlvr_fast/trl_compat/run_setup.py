@@ -75,6 +75,20 @@ def sampler_settings(args) -> dict:
     return {k: off[k] if v is None else v for k, v in given.items()}
 
 
+def optimizer_settings(args) -> dict:
+    """optim as transformers' Trainer builds it: torch's AdamW with adam_beta1 / adam_beta2 /
+    adam_epsilon (its fused kernel for adamw_torch_fused), or Adafactor, which takes none of
+    them (transformers passes it only the learning rate and weight decay)."""
+    optim = args.strategy("optim")
+    if optim == "adafactor":
+        return dict(optimizer="adafactor")
+    return dict(
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        adamw_fused=optim == "adamw_torch_fused",
+    )
+
+
 def log_vllm_settings(args) -> None:
     """use_vllm=True is accepted: one line says where rollouts run, one which vllm_* settings
     have no effect."""
@@ -109,8 +123,7 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
         **sampler_settings(args),
         max_new_tokens=args.max_completion_length,
         lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
+        **optimizer_settings(args),
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
@@ -121,7 +134,6 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
         mask_truncated=args.mask_truncated_completions,
         skip_zero_var=args.skip_zero_variance_backward,
         zero_var_step="zero_grad",
-        adamw_fused=args.strategy("optim") == "adamw_torch_fused",
         fused_zero_grad_step=(
             args.strategy("optim") == "adamw_torch"
             if args.fused_zero_grad_step is None

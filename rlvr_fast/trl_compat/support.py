@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
@@ -47,7 +47,7 @@ HONOURED = {
     "lr_scheduler_type": "transformers' schedule of that name",
     "lr_scheduler_kwargs": "passed to transformers' schedule",
     "warmup_steps": "warmup of the schedule (below 1: a fraction of the run)",
-    "optim": "torch's AdamW: adamw_torch_fused (the default) its fused kernel, adamw_torch the single-tensor step",
+    "optim": "torch's AdamW: adamw_torch_fused (the default) its fused kernel, adamw_torch the single-tensor step; adafactor transformers' Adafactor as the Trainer builds it (no adam_* fields)",
     "weight_decay": "AdamW's decoupled weight decay",
     "adam_beta1": "AdamW's beta1",
     "adam_beta2": "AdamW's beta2",
@@ -240,7 +240,10 @@ REFUSED = {
 
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
 VALUE_LIMITS = {
-    "optim": (lambda v: str(v) in OPTIMIZERS, f"rlvr_fast steps AdamW ({', '.join(OPTIMIZERS)})"),
+    "optim": (
+        lambda v: str(v) in OPTIMIZERS,
+        f"rlvr_fast steps AdamW or Adafactor ({', '.join(OPTIMIZERS)})",
+    ),
     "lr_scheduler_type": (
         lambda v: str(v) not in METRIC_SCHEDULERS,
         "schedules driven by evaluation metrics",

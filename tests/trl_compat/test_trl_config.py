@@ -76,7 +76,10 @@ def test_assigning_a_refused_value_after_construction_is_refused(name):
 @pytest.mark.parametrize(
     "settings,message",
     [
-        (dict(optim="sgd"), "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW"),
+        (
+            dict(optim="sgd"),
+            "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW or Adafactor",
+        ),
         (dict(loss_type="vespo"), "loss_type='vespo'"),
         (dict(beta=-0.1), "beta=-0.1"),
         (dict(report_to="mlflow"), "report_to='mlflow'"),
