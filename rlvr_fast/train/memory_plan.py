@@ -9,7 +9,8 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - the RoPE cos / sin tables, every position below ``max_position_embeddings`` in the compute
   dtype, which the model makes at its first pass and keeps (training and the engine share them);
 - fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
-  bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
+  bf16-true), or with ``optimizer="adafactor"`` its factored fp32 state, rows + columns of each
+  Hugging Face matrix and every element of a vector (``adafactor_state_elements``); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
   (the unit-gradient average keeps it beside each question's gradient); the frozen reference
   model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
@@ -55,10 +56,12 @@ from pathlib import Path
 
 from rlvr_fast.models.config import ConfigError, ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters
+from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.train.memory_terms import (
     PRECISIONS,
     SAMPLER_BYTES_PER_ROW,
     activation_bytes,
+    adafactor_state_elements,
     adapter_saved_bytes_per_token,
     eager_loss_bytes,
     fused_loss_bytes,
@@ -194,10 +197,12 @@ class RunShape:
     cuda_graphs: bool = True
     reference_model: bool = False
     lora: LoraSettings | None = None
+    optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
         checks = [
             (self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}"),
+            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.group_size >= 1, "group_size must be >= 1"),
             (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
             (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
@@ -285,10 +290,17 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     terms.append(Term("RoPE cos / sin tables", rope_table_bytes(config, e), rope))
     if precision.master:
         terms.append(Term("fp32 master weights", trained * 4, f"{trained_count} x 4 B"))
-    moments = f"2 x {trained_count} x {precision.moment} B"
-    terms.append(
-        Term(f"AdamW moments ({_dtype(precision.moment)})", 2 * trained * precision.moment, moments)
-    )
+    if run.optimizer == "adafactor":
+        terms.append(adafactor_term(config, run))
+    else:
+        moments = f"2 x {trained_count} x {precision.moment} B"
+        terms.append(
+            Term(
+                f"AdamW moments ({_dtype(precision.moment)})",
+                2 * trained * precision.moment,
+                moments,
+            )
+        )
     gradient = trained * precision.gradient
     how = f"{trained_count} x {precision.gradient} B"
     terms.append(Term(f"gradients ({_dtype(precision.gradient)})", gradient, how))
@@ -302,6 +314,12 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     terms += activation_terms(config, run)
     terms.append(loss_term(config, run))
     return terms
+
+
+def adafactor_term(config: ModelConfig, run: RunShape) -> Term:
+    """Adafactor's factored second moments, float32 whatever the precision."""
+    elements = adafactor_state_elements(config, run.untied, run.lora)
+    return Term("Adafactor state (fp32)", 4 * elements, f"{_millions(elements)} x 4 B")
 
 
 def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
@@ -437,6 +455,7 @@ def plan_for_training(
         cuda_graphs=config.cuda_graphs,
         reference_model=config.kl_beta > 0,
         lora=config.lora_settings,
+        optimizer=config.optimizer,
     )
     return plan_memory(model_config, device_memory, run)
 

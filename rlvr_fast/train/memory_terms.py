@@ -2,14 +2,20 @@
 parameter of each copy a precision keeps, per token of each activation a decoder layer keeps, of
 the fused loss, the decode working set and the KV cache; and LoRA's (``rlvr_fast.models.lora``):
 the adapters' parameters, the engine's merged twin of each adapted projection and what an adapted
-projection keeps for backward per token."""
+projection keeps for backward per token; Adafactor's factored state."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.lora import LoraSettings, adapted_projections, in_features, part_rows
+from rlvr_fast.models.lora import (
+    PROJECTIONS,
+    LoraSettings,
+    adapted_projections,
+    in_features,
+    part_rows,
+)
 
 # Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
 # (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
@@ -143,3 +149,28 @@ def adapter_saved_bytes_per_token(config: ModelConfig, settings: LoraSettings, e
         dropout = (e + 1) * in_features(config, suffix) if settings.dropout else 0
         saved += len(parts) * (e * settings.rank + dropout)
     return saved
+
+
+def adafactor_state_elements(
+    config: ModelConfig, untied: bool = False, lora: LoraSettings | None = None
+) -> int:
+    """Float32 elements of Adafactor's state (``rlvr_fast.train.adafactor``) over the trained
+    Hugging Face tensors (LoRA: the adapters alone): a matrix's row and column statistics
+    (rows + columns), a vector's every element."""
+    h, i, q, kv = _widths(config)
+    if lora is not None:
+        rank, total = lora.rank, 0
+        for suffix, parts in adapted_projections(config, lora).values():
+            rows = dict(zip(PROJECTIONS[suffix], part_rows(config, suffix)))
+            # A [r, in] and B [rows, r] of each adapted part.
+            total += sum(rank + in_features(config, suffix) + rows[p] + rank for p in parts)
+        return total
+    # q, k, v, o; gate, up, down; the two norms.
+    layer = (q + h) + 2 * (kv + h) + (h + q) + 2 * (i + h) + (h + i) + 2 * h
+    if config.attention_bias:
+        layer += q + 2 * kv
+    if config.qk_norm:
+        layer += 2 * config.head_dim
+    embedding = config.vocab_size + h
+    head = embedding if untied else 0
+    return config.num_hidden_layers * layer + embedding + head + h

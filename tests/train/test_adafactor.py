@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from rlvr_fast.models.checkpoint import packed_to_hf
+from rlvr_fast.models.lora import LoraSettings, apply_lora
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.run.checkpoint import Checkpointer
 from rlvr_fast.train.adafactor import Adafactor
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import StepDecision
+from rlvr_fast.train.memory_plan import RunShape, plan_memory
+from rlvr_fast.train.memory_terms import adafactor_state_elements
 from rlvr_fast.train.stepping import OptimizerStepping
 from rlvr_fast.utils.phases import Phases
 
@@ -116,3 +119,26 @@ def test_adamw_settings_are_refused_with_adafactor_by_name():
         TrainConfig(optimizer="sgd")
     assert "optimizer" not in TrainConfig().to_json()
     assert TrainConfig(**ADAFACTOR).to_json()["optimizer"] == "adafactor"
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(rank=4, targets="all-linear")])
+def test_the_memory_plan_counts_the_state_adafactor_keeps(lora):
+    """Rows + columns of each Hugging Face matrix, a vector's every element (the adapters'
+    alone under LoRA), in float32, in place of AdamW's two moments."""
+    model = load_policy("tiny").model
+    if lora is not None:
+        apply_lora(model, lora, torch.Generator().manual_seed(0))
+    stepping = OptimizerStepping(model, TrainConfig(**ADAFACTOR))
+    for param in stepping.stepped:
+        param.grad = torch.ones_like(param)
+    stepping.optimizer.step()
+    states = stepping.optimizer.state.values()
+    kept = [t for state in states for part in state["parts"] for t in part.values()]
+    untied = not model.config.tie_word_embeddings
+    elements = adafactor_state_elements(model.config, untied, lora)
+    assert sum(t.numel() for t in kept) == elements
+    assert all(t.dtype == torch.float32 for t in kept)
+    run = RunShape(optimizer="adafactor", lora=lora, untied=untied)
+    terms = {t.name: t.bytes for t in plan_memory(model.config, 1 << 40, run).terms}
+    assert terms["Adafactor state (fp32)"] == 4 * elements
+    assert not any(name.startswith("AdamW moments") for name in terms)
