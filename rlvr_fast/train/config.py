@@ -73,6 +73,14 @@ ADAMW_FUSED_HELP = (
     "torch's fused AdamW kernel (TRL's default optim): none of the temporaries the single-tensor "
     "step takes (twice the largest parameter); zero-gradient steps then run it on zero gradients"
 )
+PRECISION_HELP = (
+    "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and optimizer "
+    "state; fp16-mixed: the same in fp16 with a dynamic loss scale (rlvr_fast.train.loss_scale); "
+    "bf16-true: bf16 weights stepped directly (the study's recipe); None: bf16-mixed on CUDA, "
+    "fp32 elsewhere"
+)
+PRECISION_ERROR = f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}"
+WHEN_SET = dict(written_when_set=True)
 OPTIMIZER_HELP = (
     "adamw: torch's AdamW (lr, betas, eps, weight_decay); adafactor: transformers' Adafactor as "
     "TRL's optim='adafactor' builds it (lr, weight_decay; factored second moments, no first "
@@ -328,13 +336,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         None, "end the run after this many steps with a backward pass"
     )
     precision: str | None = setting(
-        None,
-        "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and AdamW "
-        "moments; bf16-true: bf16 weights stepped directly (the study's recipe); None: "
-        "bf16-mixed on CUDA, fp32 elsewhere",
-        lambda v: v is None or v in PRECISIONS,
-        f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}",
-        written_when_set=True,
+        None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
     activation_checkpointing: bool = setting(
         False,

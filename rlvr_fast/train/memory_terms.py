@@ -37,6 +37,7 @@ PRECISIONS = {
     "fp32": Precision(compute=4, master=0, gradient=4, moment=4),
     "bf16-mixed": Precision(compute=2, master=4, gradient=4, moment=4),
     "bf16-true": Precision(compute=2, master=0, gradient=2, moment=2),
+    "fp16-mixed": Precision(compute=2, master=4, gradient=4, moment=4),
 }
 
 

@@ -10,7 +10,10 @@ An inactive step takes a zero-gradient step, through the fused AdamW kernel, or 
 steps zero gradients itself: the fused kernel is AdamW's).
 Under ``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
 each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
-and clipping run on those, and the stepped masters are rounded into the model's weights.
+and clipping run on those, and the stepped masters are rounded into the model's weights;
+``fp16-mixed`` does the same in float16, with the loss scaled (``rlvr_fast.train.loss_scale``):
+the masters' gradients are unscaled before the all-reduce, and a step whose gradients overflow
+takes no optimizer step (its ``Update`` says so, with no gradient norm) and halves the scale.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.train import distributed
 from rlvr_fast.train.adafactor import Adafactor, check_adafactor_state
 from rlvr_fast.train.decision import StepDecision
-from rlvr_fast.train.precision import COMPUTE_DTYPES, MasterWeights
+from rlvr_fast.train.loss_scale import LossScaler
+from rlvr_fast.train.precision import COMPUTE_DTYPES, MIXED, MasterWeights
 from rlvr_fast.utils.phases import Phases
 
 
@@ -38,6 +42,8 @@ class Update:
     grad_norm: float | None = None
     question_losses: list[float] = field(default_factory=list)
     question_grad_norms: list[float | None] = field(default_factory=list)
+    # fp16-mixed: the scale this step's backward ran at and whether the overflow skipped it.
+    loss_scale: dict | None = None
 
 
 OPTIMIZERS = ("adamw", "adafactor")
@@ -56,7 +62,8 @@ class OptimizerStepping:
         self.model = model
         self.precision = precision
         self.after_publish = after_publish
-        self.masters = MasterWeights(model) if precision == "bf16-mixed" else None
+        self.masters = MasterWeights(model) if precision in MIXED else None
+        self.scaler = LossScaler() if precision == "fp16-mixed" else None
         model.to(COMPUTE_DTYPES[precision])
         self.params = [p for p in model.parameters() if p.requires_grad]
         # What the optimizer steps and the gradient norm, all-reduce and clipping read.
@@ -89,6 +96,7 @@ class OptimizerStepping:
         contributing question of this rank: "unit_norm", or "pooled" with ``weights``) run only
         on an active step."""
         update = Update()
+        scale = self.scaler.scale if self.scaler is not None else None
         if decision.active:
             self.model.train()
             if combination == "unit_norm":
@@ -101,14 +109,20 @@ class OptimizerStepping:
             if distributed.world_size() > 1:
                 with phase("all_reduce"):
                     distributed.all_reduce_gradients(self.stepped)
+            finite = self.scaler is None or self.scaler.unscale_(self.stepped)
             with phase("optimizer"):
-                update.grad_norm = self.clip_gradients()
-                self.optimizer.step()
-                self.publish()
+                if finite:
+                    update.grad_norm = self.clip_gradients()
+                    self.optimizer.step()
+                    self.publish()
         elif decision.optimizer_step:
+            finite = True
             with phase("optimizer"):
                 self.zero_grad_step()
                 self.publish()
+        if self.scaler is not None and decision.optimizer_step:
+            self.scaler.update(finite)
+            update.loss_scale = {"scale": scale, "skipped": not finite}
         self.optimizer.zero_grad(set_to_none=True)
         return update
 
@@ -125,10 +139,14 @@ class OptimizerStepping:
         with phase("forward"):
             loss = loss_fn()
         with phase("backward"):
-            loss.backward()
+            self.scaled(loss).backward()
             if self.masters is not None:
                 self.masters.take_gradients()
         return float(loss.detach())
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to run backward from: times the loss scale under fp16-mixed."""
+        return loss * self.scaler.scale if self.scaler is not None else loss
 
     def accumulate_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
         """p.grad = (1/n) sum_q g_q / |g_q| over the n = ``questions`` contributing questions of
@@ -168,7 +186,7 @@ class OptimizerStepping:
             with phase("forward"):
                 loss = loss_fn()
             with phase("backward"):
-                (loss * weight).backward()
+                self.scaled(loss * weight).backward()
                 if self.masters is not None:  # summed in fp32, not in the bf16 .grad
                     self.masters.take_gradients()
             value = float(loss.detach())
@@ -226,12 +244,18 @@ def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:
 
 
 def check_optimizer_settings(config) -> None:
-    """Settings that only one optimizer has: the zero-gradient kernel reproduces the
-    single-tensor AdamW step, betas and eps are AdamW's."""
+    """Settings that only one optimizer has (the zero-gradient kernel reproduces the
+    single-tensor AdamW step, betas and eps are AdamW's), and fp16-mixed's loss scale."""
     if config.adamw_fused and config.fused_zero_grad_step:
         raise ValueError(
             "adamw_fused needs fused_zero_grad_step=false: the zero-gradient kernel "
             "reproduces the single-tensor AdamW step's rounding, not the fused kernel's"
+        )
+    unit_norm = config.questions_per_step > 1 and config.combine_questions == "unit_norm"
+    if config.precision == "fp16-mixed" and unit_norm:
+        raise ValueError(
+            "precision fp16-mixed scales the loss: combine_questions unit_norm would normalise "
+            "the scaled gradients (use combine_questions pooled)"
         )
     if config.optimizer != "adafactor":
         return

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import logging
 
+import torch
+
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.trl_compat.lora import lora_fields
@@ -73,6 +75,11 @@ def sampler_settings(args) -> dict:
     # None turns a warper off in transformers, as these values do here.
     off = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
     return {k: off[k] if v is None else v for k, v in given.items()}
+
+
+def training_device(args) -> torch.device:
+    """CUDA when there is a GPU and use_cpu is not set, as the Trainer chooses."""
+    return torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
 
 
 def optimizer_settings(args) -> dict:
@@ -182,7 +189,11 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
             )
         settings["tree_k"] = args.num_generations // 2
         settings.pop("advantage_std")
-    if args.bf16 is False:
+    if args.fp16:
+        # accelerate's fp16 is autocast with a GradScaler on CUDA and neither on the CPU (it
+        # turns native AMP on for fp16 only off the CPU): there TRL trains in float32.
+        settings["precision"] = "fp16-mixed" if training_device(args).type == "cuda" else "fp32"
+    elif args.bf16 is False:
         settings["precision"] = "fp32"
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.

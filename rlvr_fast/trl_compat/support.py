@@ -54,6 +54,7 @@ HONOURED = {
     "adam_epsilon": "AdamW's epsilon",
     "max_grad_norm": "gradient clipping",
     "bf16": "bfloat16 weights on CUDA (on the CPU rlvr_fast computes in float32)",
+    "fp16": "precision fp16-mixed on CUDA (float16 compute, fp32 masters, a dynamic loss scale); on the CPU float32, as accelerate (no autocast, no scaler)",
     "seed": "the prompts' shuffle and the run's sampling generator",
     "use_cpu": "train on the CPU",
     "logging_strategy": "when metrics are logged",
@@ -212,7 +213,6 @@ NO_EFFECT = {
 REFUSED = {
     "optim_args": "arguments of optimizers other than AdamW",
     "optim_target_modules": "GaLore-style optimizers",
-    "fp16": "fp16 with loss scaling (rlvr_fast computes in bfloat16 or float32)",
     "bf16_full_eval": "a precision of its own for evaluation",
     "fp16_full_eval": "a precision of its own for evaluation",
     "tf32": "a matmul precision other than torch's default",
