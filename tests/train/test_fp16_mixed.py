@@ -5,11 +5,17 @@ resumed run continues bit for bit."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from rlvr_fast.analysis.verify import verify_run
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.run.checkpoint import Checkpointer
+from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.run.state_file import load_state
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import StepDecision
 from rlvr_fast.train.loss_scale import (
@@ -20,6 +26,7 @@ from rlvr_fast.train.loss_scale import (
     LossScaler,
 )
 from rlvr_fast.train.stepping import OptimizerStepping
+from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.utils.phases import Phases
 
 ACTIVE = StepDecision(active=True, optimizer_step=True, contributing=1)
@@ -156,3 +163,19 @@ def test_fp16_mixed_refuses_unit_norm_questions_and_is_written_when_set():
             loss_order="token_weighted",
         )
     assert TrainConfig(precision="fp16-mixed").to_json()["precision"] == "fp16-mixed"
+
+
+def test_an_fp16_mixed_run_ledgers_its_loss_scale_and_passes_verify(tmp_path):
+    problems = synthetic_problems("train", 2, seed=3)
+    config = TrainConfig.from_arm(
+        "baseline", steps=2, max_new_tokens=8, eval_max_new_tokens=8, precision="fp16-mixed"
+    )
+    policy = load_policy("tiny")
+    RLVRTrainer(policy, config, problems, out_dir=tmp_path / "run", progress=False).train()
+    lines = [
+        json.loads(line) for line in RunLayout(tmp_path / "run").ledger.read_text().splitlines()
+    ]
+    assert [line["loss_scale"] for line in lines] == [{"scale": INIT_SCALE, "skipped": False}] * 2
+    assert load_state(RunLayout(tmp_path / "run").checkpoint)["loss_scale"]["growth_tracker"] == 2
+    verification = verify_run(tmp_path / "run")
+    assert verification.ok, "\n".join(verification.lines())
