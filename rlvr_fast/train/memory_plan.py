@@ -8,11 +8,12 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   bf16 copy of the fp32 masters that the engine's CUDA graphs hold);
 - the RoPE cos / sin tables, every position below ``max_position_embeddings`` in the compute
   dtype, which the model makes at its first pass and keeps (training and the engine share them);
-- fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
-  bf16-true), or with ``optimizer="adafactor"`` its factored fp32 state, rows + columns of each
-  Hugging Face matrix and every element of a vector (``adafactor_state_elements``); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
-  (the unit-gradient average keeps it beside each question's gradient); the frozen reference
-  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
+- fp32 master weights 4P (bf16-mixed and fp16-mixed only); AdamW moments 2P times their dtype
+  (fp32, bf16 under bf16-true), or with ``optimizer="adafactor"`` its factored fp32 state, rows
+  + columns of each Hugging Face matrix and every element of a vector
+  (``adafactor_state_elements``); gradients P times theirs; one more gradient-sized sum when
+  questions_per_step > 1 (the unit-gradient average keeps it beside each question's gradient);
+  the frozen reference model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the

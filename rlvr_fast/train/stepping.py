@@ -4,15 +4,15 @@ An active step computes the step's gradient from its loss functions (each runs o
 one backward: one per step, or on a multi-question step one per contributing question, combined
 as ``rlvr_fast.train.steps`` says: unit gradients averaged, ``accumulate_unit_gradients``, or
 losses pooled with their weights, ``accumulate_pooled_gradients``), all-reduces it over the ranks
-of a data-parallel run, clips it (the norm is logged before clipping) and takes an optimizer step: torch's AdamW, or
-with ``optimizer="adafactor"`` transformers' Adafactor as TRL builds it (``rlvr_fast.train.adafactor``).
-An inactive step takes a zero-gradient step, through the fused AdamW kernel, or none (Adafactor
-steps zero gradients itself: the fused kernel is AdamW's).
+of a data-parallel run, clips it (the norm is logged before clipping) and takes an optimizer
+step: torch's AdamW, or with ``optimizer="adafactor"`` transformers' Adafactor as TRL builds it
+(``rlvr_fast.train.adafactor``). An inactive step takes a zero-gradient step, through the fused
+AdamW kernel, or none (Adafactor steps zero gradients itself: the fused kernel is AdamW's).
 Under ``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
 each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
 and clipping run on those, and the stepped masters are rounded into the model's weights;
 ``fp16-mixed`` does the same in float16, with the loss scaled (``rlvr_fast.train.loss_scale``):
-the masters' gradients are unscaled before the all-reduce, and a step whose gradients overflow
+the masters' gradients are unscaled after the all-reduce, and a step whose gradients overflow
 takes no optimizer step (its ``Update`` says so, with no gradient norm) and halves the scale.
 """
 
@@ -51,10 +51,11 @@ ADAMW_DEFAULTS = ((0.9, 0.999), 1e-8)  # TrainConfig's betas and eps
 
 
 class OptimizerStepping:
-    """AdamW (or Adafactor) over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
-    masters), stepped by each step's decision. The model is cast to ``precision``'s compute
-    dtype first; the masters copy its weights before the cast. ``after_publish`` runs after
-    every step that moved the weights (with LoRA: the engine's merged weights refreshed)."""
+    """AdamW (or Adafactor) over ``model``'s trainable parameters (under a mixed precision over
+    their float32 masters), stepped by each step's decision. The model is cast to
+    ``precision``'s compute dtype first; the masters copy its weights before the cast.
+    ``after_publish`` runs after every step that moved the weights (with LoRA: the engine's
+    merged weights refreshed)."""
 
     def __init__(
         self, model: torch.nn.Module, config, precision: str = "fp32", after_publish=None
