@@ -56,7 +56,7 @@ from rlvr_fast.cli.options import (
 from rlvr_fast.analysis.tables import FORMATS
 from rlvr_fast.train import distributed
 from rlvr_fast.train.arms import ARMS
-from rlvr_fast.train.memory_plan import PLAN_DESCRIPTION, add_plan_arguments, run_plan
+from rlvr_fast.cli.plan import PLAN_DESCRIPTION, add_plan_arguments, run_plan
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -169,6 +169,8 @@ class StepRecord(SeedFlops):
     # The completions this step trained on (generation_steps > 1: its share of the generation,
     # leaf order); None: all of them.
     trained: list[int] | None = None
+    # fp16-mixed: {"scale": the loss scale of the step, "skipped": its gradients overflowed}.
+    loss_scale: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
@@ -232,6 +234,7 @@ class MultiQuestionRecord(SeedFlops):
     peak_kv_blocks: int = 0
     preemptions: int = 0
     policy: dict[str, float] | None = None  # as StepRecord's, over the step's questions
+    loss_scale: dict | None = None  # as StepRecord's
 
     def __post_init__(self) -> None:
         self.questions = [read_record(q) if isinstance(q, dict) else q for q in self.questions]
@@ -259,11 +262,12 @@ POLICY_FIGURES = (
 
 
 def without_empty_policy(line: dict) -> dict:
-    """A line without its policy section when it has none, without ``reused`` when false and
-    without ``trained`` when the step trained on every completion (the study's arms write
-    none of them)."""
-    if line.get("policy") is None:
-        line.pop("policy", None)
+    """A line without its policy section or loss scale when it has none, without ``reused``
+    when false and without ``trained`` when the step trained on every completion (the study's
+    arms write none of them)."""
+    for name in ("policy", "loss_scale"):
+        if line.get(name) is None:
+            line.pop(name, None)
     if "trained" in line and line["trained"] is None:
         line.pop("trained")
     if not line.get("reused", True):

@@ -208,7 +208,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         dh = dw = None
         if ctx.needs_input_grad[0]:
-            dh = grad_hidden * grad_loss.to(grad_hidden.dtype)
+            dh = grad_hidden * grad_loss  # in fp32: a loss scale of 2^16 is no fp16 number
         if ctx.needs_input_grad[1]:
             dw = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
         return dh, dw, None, None, None, None, None, None

@@ -7,7 +7,7 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``repetition_penalty``, off by default), ``max_new_tokens``, ``max_batch``,
   ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
 - optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
-  ``fused_zero_grad_step``, ``adamw_fused``;
+  ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
   ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
@@ -59,6 +59,7 @@ from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
+from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
@@ -72,6 +73,20 @@ ADAMW_FUSED_HELP = (
     "torch's fused AdamW kernel (TRL's default optim): none of the temporaries the single-tensor "
     "step takes (twice the largest parameter); zero-gradient steps then run it on zero gradients"
 )
+PRECISION_HELP = (
+    "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and optimizer "
+    "state; fp16-mixed: the same in fp16 with a dynamic loss scale (rlvr_fast.train.loss_scale); "
+    "bf16-true: bf16 weights stepped directly (the study's recipe); None: bf16-mixed on CUDA, "
+    "fp32 elsewhere"
+)
+PRECISION_ERROR = f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}"
+WHEN_SET = dict(written_when_set=True)
+OPTIMIZER_HELP = (
+    "adamw: torch's AdamW (lr, betas, eps, weight_decay); adafactor: transformers' Adafactor as "
+    "TRL's optim='adafactor' builds it (lr, weight_decay; factored second moments, no first "
+    "moment: rlvr_fast.train.adafactor)"
+)
+OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
 
 
 @dataclass
@@ -321,13 +336,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         None, "end the run after this many steps with a backward pass"
     )
     precision: str | None = setting(
-        None,
-        "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and AdamW "
-        "moments; bf16-true: bf16 weights stepped directly (the study's recipe); None: "
-        "bf16-mixed on CUDA, fp32 elsewhere",
-        lambda v: v is None or v in PRECISIONS,
-        f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}",
-        written_when_set=True,
+        None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
     activation_checkpointing: bool = setting(
         False,
@@ -376,6 +385,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         only_for=FLAT_ONLY,
         written_when_set=True,
     )
+    optimizer: str = setting(
+        "adamw", OPTIMIZER_HELP, one_of(OPTIMIZERS), OPTIMIZER_ERROR, written_when_set=True
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -387,7 +399,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         _check_loss(self)
         _check_shapley(self)
         _check_ablations(self)
-        _check_optimizer(self)
+        check_optimizer_settings(self)
         check_lora(self)
         step_kind(self.sampler).check_config(self)
 
@@ -422,14 +434,6 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     def questions_needed(self) -> int:
         """Training questions a run of ``steps`` steps reads (it cycles through fewer)."""
         return self.steps * self.questions_per_step
-
-
-def _check_optimizer(self: TrainConfig) -> None:
-    if self.adamw_fused and self.fused_zero_grad_step:
-        raise ValueError(
-            "adamw_fused needs fused_zero_grad_step=false: the zero-gradient kernel "
-            "reproduces the single-tensor AdamW step's rounding, not the fused kernel's"
-        )
 
 
 def _check_shapley(config: TrainConfig) -> None:

@@ -8,11 +8,13 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   bf16 copy of the fp32 masters that the engine's CUDA graphs hold);
 - the RoPE cos / sin tables, every position below ``max_position_embeddings`` in the compute
   dtype, which the model makes at its first pass and keeps (training and the engine share them);
-- fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
-  bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
-  (the unit-gradient average keeps it beside each question's gradient); the frozen reference
-  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``; under LoRA the frozen
-  base itself, nothing more);
+- fp32 master weights 4P (bf16-mixed and fp16-mixed only); AdamW moments 2P times their dtype
+  (fp32, bf16 under bf16-true), or with ``optimizer="adafactor"`` its factored fp32 state, rows
+  + columns of each Hugging Face matrix and every element of a vector
+  (``adafactor_state_elements``); gradients P times theirs; one more gradient-sized sum when
+  questions_per_step > 1 (the unit-gradient average keeps it beside each question's gradient);
+  the frozen reference model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``;
+  under LoRA the frozen base itself, nothing more);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
@@ -38,7 +40,8 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - the optimizer step's temporaries (``adamw_step_bytes``): under torch's foreach AdamW (its
   default on CUDA) a square root of every second moment at once, as large as the moments;
   single-tensor (the CPU's default) at most three times the largest trained tensor; the fused
-  kernel (``adamw_fused``) none. Backward's terms (activations, the fused loss) are freed before
+  kernel (``adamw_fused``) none; Adafactor's (``adafactor_step_bytes``) two fp32 copies of the
+  largest tensor and its factors (four copies over bf16 weights). Backward's terms (activations, the fused loss) are freed before
   the step, so the two phases do not add: the larger counts;
 - a judge model's weights and its own engine's KV cache;
 - an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
@@ -48,25 +51,25 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 The plan fails (``PlanError``, one line naming the largest term) when the terms leave no room for
 one full-length row in the KV cache.
 
-    python -m rlvr_fast.train.memory_plan --model DIR|config.json --device-memory 24GiB [...]
+``rlvr-fast plan`` (``rlvr_fast.cli.plan``) prints it.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from rlvr_fast.models.config import ConfigError, ModelConfig
+from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters
-from rlvr_fast.utils.sizes import parse_size
+from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.train.memory_terms import (
     ADAMW_STEPS,
     PRECISIONS,
     SAMPLER_BYTES_PER_ROW,
     activation_bytes,
     adamw_step_bytes,
+    adafactor_state_elements,
+    adafactor_step_bytes,
     adapter_saved_bytes_per_token,
     eager_loss_bytes,
     fused_loss_bytes,
@@ -223,11 +226,13 @@ class RunShape:
     reference_model: bool = False
     lora: LoraSettings | None = None
     adamw_step: str = "foreach"
+    optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
         checks = [
             (self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}"),
             (self.adamw_step in ADAMW_STEPS, f"adamw_step must be one of {', '.join(ADAMW_STEPS)}"),
+            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.group_size >= 1, "group_size must be >= 1"),
             (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
             (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
@@ -305,7 +310,7 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     e = precision.compute
     params = config.num_parameters(untied=run.untied)
     count = _count(config, run.untied)
-    terms = [Term(f"weights ({_dtype(e)})", params * e, f"{count} x {e} B")]
+    terms = [Term(f"weights ({_dtype(e, run)})", params * e, f"{count} x {e} B")]
     trained, trained_count = params, count
     if run.lora is not None:
         terms += lora_terms(config, run)
@@ -315,13 +320,20 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     terms.append(Term("RoPE cos / sin tables", rope_table_bytes(config, e), rope))
     if precision.master:
         terms.append(Term("fp32 master weights", trained * 4, f"{trained_count} x 4 B"))
-    moments = f"2 x {trained_count} x {precision.moment} B"
-    terms.append(
-        Term(f"AdamW moments ({_dtype(precision.moment)})", 2 * trained * precision.moment, moments)
-    )
+    if run.optimizer == "adafactor":
+        terms.append(adafactor_term(config, run))
+    else:
+        moments = f"2 x {trained_count} x {precision.moment} B"
+        terms.append(
+            Term(
+                f"AdamW moments ({_dtype(precision.moment, run)})",
+                2 * trained * precision.moment,
+                moments,
+            )
+        )
     gradient = trained * precision.gradient
     how = f"{trained_count} x {precision.gradient} B"
-    terms.append(Term(f"gradients ({_dtype(precision.gradient)})", gradient, how))
+    terms.append(Term(f"gradients ({_dtype(precision.gradient, run)})", gradient, how))
     if run.questions_per_step > 1:
         steps = f"questions_per_step {run.questions_per_step}"
         terms.append(Term("unit-gradient sum", gradient, steps))
@@ -334,8 +346,13 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
 
 
 def optimizer_step_term(config: ModelConfig, run: RunShape, trained: int, count: str) -> Term:
-    moment = PRECISIONS[run.precision].moment
-    largest = largest_parameter(config, run.lora)
+    precision = PRECISIONS[run.precision]
+    moment, shape = precision.moment, largest_parameter(config, run.lora)
+    largest = math.prod(shape)
+    if run.optimizer == "adafactor":
+        size = adafactor_step_bytes(shape, precision.gradient)
+        how = f"tensor by tensor, at the largest: {shape[0]:,} x {shape[1]:,} in fp32"
+        return Term("Adafactor step temporaries", size, how, phase=OPTIMIZER_STEP)
     how = {
         "foreach": f"torch's foreach AdamW: sqrt of {count} second moments x {moment} B",
         "single-tensor": f"torch's single-tensor AdamW: at most 3 x the largest, "
@@ -344,6 +361,12 @@ def optimizer_step_term(config: ModelConfig, run: RunShape, trained: int, count:
     }[run.adamw_step]
     size = adamw_step_bytes(run.adamw_step, trained, largest, moment)
     return Term("AdamW step temporaries", size, how, phase=OPTIMIZER_STEP)
+
+
+def adafactor_term(config: ModelConfig, run: RunShape) -> Term:
+    """Adafactor's factored second moments, float32 whatever the precision."""
+    elements = adafactor_state_elements(config, run.untied, run.lora)
+    return Term("Adafactor state (fp32)", 4 * elements, f"{_millions(elements)} x 4 B")
 
 
 def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
@@ -355,10 +378,12 @@ def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     rank = f"r = {run.lora.rank}"
     return [
         Term(
-            f"LoRA adapters ({_dtype(e)})", adapters * e, f"{_millions(adapters)} x {e} B, {rank}"
+            f"LoRA adapters ({_dtype(e, run)})",
+            adapters * e,
+            f"{_millions(adapters)} x {e} B, {rank}",
         ),
         Term(
-            f"merged adapted projections for the engine ({_dtype(e)})",
+            f"merged adapted projections for the engine ({_dtype(e, run)})",
             twin * e,
             f"{_millions(twin)} x {e} B",
         ),
@@ -448,8 +473,8 @@ def _millions(count: int) -> str:
     return f"{count / 1e6:,.1f}M"
 
 
-def _dtype(size: int) -> str:
-    return {2: "bf16", 4: "fp32"}[size]
+def _dtype(size: int, run: RunShape) -> str:
+    return "fp32" if size == 4 else PRECISIONS[run.precision].half
 
 
 def _header(config: ModelConfig, run: RunShape, device_memory: int) -> str:
@@ -484,114 +509,6 @@ def plan_for_training(
         reference_model=config.kl_beta > 0,
         lora=config.lora_settings,
         adamw_step="fused" if config.adamw_fused else "foreach",  # torch's choices on CUDA
+        optimizer=config.optimizer,
     )
     return plan_memory(model_config, device_memory, run)
-
-
-# ---------------------------------------------------------------------- the command
-
-
-def read_config(path: str) -> ModelConfig:
-    """A checkpoint directory's config.json, or a config.json itself."""
-    where = Path(path)
-    return ModelConfig.from_file(where / "config.json" if where.is_dir() else where)
-
-
-PLAN_DESCRIPTION = "What a GRPO run holds on one device, term by term; exit 2 if it cannot fit."
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlvr_fast.train.memory_plan", description=PLAN_DESCRIPTION
-    )
-    add_plan_arguments(parser)
-    return parser
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """The plan's options (``rlvr-fast plan`` and ``python -m rlvr_fast.train.memory_plan``)."""
-    defaults = RunShape()
-    parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
-    parser.add_argument("--device-memory", required=True, type=parse_size, help="e.g. 80GiB")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
-    for name, help_text in (
-        ("group_size", "rollouts per question (G)"),
-        ("questions_per_step", "questions per step (Q)"),
-        ("prompt_tokens", "the longest prompt's tokens"),
-        ("max_new_tokens", "completion cap"),
-        ("max_batch", "engine rows per pass"),
-        ("kv_blocks", "KV cache blocks (default: sized from what is left)"),
-        ("max_model_len", "the longest sequence the engine's graphs cover"),
-        ("loss_chunk_tokens", "tokens per fused-loss chunk (default: about 2^25 logits)"),
-    ):
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, type=int, default=getattr(defaults, name), help=help_text)
-    parser.add_argument(
-        "--kv-memory-fraction",
-        type=float,
-        default=defaults.kv_memory_fraction,
-        help="share of what is left that the KV cache takes",
-    )
-    parser.add_argument("--activation-checkpointing", action="store_true")
-    parser.add_argument("--eager-loss", action="store_true", help="the eager reference loss")
-    parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
-    parser.add_argument("--no-cuda-graphs", action="store_true")
-    parser.add_argument(
-        "--adamw-step",
-        choices=ADAMW_STEPS,
-        default=defaults.adamw_step,
-        help="torch's AdamW: foreach (its CUDA default), fused (adamw_fused), single-tensor",
-    )
-    parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
-    parser.add_argument("--lora-r", type=int, help="LoRA rank: adapters on a frozen model")
-    parser.add_argument(
-        "--lora-target-modules",
-        default="q_proj,v_proj",
-        help="LoRA's projections: comma-separated names, or all-linear",
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_plan(build_parser().parse_args(argv))
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """Print the plan's table (exit status 0), or one line naming why it cannot fit (2)."""
-    try:
-        run = RunShape(
-            precision=args.precision,
-            group_size=args.group_size,
-            questions_per_step=args.questions_per_step,
-            prompt_tokens=args.prompt_tokens,
-            max_new_tokens=args.max_new_tokens,
-            max_batch=args.max_batch,
-            activation_checkpointing=args.activation_checkpointing,
-            kv_memory_fraction=args.kv_memory_fraction,
-            kv_blocks=args.kv_blocks,
-            max_model_len=args.max_model_len,
-            loss_chunk_tokens=args.loss_chunk_tokens,
-            eager_loss=args.eager_loss,
-            untied=args.untie,
-            cuda_graphs=not args.no_cuda_graphs,
-            lora=lora_argument(args),
-            adamw_step=args.adamw_step,
-        )
-        judge = read_config(args.judge_model) if args.judge_model else None
-        plan = plan_memory(read_config(args.model), args.device_memory, run, judge=judge)
-        print(plan.check().render())
-    except (PlanError, ConfigError, ValueError) as err:
-        print(f"rlvr-fast plan: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def lora_argument(args: argparse.Namespace) -> LoraSettings | None:
-    if args.lora_r is None:
-        return None
-    targets = args.lora_target_modules
-    names = targets if targets == "all-linear" else tuple(targets.split(","))
-    return LoraSettings(rank=args.lora_r, targets=names)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

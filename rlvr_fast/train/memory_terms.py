@@ -2,10 +2,11 @@
 parameter of each copy a precision keeps, per token of each activation a decoder layer keeps, of
 the fused loss, the optimizer step, the decode working set and the KV cache; and LoRA's (``rlvr_fast.models.lora``):
 the adapters' parameters, the engine's merged twin of each adapted projection and what an adapted
-projection keeps for backward per token."""
+projection keeps for backward per token; Adafactor's factored state."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlvr_fast.models.config import ModelConfig
@@ -31,12 +32,14 @@ class Precision:
     master: int
     gradient: int
     moment: int
+    half: str = "bf16"  # the 2-byte dtype, where one is used
 
 
 PRECISIONS = {
     "fp32": Precision(compute=4, master=0, gradient=4, moment=4),
     "bf16-mixed": Precision(compute=2, master=4, gradient=4, moment=4),
     "bf16-true": Precision(compute=2, master=0, gradient=2, moment=2),
+    "fp16-mixed": Precision(compute=2, master=4, gradient=4, moment=4, half="fp16"),
 }
 
 
@@ -135,17 +138,28 @@ def adamw_step_bytes(step: str, trained: int, largest: int, moment: int) -> int:
     return 0
 
 
-def largest_parameter(config: ModelConfig, lora: LoraSettings | None = None) -> int:
-    """Elements of the largest trained tensor: the embedding or a packed projection's weight;
-    under LoRA the largest A [r, in] or B [rows, r]."""
+def largest_parameter(config: ModelConfig, lora: LoraSettings | None = None) -> tuple[int, int]:
+    """(rows, columns) of the largest trained tensor: the embedding or a packed projection's
+    weight; under LoRA the largest A [r, in] or B [rows, r]."""
     if lora is None:
-        weights = [in_features(config, s) * sum(part_rows(config, s)) for s in PROJECTIONS]
-        return max(config.vocab_size * config.hidden_size, *weights)
-    sizes = [0]
+        weights = [(sum(part_rows(config, s)), in_features(config, s)) for s in PROJECTIONS]
+        return max([(config.vocab_size, config.hidden_size), *weights], key=math.prod)
+    shapes = [(0, 0)]
     for suffix, parts in adapted_projections(config, lora).values():
         rows = dict(zip(PROJECTIONS[suffix], part_rows(config, suffix)))
-        sizes += [lora.rank * max(in_features(config, suffix), rows[p]) for p in parts]
-    return max(sizes)
+        for p in parts:
+            shapes += [(lora.rank, in_features(config, suffix)), (rows[p], lora.rank)]
+    return max(shapes, key=math.prod)
+
+
+def adafactor_step_bytes(largest: tuple[int, int], gradient: int) -> int:
+    """Temporaries of one Adafactor step (``rlvr_fast.train.adafactor``), tensor by tensor, at
+    the largest (measured on the meta device, tests): g^2 + eps and the update it gives, fp32
+    and the tensor's size each, and its row and column factors; with bf16 gradients
+    (bf16-true) the tensor's fp32 weight and gradient besides."""
+    rows, cols = largest
+    copies = 2 if gradient == 4 else 4
+    return 4 * (copies * rows * cols + rows + cols)
 
 
 def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
@@ -183,3 +197,28 @@ def adapter_saved_bytes_per_token(config: ModelConfig, settings: LoraSettings, e
         dropout = (e + 1) * in_features(config, suffix) if settings.dropout else 0
         saved += len(parts) * (e * settings.rank + dropout)
     return saved
+
+
+def adafactor_state_elements(
+    config: ModelConfig, untied: bool = False, lora: LoraSettings | None = None
+) -> int:
+    """Float32 elements of Adafactor's state (``rlvr_fast.train.adafactor``) over the trained
+    Hugging Face tensors (LoRA: the adapters alone): a matrix's row and column statistics
+    (rows + columns), a vector's every element."""
+    h, i, q, kv = _widths(config)
+    if lora is not None:
+        rank, total = lora.rank, 0
+        for suffix, parts in adapted_projections(config, lora).values():
+            rows = dict(zip(PROJECTIONS[suffix], part_rows(config, suffix)))
+            # A [r, in] and B [rows, r] of each adapted part.
+            total += sum(rank + in_features(config, suffix) + rows[p] + rank for p in parts)
+        return total
+    # q, k, v, o; gate, up, down; the two norms.
+    layer = (q + h) + 2 * (kv + h) + (h + q) + 2 * (i + h) + (h + i) + 2 * h
+    if config.attention_bias:
+        layer += q + 2 * kv
+    if config.qk_norm:
+        layer += 2 * config.head_dim
+    embedding = config.vocab_size + h
+    head = embedding if untied else 0
+    return config.num_hidden_layers * layer + embedding + head + h

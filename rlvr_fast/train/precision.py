@@ -1,4 +1,5 @@
-"""Training precision, with Lightning's names: ``fp32``, ``bf16-mixed`` and ``bf16-true``.
+"""Training precision, with Lightning's names: ``fp32``, ``bf16-mixed``, ``fp16-mixed`` and
+``bf16-true``.
 
 - ``fp32``: weights, gradients and AdamW moments in float32 (the CPU's default).
 - ``bf16-mixed`` (the default on CUDA): the model runs forward and backward in bfloat16, but the
@@ -6,6 +7,9 @@
   After every step the masters are rounded into the model's bf16 weights in place, so the
   rollout engine, which decodes from those weights (its CUDA graphs hold their addresses), sees
   each update without a copy of its own.
+- ``fp16-mixed`` (TRL's ``fp16=True`` on CUDA): as bf16-mixed with float16 compute, and a dynamic
+  loss scale (``rlvr_fast.train.loss_scale``): fp16 keeps 10 mantissa bits but only 5 exponent
+  bits, so the loss is scaled up before backward and a step whose gradients overflow is skipped.
 - ``bf16-true``: the study's recipe, bf16 weights stepped directly. At lr 1e-5 an Adam update
   is below half a bf16 ulp of any weight above ~0.0026 in magnitude, so most weights never move;
   kept to reproduce the study.
@@ -15,8 +19,14 @@ from __future__ import annotations
 
 import torch
 
-PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
-COMPUTE_DTYPES = {"fp32": torch.float32, "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16}
+PRECISIONS = ("fp32", "bf16-mixed", "bf16-true", "fp16-mixed")
+COMPUTE_DTYPES = {
+    "fp32": torch.float32,
+    "bf16-mixed": torch.bfloat16,
+    "bf16-true": torch.bfloat16,
+    "fp16-mixed": torch.float16,
+}
+MIXED = ("bf16-mixed", "fp16-mixed")  # float32 masters under a low-precision compute copy
 
 
 def resolve_precision(precision: str | None, device: torch.device) -> str:
@@ -29,9 +39,9 @@ def resolve_precision(precision: str | None, device: torch.device) -> str:
 
 
 def load_dtype(precision: str) -> torch.dtype:
-    """The dtype to load a run's checkpoint in: its compute dtype, but float32 under bf16-mixed,
-    whose masters start from the checkpoint's own values (the model is cast after)."""
-    return torch.float32 if precision == "bf16-mixed" else COMPUTE_DTYPES[precision]
+    """The dtype to load a run's checkpoint in: its compute dtype, but float32 under a mixed
+    precision, whose masters start from the checkpoint's own values (the model is cast after)."""
+    return torch.float32 if precision in MIXED else COMPUTE_DTYPES[precision]
 
 
 class MasterWeights:

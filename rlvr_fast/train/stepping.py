@@ -4,11 +4,16 @@ An active step computes the step's gradient from its loss functions (each runs o
 one backward: one per step, or on a multi-question step one per contributing question, combined
 as ``rlvr_fast.train.steps`` says: unit gradients averaged, ``accumulate_unit_gradients``, or
 losses pooled with their weights, ``accumulate_pooled_gradients``), all-reduces it over the ranks
-of a data-parallel run, clips it (the norm is logged before clipping) and takes an AdamW step.
-An inactive step takes a zero-gradient AdamW step, through the fused kernel, or none.
+of a data-parallel run, clips it (the norm is logged before clipping) and takes an optimizer
+step: torch's AdamW, or with ``optimizer="adafactor"`` transformers' Adafactor as TRL builds it
+(``rlvr_fast.train.adafactor``). An inactive step takes a zero-gradient step, through the fused
+AdamW kernel, or none (Adafactor steps zero gradients itself: the fused kernel is AdamW's).
 Under ``bf16-mixed`` (``rlvr_fast.train.precision``) the optimizer steps float32 master weights:
 each backward's bf16 gradients are added to the masters' float32 ones, the all-reduce, the norm
-and clipping run on those, and the stepped masters are rounded into the model's weights.
+and clipping run on those, and the stepped masters are rounded into the model's weights;
+``fp16-mixed`` does the same in float16, with the loss scaled (``rlvr_fast.train.loss_scale``):
+the masters' gradients are unscaled after the all-reduce, and a step whose gradients overflow
+takes no optimizer step (its ``Update`` says so, with no gradient norm) and halves the scale.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import torch
 
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.train import distributed
+from rlvr_fast.train.adafactor import Adafactor, check_adafactor_state
 from rlvr_fast.train.decision import StepDecision
-from rlvr_fast.train.precision import COMPUTE_DTYPES, MasterWeights
+from rlvr_fast.train.loss_scale import LossScaler
+from rlvr_fast.train.precision import COMPUTE_DTYPES, MIXED, MasterWeights
 from rlvr_fast.utils.phases import Phases
 
 
@@ -35,13 +42,20 @@ class Update:
     grad_norm: float | None = None
     question_losses: list[float] = field(default_factory=list)
     question_grad_norms: list[float | None] = field(default_factory=list)
+    # fp16-mixed: the scale this step's backward ran at and whether the overflow skipped it.
+    loss_scale: dict | None = None
+
+
+OPTIMIZERS = ("adamw", "adafactor")
+ADAMW_DEFAULTS = ((0.9, 0.999), 1e-8)  # TrainConfig's betas and eps
 
 
 class OptimizerStepping:
-    """AdamW over ``model``'s trainable parameters (under ``bf16-mixed`` over their float32
-    masters), stepped by each step's decision. The model is cast to ``precision``'s compute
-    dtype first; the masters copy its weights before the cast. ``after_publish`` runs after
-    every step that moved the weights (with LoRA: the engine's merged weights refreshed)."""
+    """AdamW (or Adafactor) over ``model``'s trainable parameters (under a mixed precision over
+    their float32 masters), stepped by each step's decision. The model is cast to
+    ``precision``'s compute dtype first; the masters copy its weights before the cast.
+    ``after_publish`` runs after every step that moved the weights (with LoRA: the engine's
+    merged weights refreshed)."""
 
     def __init__(
         self, model: torch.nn.Module, config, precision: str = "fp32", after_publish=None
@@ -49,21 +63,20 @@ class OptimizerStepping:
         self.model = model
         self.precision = precision
         self.after_publish = after_publish
-        self.masters = MasterWeights(model) if precision == "bf16-mixed" else None
+        self.masters = MasterWeights(model) if precision in MIXED else None
+        self.scaler = LossScaler() if precision == "fp16-mixed" else None
         model.to(COMPUTE_DTYPES[precision])
         self.params = [p for p in model.parameters() if p.requires_grad]
         # What the optimizer steps and the gradient norm, all-reduce and clipping read.
         self.stepped = self.masters.parameters() if self.masters is not None else self.params
         self.max_grad_norm = config.max_grad_norm
         self.fused_zero_grad_step = config.fused_zero_grad_step
-        self.optimizer = torch.optim.AdamW(
-            self.stepped,
-            lr=config.lr,
-            betas=config.betas,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            fused=True if config.adamw_fused else None,
+        named = (
+            self.masters.named_parameters()
+            if self.masters is not None
+            else ((name, p) for name, p in model.named_parameters() if p.requires_grad)
         )
+        self.optimizer = make_optimizer(named, model.config, config)
 
     @property
     def num_params(self) -> int:
@@ -84,6 +97,7 @@ class OptimizerStepping:
         contributing question of this rank: "unit_norm", or "pooled" with ``weights``) run only
         on an active step."""
         update = Update()
+        scale = self.scaler.scale if self.scaler is not None else None
         if decision.active:
             self.model.train()
             if combination == "unit_norm":
@@ -96,14 +110,20 @@ class OptimizerStepping:
             if distributed.world_size() > 1:
                 with phase("all_reduce"):
                     distributed.all_reduce_gradients(self.stepped)
+            finite = self.scaler is None or self.scaler.unscale_(self.stepped)
             with phase("optimizer"):
-                update.grad_norm = self.clip_gradients()
-                self.optimizer.step()
-                self.publish()
+                if finite:
+                    update.grad_norm = self.clip_gradients()
+                    self.optimizer.step()
+                    self.publish()
         elif decision.optimizer_step:
+            finite = True
             with phase("optimizer"):
                 self.zero_grad_step()
                 self.publish()
+        if self.scaler is not None and decision.optimizer_step:
+            self.scaler.update(finite)
+            update.loss_scale = {"scale": scale, "skipped": not finite}
         self.optimizer.zero_grad(set_to_none=True)
         return update
 
@@ -120,10 +140,14 @@ class OptimizerStepping:
         with phase("forward"):
             loss = loss_fn()
         with phase("backward"):
-            loss.backward()
+            self.scaled(loss).backward()
             if self.masters is not None:
                 self.masters.take_gradients()
         return float(loss.detach())
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to run backward from: times the loss scale under fp16-mixed."""
+        return loss * self.scaler.scale if self.scaler is not None else loss
 
     def accumulate_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
         """p.grad = (1/n) sum_q g_q / |g_q| over the n = ``questions`` contributing questions of
@@ -163,7 +187,7 @@ class OptimizerStepping:
             with phase("forward"):
                 loss = loss_fn()
             with phase("backward"):
-                (loss * weight).backward()
+                self.scaled(loss * weight).backward()
                 if self.masters is not None:  # summed in fp32, not in the bf16 .grad
                     self.masters.take_gradients()
             value = float(loss.detach())
@@ -196,10 +220,58 @@ class OptimizerStepping:
         return self.optimizer.state_dict()
 
     def check_state(self, state: dict) -> None:
-        check_optimizer_state(state, self.stepped)
+        if isinstance(self.optimizer, Adafactor):
+            check_adafactor_state(state, self.optimizer)
+        else:
+            check_optimizer_state(state, self.stepped)
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:
+    """The run's optimizer (``config.optimizer``) over ``named_params`` (name, parameter) of a
+    model with ``model_config``."""
+    if config.optimizer == "adafactor":
+        return Adafactor(named_params, model_config, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        [p for _, p in named_params],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        fused=True if config.adamw_fused else None,
+    )
+
+
+def check_optimizer_settings(config) -> None:
+    """Settings that only one optimizer has (the zero-gradient kernel reproduces the
+    single-tensor AdamW step, betas and eps are AdamW's), and fp16-mixed's loss scale."""
+    if config.adamw_fused and config.fused_zero_grad_step:
+        raise ValueError(
+            "adamw_fused needs fused_zero_grad_step=false: the zero-gradient kernel "
+            "reproduces the single-tensor AdamW step's rounding, not the fused kernel's"
+        )
+    unit_norm = config.questions_per_step > 1 and config.combine_questions == "unit_norm"
+    if config.precision == "fp16-mixed" and unit_norm:
+        raise ValueError(
+            "precision fp16-mixed scales the loss: combine_questions unit_norm would normalise "
+            "the scaled gradients (use combine_questions pooled)"
+        )
+    if config.optimizer != "adafactor":
+        return
+    if config.fused_zero_grad_step:
+        raise ValueError(
+            "optimizer adafactor needs fused_zero_grad_step=false: the zero-gradient kernel is "
+            "AdamW's (Adafactor steps zero gradients itself)"
+        )
+    if config.adamw_fused:
+        raise ValueError("adamw_fused is an AdamW kernel: optimizer adafactor takes none")
+    if (config.betas, config.eps) != ADAMW_DEFAULTS:
+        raise ValueError(
+            "betas and eps are AdamW's: optimizer adafactor keeps no first moment and takes "
+            "transformers' eps, as TRL's optim='adafactor' does"
+        )
 
 
 def check_optimizer_state(state: dict, params: list[torch.Tensor]) -> None:

@@ -161,6 +161,8 @@ class RLVRTrainer:
         }
         if self.stepping.masters is not None:
             components["masters"] = self.stepping.masters
+        if self.stepping.scaler is not None:
+            components["loss_scale"] = self.stepping.scaler
         if self.kind.reference is not None and self.kind.reference.owns_weights:
             components["reference"] = self.kind.reference
         self.checkpointer = Checkpointer(components, steps=config.steps)
@@ -174,7 +176,7 @@ class RLVRTrainer:
         distributed.broadcast_parameters(policy.model, self.stepping.masters)
 
     @property
-    def optimizer(self) -> torch.optim.AdamW:
+    def optimizer(self) -> torch.optim.Optimizer:
         return self.stepping.optimizer
 
     def check_memory(self, prompt_tokens: int) -> MemoryPlan:
@@ -316,6 +318,7 @@ class RLVRTrainer:
                 kind, questions[0], step, decision, update, phase.seconds, iteration
             )
         result.ledger_record.policy = kind.figures(questions) or None
+        result.ledger_record.loss_scale = update.loss_scale
         if self.recorder is not None:
             self.recorder.write_step(result.ledger_record, result.line)
         return result

@@ -142,9 +142,9 @@ class GRPOConfig(TRLFields):
                 "generation batch; rlvr_fast takes it at gradient_accumulation_steps 1",
             ),
             (
-                not (self.fused_zero_grad_step and plain(self.optim) == "adamw_torch_fused"),
+                not (self.fused_zero_grad_step and plain(self.optim) != "adamw_torch"),
                 "fused_zero_grad_step=True reproduces the single-tensor AdamW step: it needs "
-                "optim='adamw_torch' (optim='adamw_torch_fused' steps zero gradients itself)",
+                f"optim='adamw_torch' (optim={plain(self.optim)!r} steps zero gradients itself)",
             ),
             (
                 self.max_completion_length is not None and self.max_completion_length >= 1,

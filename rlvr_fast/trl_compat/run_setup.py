@@ -8,6 +8,8 @@ import dataclasses
 import json
 import logging
 
+import torch
+
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.trl_compat.lora import lora_fields
@@ -75,6 +77,25 @@ def sampler_settings(args) -> dict:
     return {k: off[k] if v is None else v for k, v in given.items()}
 
 
+def training_device(args) -> torch.device:
+    """CUDA when there is a GPU and use_cpu is not set, as the Trainer chooses."""
+    return torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+
+
+def optimizer_settings(args) -> dict:
+    """optim as transformers' Trainer builds it: torch's AdamW with adam_beta1 / adam_beta2 /
+    adam_epsilon (its fused kernel for adamw_torch_fused), or Adafactor, which takes none of
+    them (transformers passes it only the learning rate and weight decay)."""
+    optim = args.strategy("optim")
+    if optim == "adafactor":
+        return dict(optimizer="adafactor")
+    return dict(
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        adamw_fused=optim == "adamw_torch_fused",
+    )
+
+
 def log_vllm_settings(args) -> None:
     """use_vllm=True is accepted: one line says where rollouts run, one which vllm_* settings
     have no effect."""
@@ -109,8 +130,7 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
         **sampler_settings(args),
         max_new_tokens=args.max_completion_length,
         lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
+        **optimizer_settings(args),
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
@@ -121,7 +141,6 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
         mask_truncated=args.mask_truncated_completions,
         skip_zero_var=args.skip_zero_variance_backward,
         zero_var_step="zero_grad",
-        adamw_fused=args.strategy("optim") == "adamw_torch_fused",
         fused_zero_grad_step=(
             args.strategy("optim") == "adamw_torch"
             if args.fused_zero_grad_step is None
@@ -170,7 +189,11 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
             )
         settings["tree_k"] = args.num_generations // 2
         settings.pop("advantage_std")
-    if args.bf16 is False:
+    if args.fp16:
+        # accelerate's fp16 is autocast with a GradScaler on CUDA and neither on the CPU (it
+        # turns native AMP on for fp16 only off the CPU): there TRL trains in float32.
+        settings["precision"] = "fp16-mixed" if training_device(args).type == "cuda" else "fp32"
+    elif args.bf16 is False:
         settings["precision"] = "fp32"
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.

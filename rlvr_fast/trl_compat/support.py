@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
@@ -47,13 +47,14 @@ HONOURED = {
     "lr_scheduler_type": "transformers' schedule of that name",
     "lr_scheduler_kwargs": "passed to transformers' schedule",
     "warmup_steps": "warmup of the schedule (below 1: a fraction of the run)",
-    "optim": "torch's AdamW: adamw_torch_fused (the default) its fused kernel, adamw_torch the single-tensor step",
+    "optim": "torch's AdamW: adamw_torch_fused (the default) its fused kernel, adamw_torch the single-tensor step; adafactor transformers' Adafactor as the Trainer builds it (no adam_* fields)",
     "weight_decay": "AdamW's decoupled weight decay",
     "adam_beta1": "AdamW's beta1",
     "adam_beta2": "AdamW's beta2",
     "adam_epsilon": "AdamW's epsilon",
     "max_grad_norm": "gradient clipping",
     "bf16": "bfloat16 weights on CUDA (on the CPU rlvr_fast computes in float32)",
+    "fp16": "precision fp16-mixed on CUDA (float16 compute, fp32 masters, a dynamic loss scale); on the CPU float32, as accelerate (no autocast, no scaler)",
     "seed": "the prompts' shuffle and the run's sampling generator",
     "use_cpu": "train on the CPU",
     "logging_strategy": "when metrics are logged",
@@ -212,7 +213,6 @@ NO_EFFECT = {
 REFUSED = {
     "optim_args": "arguments of optimizers other than AdamW",
     "optim_target_modules": "GaLore-style optimizers",
-    "fp16": "fp16 with loss scaling (rlvr_fast computes in bfloat16 or float32)",
     "bf16_full_eval": "a precision of its own for evaluation",
     "fp16_full_eval": "a precision of its own for evaluation",
     "tf32": "a matmul precision other than torch's default",
@@ -240,7 +240,10 @@ REFUSED = {
 
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
 VALUE_LIMITS = {
-    "optim": (lambda v: str(v) in OPTIMIZERS, f"rlvr_fast steps AdamW ({', '.join(OPTIMIZERS)})"),
+    "optim": (
+        lambda v: str(v) in OPTIMIZERS,
+        f"rlvr_fast steps AdamW or Adafactor ({', '.join(OPTIMIZERS)})",
+    ),
     "lr_scheduler_type": (
         lambda v: str(v) not in METRIC_SCHEDULERS,
         "schedules driven by evaluation metrics",

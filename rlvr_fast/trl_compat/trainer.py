@@ -62,6 +62,7 @@ from rlvr_fast.trl_compat.run_setup import (
     eval_datasets,
     refuse_unsupported_arguments,
     train_config,
+    training_device,
 )
 
 from rlvr_fast.trl_compat.saving import ALLOW_NONFINITE, SavingAndSurface
@@ -107,7 +108,7 @@ class GRPOTrainer(SavingAndSurface):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be rlvr_fast's GRPOConfig, got {type(args).__name__}")
         self.args, self.hub_model_id = args, args.hub_model_id
-        device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+        device = training_device(args)
         self.accelerator = Accelerator(device)
         self.processing_class = load_processing_class(model, processing_class)
         self.policy = load_trl_policy(

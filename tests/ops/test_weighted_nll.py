@@ -203,3 +203,23 @@ def test_a_frozen_head_gets_no_weight_gradient_and_the_same_hidden_gradient(op):
     frozen, trained = hidden_gradient(False), hidden_gradient(True)
     assert frozen[1] is None and trained[1] is not None
     assert torch.equal(frozen[0], trained[0])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_fp16_gradients_scale_by_a_loss_scale_beyond_fp16s_range(backend):
+    """fp16-mixed runs backward from the loss times 2^16 (``rlvr_fast.train.loss_scale``),
+    which no fp16 number holds (the largest is 65,504): the hidden gradient is the unscaled one
+    times 2^16 bit for bit, not infinities, and dW (accumulated in fp32, then rounded) the
+    unscaled one within its rounding, finer where the unscaled one is subnormal."""
+    hidden, weight, targets, weights = make_inputs(13, 16, 40)
+    inputs = hidden, weight, targets, weights * 2**-10  # a GRPO step's size: scaled, it fits
+
+    def scaled(scale):
+        def loss(h, w, targets, weights):
+            return weighted_token_nll(h, w, targets, weights, chunk_size=5, backend=backend) * scale
+
+        return loss_and_grads(loss, *inputs, torch.float16)
+
+    (_, dh, dw), (_, dh_scaled, dw_scaled) = scaled(1.0), scaled(2.0**16)
+    assert dh.abs().max() > 0 and torch.equal(dh_scaled, dh * 2**16)
+    torch.testing.assert_close(dw_scaled / 2**16, dw, rtol=2**-10, atol=2**-24)

@@ -14,6 +14,7 @@ launches left out. Then the plan sizes or refuses every model x card x checkpoin
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from rlvr_fast.cli import plan as plan_command
 from rlvr_fast.cli.main import main as rlvr_fast_main
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.engine.kv_storage import bytes_per_block
@@ -47,7 +49,9 @@ from rlvr_fast.train.memory_plan import (
     rope_table_bytes,
     saved_bytes_per_token_layer,
 )
+from rlvr_fast.train.adafactor import Adafactor
 from rlvr_fast.train.memory_terms import (
+    adafactor_step_bytes,
     adamw_step_bytes,
     adapter_saved_bytes_per_token,
     largest_parameter,
@@ -303,13 +307,13 @@ def test_the_command_prints_the_table_or_one_line(capsys):
     assert captured.err.count("\n") == 1
     assert "largest term is activations, largest backward (no checkpointing)" in captured.err
     assert "activation checkpointing would make it" in captured.err
-    assert memory_plan.main([*untied, "--activation-checkpointing"]) == 0
+    assert plan_command.main([*untied, "--activation-checkpointing"]) == 0
 
 
 def test_the_command_reads_a_checkpoint_directory(tmp_path, capsys):
     (tmp_path / "config.json").write_text(MODELS["0.6b"].read_text())
-    assert memory_plan.main(["--model", str(tmp_path), "--device-memory", "80GB"]) == 0
-    assert memory_plan.main(["--model", str(tmp_path / "none"), "--device-memory", "80GB"]) == 2
+    assert plan_command.main(["--model", str(tmp_path), "--device-memory", "80GB"]) == 0
+    assert plan_command.main(["--model", str(tmp_path / "none"), "--device-memory", "80GB"]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -384,7 +388,7 @@ def test_the_adamw_step_term_is_what_torch_takes(step, options, lora):
     plain = cfg.num_parameters(untied=False)
     assert trained == (plain if lora is None else adapter_parameters(cfg, lora))
     largest = max(p.numel() for p in params)
-    assert largest == largest_parameter(cfg, lora)
+    assert largest == math.prod(largest_parameter(cfg, lora))
     peak, planned = adamw_step_peak(params, **options), adamw_step_bytes(step, trained, largest, 4)
     # Single-tensor: 2 x the embedding (smaller tensors follow it); 3 x LoRA's largest (the
     # previous one's denominator, of the same size, is still held).
@@ -392,6 +396,29 @@ def test_the_adamw_step_term_is_what_torch_takes(step, options, lora):
     assert 0 < peak <= planned and (peak == planned if exact else planned == 1.5 * peak)
     tiny = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((300, 64), (64,))]
     assert adamw_step_peak(tiny, fused=True) == adamw_step_bytes("fused", 19264, 19200, 4) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_adafactor_step_term_is_what_our_adafactor_takes(dtype):
+    """Adafactor (``rlvr_fast.train.adafactor``) over Qwen3-0.6B's tensors cut to 2 layers on
+    the meta device: g^2 + eps, the update and the factors at the largest tensor (the
+    embedding), and over bf16 weights (bf16-true) their fp32 weight and gradient besides."""
+    cfg = config("0.6b")
+    cfg.num_hidden_layers = 2
+    with torch.device("meta"):
+        model = qwen3.Qwen3ForCausalLM(cfg).to(dtype)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = Adafactor(named, cfg, lr=1e-3, weight_decay=0.1)
+    optimizer.step()
+    state = [t for s in optimizer.state.values() for part in s["parts"] for t in part.values()]
+    tracker = LiveBytes(ignore=[*params, *(p.grad for p in params), *state])
+    with tracker:
+        optimizer.step()
+    planned = adafactor_step_bytes(largest_parameter(cfg), dtype.itemsize)
+    assert tracker.peak == planned
 
 
 def test_backward_and_the_optimizer_step_do_not_add(capsys):
@@ -410,12 +437,12 @@ def test_backward_and_the_optimizer_step_do_not_add(capsys):
     assert foreach.fixed_bytes == run_long + step and fused.fixed_bytes == run_long + backward
     assert fused.rows_at_full_length > foreach.rows_at_full_length
     command = ["--model", str(MODELS["0.6b"]), "--device-memory", "24GiB"]
-    assert memory_plan.main([*command, "--activation-checkpointing"]) == 0
+    assert plan_command.main([*command, "--activation-checkpointing"]) == 0
     out = capsys.readouterr().out
     assert "| fused loss | (0.89) | during backward:" in out
     assert "| AdamW step temporaries | 2.22 | during optimizer step:" in out
     with pytest.raises(SystemExit):
-        memory_plan.main([*command, "--adamw-step", "sideways"])
+        plan_command.main([*command, "--adamw-step", "sideways"])
 
 
 def lora_model(cfg: ModelConfig, settings: LoraSettings, dtype=torch.bfloat16):
@@ -457,7 +484,7 @@ def test_the_plan_under_lora_holds_the_base_once_and_trains_only_the_adapters(ca
     assert full.fixed_bytes - lora.fixed_bytes == saved > 0
     lora_options = ["--lora-r", "16", "--lora-target-modules", "all-linear"]
     command = ["--model", str(MODELS["0.6b"]), "--device-memory", "141GB", *lora_options]
-    assert memory_plan.main(command) == 0
+    assert plan_command.main(command) == 0
     assert "| LoRA adapters (bf16) |" in capsys.readouterr().out
 
 

@@ -102,13 +102,15 @@ def trl_gradient(
     weights=None,
     reward=varied_reward,
     generation=0,
+    stepped=None,
     **settings,
 ):
     """TRL's gradient and logged loss of one step whose generation (number ``generation``)
     returns ``completions``, through its own accumulation: each micro-batch's compute_loss and
     backward, the generation shuffled in our order (``generation_order``: TRL's shuffle draws
     from torch's global RNG); the policy at ``weights`` (default: the model's own; the
-    reference model stays at them)."""
+    reference model stays at them). ``stepped`` gets the weights after the Trainer's optimizer
+    step on that gradient, clipped to max_grad_norm as the Trainer clips it."""
     from trl.trainer import grpo_trainer
 
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
@@ -132,6 +134,10 @@ def trl_gradient(
             loss_total += float(loss)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     metrics = {name: sum(v) / len(v) for name, v in trainer._metrics["train"].items() if v}
+    if stepped is not None:
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+        trainer.create_optimizer().step()
+        stepped.update({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
     return grads, loss_total, metrics
 
 
@@ -142,10 +148,10 @@ def first_group_agrees(prompts, completion_ids, **kwargs):
     ]
 
 
-def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, **settings):
+def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, final=None, **settings):
     """Our gradient of the ``at``-th step that ran a backward (from 0), its completions,
     prompts, loss and the weights it was taken at (Hugging Face names); ``steps`` gets every
-    such step's (groups, weights, gradient, logs)."""
+    such step's (groups, weights, gradient, logs), ``final`` the weights the run ends with."""
     args = GRPOConfig(output_dir=str(tmp_path / "ours"), **{**SETTINGS, "max_steps": 3, **settings})
     trainer = GRPOTrainer(model=MODEL, reward_funcs=reward, args=args, train_dataset=dataset())
     captured = []
@@ -171,6 +177,8 @@ def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, **settings):
     completions = [c for g in groups for c in g.completion_ids]
     prompts = [ROWS[g.row]["prompt"] for g in groups for _ in g.completion_ids]
     config = trainer.policy.config
+    if final is not None:
+        final.update(packed_to_hf(dict(trainer.policy.model.named_parameters()), config))
     logs = trainer.state.log_history[step]
     return (packed_to_hf(grads, config), completions, prompts, logs, packed_to_hf(weights, config))
 
@@ -206,6 +214,27 @@ def test_one_step_from_identical_rollouts_gives_trls_gradient(tmp_path, settings
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
     assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+
+
+def test_one_adafactor_step_from_identical_rollouts_gives_trls_updated_weights(tmp_path):
+    """optim='adafactor': the first step's gradient is TRL's, and so are the weights after it
+    (transformers' Adafactor on each Hugging Face tensor, clipped to max_grad_norm)."""
+    trl = trl_modules()
+    settings = dict(loss_type="dapo", optim="adafactor", max_steps=1)
+    ours_after, theirs_after = {}, {}
+    ours, completions, prompts, logs, before = our_gradient(tmp_path, final=ours_after, **settings)
+    assert logs["step"] == 1
+    theirs, _, _ = trl_gradient(
+        trl, completions, prompts, tmp_path, stepped=theirs_after, **settings
+    )
+    assert_same_gradient(ours, theirs)
+    assert_same_gradient(
+        {n: w - before[n] for n, w in ours_after.items()},
+        {n: w - before[n] for n, w in theirs_after.items()},
+    )
+    for name, weight in theirs_after.items():
+        error = float((ours_after[name] - weight).abs().max() / weight.abs().max())
+        assert error <= 1e-5, f"{name}: {error:.2e} of the largest weight"
 
 
 def test_entropy_covers_a_group_without_a_loss_in_trls_micro_batches(tmp_path):

@@ -8,6 +8,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
 from rlvr_fast.trl_compat import GRPOConfig, UnsupportedFieldError
 from rlvr_fast.trl_compat.config import field_default
@@ -76,7 +77,10 @@ def test_assigning_a_refused_value_after_construction_is_refused(name):
 @pytest.mark.parametrize(
     "settings,message",
     [
-        (dict(optim="sgd"), "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW"),
+        (
+            dict(optim="sgd"),
+            "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW or Adafactor",
+        ),
         (dict(loss_type="vespo"), "loss_type='vespo'"),
         (dict(beta=-0.1), "beta=-0.1"),
         (dict(report_to="mlflow"), "report_to='mlflow'"),
@@ -172,3 +176,20 @@ def test_trl_parser_reads_a_yaml_recipe(tmp_path):
     (args,) = trl().TrlParser((GRPOConfig,)).parse_args_and_config(["--config", str(recipe)])
     assert isinstance(args, GRPOConfig)
     assert (args.learning_rate, args.log_level, args.report_to) == (3e-6, "info", [])
+
+
+def test_fp16_is_fp16_mixed_on_cuda_and_float32_on_the_cpu_as_accelerate_does(monkeypatch):
+    """accelerate turns native AMP (fp16 autocast and its GradScaler) on only off the CPU, so
+    TRL's fp16=True trains on the CPU in float32 (its gradient is fp16=False's, bit for bit);
+    on CUDA it is mixed precision with a dynamic loss scale: rlvr_fast's fp16-mixed."""
+    accelerate = pytest.importorskip("accelerate")
+    from rlvr_fast.trl_compat.run_setup import train_config
+
+    theirs = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    assert not theirs.native_amp and theirs.scaler is None
+    assert train_config(GRPOConfig(**CPU, fp16=True), 10, 1).precision == "fp32"
+    on_cuda, bf16_on_cuda = GRPOConfig(**CPU, fp16=True), GRPOConfig(**CPU)
+    on_cuda.use_cpu = bf16_on_cuda.use_cpu = False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_config(on_cuda, 10, 1).precision == "fp16-mixed"
+    assert train_config(bf16_on_cuda, 10, 1).precision is None  # bf16-mixed on CUDA
