@@ -61,7 +61,7 @@ from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
-from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
+from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 
 
@@ -531,12 +531,26 @@ def _check_loss(self: TrainConfig) -> None:
         )
     if self.sync_ref_model and self.kl_beta == 0.0:
         raise ValueError("sync_ref_model syncs the reference of kl_beta > 0: set kl_beta")
+    _check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
         self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
             "token_weighted"
+        )
+
+
+def _check_micro_batch_settings(self: TrainConfig) -> None:
+    """TRL takes the entropy quantile and the entropy bonus's mean over the tokens of one
+    micro-batch; rlvr_fast's loss sees one question's group at a time, so a step must be one
+    group and one micro-batch."""
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
+    changed = [n for n in MICRO_BATCH_SETTINGS if getattr(self, n) != defaults[n]]
+    if changed and (self.questions_per_step > 1 or self.generation_steps > 1):
+        raise ValueError(
+            f"{changed[0]} is taken over one question's group per optimizer step on rlvr_fast: "
+            "it needs questions_per_step 1 and generation_steps 1"
         )
 
 

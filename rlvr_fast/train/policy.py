@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES, PolicyLossSettings, PolicyLossStats
+from rlvr_fast.ops.policy_loss import (
+    CLIPPED_LOSS_TYPES,
+    PolicyLossSettings,
+    PolicyLossStats,
+    high_entropy_mask,
+    padded,
+)
 
 
 def policy_settings(config) -> PolicyLossSettings:
@@ -36,7 +42,57 @@ def policy_settings(config) -> PolicyLossSettings:
         sapo_temperature_pos=config.sapo_temperature_pos,
         sapo_temperature_neg=config.sapo_temperature_neg,
         max_completion_length=config.max_new_tokens,
+        top_entropy_quantile=config.top_entropy_quantile,
+        entropy_coef=config.entropy_coef,
+        entropy_bonus_on=config.use_adaptive_entropy,
+        off_policy_mask_threshold=config.off_policy_mask_threshold,
     )
+
+
+class EntropyControl:
+    """TRL's adaptive entropy control (Skywork-OR1's): after each optimizer step the
+    coefficient moves by ``entropy_coef_delta`` up (the step's token-weighted mean entropy over
+    the policy term's tokens at most ``entropy_target``) or down, within [``entropy_coef_min``,
+    ``entropy_coef_max``]; a step applies the coefficient of the step before only when that
+    step's entropy was at most the target (none before the first step: its entropy is inf).
+    ``state_dict`` is what a checkpoint keeps (TRL's entropy_ctrl_state.json)."""
+
+    def __init__(self, config) -> None:
+        self.coef, self.last_entropy = config.entropy_coef, math.inf
+        self.target, self.delta = config.entropy_target, config.entropy_coef_delta
+        self.low, self.high = config.entropy_coef_min, config.entropy_coef_max
+
+    def applied(self) -> float:
+        """The coefficient this step's loss applies."""
+        return self.coef if self.last_entropy <= self.target else 0.0
+
+    def after_step(self, entropy_sum: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The step's entropy summed over the policy term's ``tokens`` (0-dim fp32, as TRL
+        reduces them): the next coefficient."""
+        entropy = float(entropy_sum / tokens.clamp(min=1.0))
+        if entropy <= self.target:
+            self.coef = min(self.coef + self.delta, self.high)
+        else:
+            self.coef = max(self.coef - self.delta, self.low)
+        self.last_entropy = entropy
+
+    def state_dict(self) -> dict:
+        return {"entropy_coef": self.coef, "last_world_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last_entropy = state["entropy_coef"], state["last_world_entropy"]
+
+
+def policy_term_entropy(
+    entropy: torch.Tensor, lengths: list[int], settings: PolicyLossSettings
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the entropy, number of tokens), 0-dim fp32, over the tokens of the policy term
+    of one micro-batch, ``entropy`` [N] of sequences of ``lengths``: every token, or TRL's
+    high-entropy ones (top_entropy_quantile < 1)."""
+    entropies, mask = padded(entropy, lengths), padded(torch.ones_like(entropy), lengths)
+    if settings.top_entropy_quantile < 1.0:
+        mask = mask * high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
+    return (entropies * mask).sum(), mask.sum()
 
 
 @dataclass
@@ -154,6 +210,9 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
     values = {"entropy": _token_mean(figures.entropy)}
     if settings.beta != 0.0:
         values["kl"] = _token_mean(figures.kl)
+    if settings.top_entropy_quantile < 1.0:  # rlvr_fast's figure: TRL logs no such metric
+        _, kept = policy_term_entropy(figures.entropy, figures.lengths, settings)
+        values["high_entropy_fraction"] = float(kept) / max(figures.entropy.numel(), 1)
     per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
     ratio, lengths = figures.ratio.cpu(), figures.lengths
     level = settings.importance_sampling_level

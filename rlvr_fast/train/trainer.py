@@ -163,6 +163,8 @@ class RLVRTrainer:
             components["masters"] = self.stepping.masters
         if self.kind.reference is not None:
             components["reference"] = self.kind.reference
+        if self.kind.entropy_control is not None:
+            components["entropy_control"] = self.kind.entropy_control
         self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
