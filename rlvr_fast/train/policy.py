@@ -107,6 +107,7 @@ class PolicyTerms:
     ref_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     stats: PolicyLossStats | None = None
+    policy_loss: float | None = None  # the last loss before TRL's entropy bonus, when it has one
 
     def subset(self, indices: list[int]) -> "PolicyTerms":
         """The terms of completions ``indices`` alone (a step's share of its generation)."""

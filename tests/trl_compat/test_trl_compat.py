@@ -255,9 +255,10 @@ def test_entropy_bonus_and_mask_give_trls_gradient(tmp_path, settings):
     assert_gradient_within(ours, theirs, 1e-5)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-5, abs=1e-7)
     assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
-    assert ("entropy_coef" in logs) == ("entropy_coef" in metrics)
-    if "entropy_coef" in metrics:
-        assert logs["entropy_coef"] == metrics["entropy_coef"]
+    for name in ("entropy_coef", "policy_loss"):
+        assert (name in logs) == (name in metrics), name
+        if name in metrics:
+            assert logs[name] == pytest.approx(metrics[name], rel=1e-5, abs=1e-7), name
 
 
 def test_adaptive_entropy_gives_trls_gradient_and_coefficient(tmp_path):
@@ -280,6 +281,7 @@ def test_adaptive_entropy_gives_trls_gradient_and_coefficient(tmp_path):
     assert_gradient_within(ours, theirs, 1e-5)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-5, abs=1e-7)
     assert metrics["entropy_coef"] == logs["entropy_coef"]
+    assert logs["policy_loss"] == pytest.approx(metrics["policy_loss"], rel=1e-5, abs=1e-7)
 
 
 def assert_gradient_within(ours, theirs, rel: float):

@@ -268,11 +268,15 @@ class FlatKind:
             ref_logprobs=terms.ref_logprobs,
             temperature=self.loss_temperature(),
         )
-        # TRL's controller moves in training only: an evaluation's loss leaves it as it is.
-        if self.entropy_control is not None and self.policy.model.training:
-            self.entropy_control.after_step(
-                *policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
+        if settings.entropy_bonus:
+            entropy_sum, tokens = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
+            # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
+            # accumulation). Its controller moves in training only, not at an evaluation.
+            terms.policy_loss = float(loss.detach()) + settings.entropy_coef * float(
+                entropy_sum / tokens.clamp(min=1.0)
             )
+            if self.entropy_control is not None and self.policy.model.training:
+                self.entropy_control.after_step(entropy_sum, tokens)
         return loss
 
     def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
@@ -311,6 +315,9 @@ class FlatKind:
             terms = [q.credit.share_policy for q in questions]
         figures = step_figures(terms, self.policy_settings, micro_batches)
         if self.config.entropy_bonus:  # TRL logs the coefficient after the step's update
+            losses = [t.policy_loss for t in terms if t.policy_loss is not None]
+            if losses:
+                figures["policy_loss"] = sum(losses) / len(losses)
             control = self.entropy_control
             figures["entropy_coef"] = self.config.entropy_coef if control is None else control.coef
             if control is not None:  # what moved it (verify re-derives the coefficients)
