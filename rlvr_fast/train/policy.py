@@ -66,10 +66,8 @@ class EntropyControl:
         """The coefficient this step's loss applies."""
         return self.coef if self.last_entropy <= self.target else 0.0
 
-    def after_step(self, entropy_sum: torch.Tensor, tokens: torch.Tensor) -> None:
-        """The step's entropy summed over the policy term's ``tokens`` (0-dim fp32, as TRL
-        reduces them): the next coefficient."""
-        entropy = float(entropy_sum / tokens.clamp(min=1.0))
+    def after_step(self, entropy: float) -> None:
+        """The step's mean entropy over the policy term's tokens: the next coefficient."""
         if entropy <= self.target:
             self.coef = min(self.coef + self.delta, self.high)
         else:
@@ -85,14 +83,33 @@ class EntropyControl:
 
 def policy_term_entropy(
     entropy: torch.Tensor, lengths: list[int], settings: PolicyLossSettings
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the entropy, number of tokens), 0-dim fp32, over the tokens of the policy term
-    of one micro-batch, ``entropy`` [N] of sequences of ``lengths``: every token, or TRL's
-    high-entropy ones (top_entropy_quantile < 1)."""
+) -> float:
+    """The mean entropy over the tokens of the policy term of one micro-batch (``entropy`` [N]
+    of sequences of ``lengths``): every token, or TRL's high-entropy ones
+    (top_entropy_quantile < 1); summed and divided in fp32 as TRL reduces them."""
     entropies, mask = padded(entropy, lengths), padded(torch.ones_like(entropy), lengths)
     if settings.top_entropy_quantile < 1.0:
         mask = mask * high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
-    return (entropies * mask).sum(), mask.sum()
+    return float((entropies * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def high_entropy_fraction(
+    entropy: torch.Tensor, lengths: list[int], settings: PolicyLossSettings
+) -> float:
+    """The share of the tokens in TRL's high-entropy mask (``policy_term_entropy``'s tokens)."""
+    entropies, mask = padded(entropy, lengths), padded(torch.ones_like(entropy), lengths)
+    kept = high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
+    return float(kept.sum()) / max(entropy.numel(), 1)
+
+
+def entropy_coefficients(config, entropies: list[float]) -> list[float]:
+    """The coefficient after each step of a run whose steps measured ``entropies`` (the
+    adaptive control's inputs, recorded as ``policy_term_entropy``): ``verify``'s check."""
+    control, coefficients = EntropyControl(config), []
+    for entropy in entropies:
+        control.after_step(entropy)
+        coefficients.append(control.coef)
+    return coefficients
 
 
 @dataclass
@@ -212,8 +229,9 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
     if settings.beta != 0.0:
         values["kl"] = _token_mean(figures.kl)
     if settings.top_entropy_quantile < 1.0:  # rlvr_fast's figure: TRL logs no such metric
-        _, kept = policy_term_entropy(figures.entropy, figures.lengths, settings)
-        values["high_entropy_fraction"] = float(kept) / max(figures.entropy.numel(), 1)
+        values["high_entropy_fraction"] = high_entropy_fraction(
+            figures.entropy, figures.lengths, settings
+        )
     per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
     ratio, lengths = figures.ratio.cpu(), figures.lengths
     level = settings.importance_sampling_level

@@ -269,14 +269,12 @@ class FlatKind:
             temperature=self.loss_temperature(),
         )
         if settings.entropy_bonus:
-            entropy_sum, tokens = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
+            entropy = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
             # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
             # accumulation). Its controller moves in training only, not at an evaluation.
-            terms.policy_loss = float(loss.detach()) + settings.entropy_coef * float(
-                entropy_sum / tokens.clamp(min=1.0)
-            )
+            terms.policy_loss = float(loss.detach()) + settings.entropy_coef * entropy
             if self.entropy_control is not None and self.policy.model.training:
-                self.entropy_control.after_step(entropy_sum, tokens)
+                self.entropy_control.after_step(entropy)
         return loss
 
     def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
