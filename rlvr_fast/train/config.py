@@ -14,7 +14,9 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
   ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
   ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
-  ``num_iterations``, ``generation_steps``;
+  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
+  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
+  ``off_policy_mask_threshold``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;

@@ -1,7 +1,9 @@
 """TRL's policy-loss terms of a flat step (loss types beyond the study's sum, through
 ``rlvr_fast.ops.policy_loss``): the loss settings of a run, the reference model of ``kl_beta`` >
-0, the log-probabilities a question's loss is measured against, and the step's figures (TRL's
-metric names: ``entropy``, ``kl``, ``clip_ratio/*``, ``cispo_clip_ratio``).
+0, TRL's adaptive entropy control (``EntropyControl``), the log-probabilities a question's loss
+is measured against, and the step's figures (TRL's metric names: ``entropy``, ``kl``,
+``clip_ratio/*``, ``cispo_clip_ratio``; with an entropy bonus ``entropy_coef`` and
+``policy_loss``; rlvr_fast's ``high_entropy_fraction`` and ``policy_term_entropy``).
 
 The reference is a frozen copy of the policy at the start of the run (TRL loads its reference
 from the model's path: the same weights), in bf16 on CUDA and in the run's dtype on the CPU. With

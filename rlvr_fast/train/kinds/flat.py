@@ -1,8 +1,9 @@
 """Flat GRPO groups (seed §1): G rollouts of each question, its prompt prefilled once and forked
 G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i; the loss in the
 arm's ``loss_order`` (the study's sum type), or TRL's loss of ``loss_type`` through the fused
-policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy); a
-ledger line of G leaves in pairs (2i, 2i + 1) with prefix 0."""
+policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy,
+its bonus and token mask, the off-policy sequence mask); a ledger line of G leaves in pairs
+(2i, 2i + 1) with prefix 0."""
 
 from __future__ import annotations
 
