@@ -62,15 +62,9 @@ class PolicyLossSettings:
     num_items_in_batch: float | None = None
     gradient_accumulation_steps: int = 1
     top_entropy_quantile: float = 1.0
+    # TRL's bonus at coefficient 0 (its adaptive control's) subtracts 0: the same loss.
     entropy_coef: float = 0.0
-    # TRL's adaptive entropy control keeps the bonus on at a coefficient that may reach 0.
-    entropy_bonus_on: bool = False
     off_policy_mask_threshold: float | None = None
-
-    @property
-    def entropy_bonus(self) -> bool:
-        """Whether the loss has TRL's entropy bonus (``_entropy_bonus_enabled``)."""
-        return self.entropy_coef != 0.0 or self.entropy_bonus_on
 
     def __post_init__(self):
         if not 0.0 <= self.top_entropy_quantile <= 1.0:
@@ -129,7 +123,7 @@ def policy_objective(
     TRL's on-policy case (one update per generation), where the old log-probabilities are the
     current ones, detached. ``entropy`` [N] (needed by top_entropy_quantile < 1 and the entropy
     bonus, differentiable for the bonus) gives TRL's high-entropy mask and the bonus."""
-    if entropy is None and (settings.entropy_bonus or settings.top_entropy_quantile < 1.0):
+    if entropy is None and (settings.entropy_coef != 0.0 or settings.top_entropy_quantile < 1.0):
         raise ValueError("the entropy bonus and top_entropy_quantile < 1 need entropy [N]")
     per_token_logps, mask = padded(logprobs, lengths), padded(torch.ones_like(logprobs), lengths)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
@@ -160,7 +154,7 @@ def policy_objective(
     if settings.beta != 0.0:
         per_token_loss = per_token_loss + settings.beta * per_token_kl
     loss = _aggregate(per_token_loss, mask, settings)
-    if settings.entropy_bonus:
+    if settings.entropy_coef != 0.0:
         # TRL's bonus: the mean entropy over the tokens of the policy term, scaled for
         # gradient accumulation only, whatever the loss type's normaliser.
         effective_mask = mask * entropy_mask

@@ -46,7 +46,6 @@ def policy_settings(config) -> PolicyLossSettings:
         max_completion_length=config.max_new_tokens,
         top_entropy_quantile=config.top_entropy_quantile,
         entropy_coef=config.entropy_coef,
-        entropy_bonus_on=config.use_adaptive_entropy,
         off_policy_mask_threshold=config.off_policy_mask_threshold,
     )
 

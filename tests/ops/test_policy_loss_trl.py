@@ -65,7 +65,7 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
         get_off_policy_mask=trl_grpo.GRPOTrainer.get_off_policy_mask,
         entropy_coef=settings.entropy_coef,
         use_adaptive_entropy=False,
-        _entropy_bonus_enabled=settings.entropy_bonus,
+        _entropy_bonus_enabled=settings.entropy_coef != 0.0,
         importance_sampling_level=settings.importance_sampling_level,
         beta=settings.beta,
         loss_type=settings.loss_type,

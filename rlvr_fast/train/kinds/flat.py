@@ -269,7 +269,7 @@ class FlatKind:
             ref_logprobs=terms.ref_logprobs,
             temperature=self.loss_temperature(),
         )
-        if settings.entropy_bonus:
+        if self.config.entropy_bonus:
             entropy = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
             # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
             # accumulation). Its controller moves in training only, not at an evaluation.
