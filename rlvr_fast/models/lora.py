@@ -13,7 +13,8 @@ weights are merged, W + s B A, and refreshed in place after each optimizer step 
 the engine's CUDA graphs hold their addresses); every other tensor is the model's own. Adapter
 files are peft's: ``adapter_config.json`` and ``adapter_model.safetensors`` with its names
 (``base_model.model.<module>.lora_A.weight``), which ``peft.PeftModel.from_pretrained`` loads
-onto the Hugging Face model of the base checkpoint.
+onto the Hugging Face model of the base checkpoint; a run's saved model directory holds the
+merged weights and the adapter files in its ``adapter/`` subdirectory (``ADAPTER_DIR``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ DEFAULT_TARGETS = ("q_proj", "v_proj")
 ALL_LINEAR = "all-linear"
 PEFT_PREFIX = "base_model.model."
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+# A run's saved model keeps its adapter files in this subdirectory: beside the merged weights,
+# transformers' from_pretrained would find adapter_config.json and apply the adapter again.
+ADAPTER_DIR = "adapter"
 
 
 @dataclass(frozen=True)
@@ -324,14 +328,28 @@ class LoraAdapters:
 def merged_twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear]) -> Qwen3ForCausalLM:
     """A decoder sharing every parameter object of ``model`` but the adapted weights, which
     are merged copies (frozen, as the engine reads them under inference mode)."""
+    return _twin(
+        model,
+        layers,
+        lambda layer: nn.Parameter(layer.merged_weight().detach(), requires_grad=False),
+    )
+
+
+def base_twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear]) -> Qwen3ForCausalLM:
+    """The frozen base model with the adapters left out (peft's ``disable_adapter``): a
+    decoder sharing every parameter object of ``model``, each adapted projection its frozen
+    weight alone; nothing is copied."""
+    return _twin(model, layers, lambda layer: layer.weight)
+
+
+def _twin(model: Qwen3ForCausalLM, layers: dict[str, LoraLinear], weight_of) -> Qwen3ForCausalLM:
     with torch.device("meta"):
         twin = Qwen3ForCausalLM(model.config)
     for name, module in twin.named_modules():
         source = model.get_submodule(name)
         for key in list(module._parameters):
             if name in layers and key == "weight":
-                merged = layers[name].merged_weight().detach()
-                module._parameters[key] = nn.Parameter(merged, requires_grad=False)
+                module._parameters[key] = weight_of(layers[name])
             else:
                 module._parameters[key] = getattr(source, key)
     return twin.eval()

@@ -15,7 +15,7 @@ import torch
 
 from rlvr_fast.models.checkpoint import CheckpointError, load_model, write_model_files
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.lora import LoraAdapters
+from rlvr_fast.models.lora import ADAPTER_DIR, LoraAdapters
 from rlvr_fast.models.qwen3 import Qwen3ForCausalLM
 from rlvr_fast.models.tokenizer import MAX_TOKENIZER_BYTES, TOKENIZER_FILES, Tokenizer
 from rlvr_fast.utils.files import UnreadableFileError, model_file, read_bytes, replaced_directory
@@ -72,9 +72,10 @@ class Policy:
             write_model_files(self.decoder, directory, weights)
         else:
             # LoRA: the merged model (its frozen base has no fp32 copy) and peft's adapter
-            # files beside it, their tensors ``weights`` (fp32 masters) where given.
+            # files in adapter/, their tensors ``weights`` (fp32 masters) where given.
             write_model_files(self.decoder, directory)
-            self.adapters.write_files(directory, str(self.path), weights)
+            (directory / ADAPTER_DIR).mkdir()
+            self.adapters.write_files(directory / ADAPTER_DIR, str(self.path), weights)
         for name in TOKENIZER_FILES:
             source = model_file(self.path, name)
             if source is not None:

@@ -533,6 +533,11 @@ def _check_loss(self: TrainConfig) -> None:
         )
     if self.sync_ref_model and self.kl_beta == 0.0:
         raise ValueError("sync_ref_model syncs the reference of kl_beta > 0: set kl_beta")
+    if self.sync_ref_model and self.lora_r is not None:
+        raise ValueError(
+            "sync_ref_model with lora_r: under LoRA the reference is the frozen base with the "
+            "adapters left out (as TRL's, which refuses the sync with peft too)"
+        )
     _check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
         self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated

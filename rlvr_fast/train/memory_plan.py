@@ -11,7 +11,8 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - fp32 master weights 4P (bf16-mixed only); AdamW moments 2P times their dtype (fp32, bf16 under
   bf16-true); gradients P times theirs; one more gradient-sized sum when questions_per_step > 1
   (the unit-gradient average keeps it beside each question's gradient); the frozen reference
-  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``);
+  model of kl_beta > 0, 2P (bf16 on CUDA, ``rlvr_fast.train.policy``; under LoRA the frozen
+  base itself, nothing more);
 - activations of the largest backward, G rows of prompt + completion tokens in one pass: what our
   decoder saves per token per layer (``saved_bytes_per_token_layer``: the tensors autograd keeps,
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
@@ -34,6 +35,11 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   dW; the activations add what the adapted projections keep (B's input, and with dropout each
   part's dropped input and mask) to the full model's, an upper bound (a frozen projection keeps
   no input for a dW; measured on the meta device);
+- the optimizer step's temporaries (``adamw_step_bytes``): under torch's foreach AdamW (its
+  default on CUDA) a square root of every second moment at once, as large as the moments;
+  single-tensor (the CPU's default) at most three times the largest trained tensor; the fused
+  kernel (``adamw_fused``) none. Backward's terms (activations, the fused loss) are freed before
+  the step, so the two phases do not add: the larger counts;
 - a judge model's weights and its own engine's KV cache;
 - an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
 - the KV cache: ``kv_blocks`` if given, else ``kv_memory_fraction`` of what is left, at most what
@@ -48,21 +54,24 @@ one full-length row in the KV cache.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr_fast.models.config import ConfigError, ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters
+from rlvr_fast.utils.sizes import parse_size
 from rlvr_fast.train.memory_terms import (
+    ADAMW_STEPS,
     PRECISIONS,
     SAMPLER_BYTES_PER_ROW,
     activation_bytes,
+    adamw_step_bytes,
     adapter_saved_bytes_per_token,
     eager_loss_bytes,
     fused_loss_bytes,
     kv_block_bytes,
+    largest_parameter,
     merged_twin_parameters,
     rope_table_bytes,
     sampler_bytes,
@@ -72,29 +81,25 @@ from rlvr_fast.train.memory_terms import (
 GIB = 1 << 30
 RUNTIME_ALLOWANCE = 1 * GIB
 DEFAULT_MAX_MODEL_LEN = 16384  # the engine's default cap on max_position_embeddings
-UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 1 << 10,
-    "MIB": 1 << 20,
-    "GIB": 1 << 30,
-    "TIB": 1 << 40,
-}
 
 
 class PlanError(ValueError):
     """The run cannot fit the device; the message names the largest term."""
 
 
+BACKWARD, OPTIMIZER_STEP = "backward", "optimizer step"
+
+
 @dataclass(frozen=True)
 class Term:
+    """``counted`` False: an alternative the run does not take (shown, never summed);
+    ``phase``: held only during backward or the optimizer step (None: for the whole run)."""
+
     name: str
     bytes: int
     how: str
     counted: bool = True
+    phase: str | None = None
 
 
 @dataclass
@@ -108,9 +113,16 @@ class MemoryPlan:
     header: str = ""
     notes: list[str] = field(default_factory=list)
 
+    def phase_bytes(self, phase: str) -> int:
+        return phase_bytes(self.terms, phase)
+
+    @property
+    def summed_terms(self) -> list[Term]:
+        return summed_terms(self.terms)
+
     @property
     def fixed_bytes(self) -> int:
-        return sum(term.bytes for term in self.terms if term.counted)
+        return sum(term.bytes for term in self.summed_terms)
 
     @property
     def kv_bytes(self) -> int:
@@ -131,7 +143,7 @@ class MemoryPlan:
         """The plan itself, or ``PlanError`` naming the largest term when it does not fit."""
         if self.fits:
             return self
-        largest = max((t for t in self.terms if t.counted), key=lambda t: t.bytes)
+        largest = max(self.summed_terms, key=lambda t: t.bytes)
         need = self.fixed_bytes + self.row_blocks * self.block_bytes
         raise PlanError(
             f"does not fit in {gib(self.device_memory)} GiB: {gib(need)} GiB needed with one "
@@ -142,10 +154,16 @@ class MemoryPlan:
     def render(self) -> str:
         """The plan as a Markdown table."""
         lines = [self.header, "", "| term | GiB | how |", "|---|---:|---|"]
+        summed = self.summed_terms
         for term in self.terms:
-            size = gib(term.bytes) if term.counted else f"({gib(term.bytes)})"
-            lines.append(f"| {term.name} | {size} | {term.how} |")
-        lines.append(f"| **before the KV cache** | **{gib(self.fixed_bytes)}** | |")
+            size = gib(term.bytes) if term in summed else f"({gib(term.bytes)})"
+            during = f"during {term.phase}: " if term.phase else ""
+            lines.append(f"| {term.name} | {size} | {during}{term.how} |")
+        phases = ", ".join(f"{p} {gib(self.phase_bytes(p))}" for p in (BACKWARD, OPTIMIZER_STEP))
+        lines.append(
+            f"| **before the KV cache** | **{gib(self.fixed_bytes)}** | the run-long terms and "
+            f"the larger phase ({phases} GiB) |"
+        )
         lines.append(
             f"| KV cache | {gib(self.kv_bytes)} | {self.kv_blocks:,} blocks of "
             f"{self.block_bytes / (1 << 20):.2f} MiB: {self.rows_at_full_length:,} rows at full "
@@ -157,6 +175,16 @@ class MemoryPlan:
             f"{gib(self.device_memory - total)} GiB free |"
         )
         return "\n".join(lines + [""] + self.notes)
+
+
+def phase_bytes(terms: list[Term], phase: str) -> int:
+    return sum(t.bytes for t in terms if t.counted and t.phase == phase)
+
+
+def summed_terms(terms: list[Term]) -> list[Term]:
+    """What the device holds at its peak: the run-long terms and the larger phase's."""
+    peak = max((BACKWARD, OPTIMIZER_STEP), key=lambda phase: phase_bytes(terms, phase))
+    return [t for t in terms if t.counted and t.phase in (None, peak)]
 
 
 def gib(size: int) -> str:
@@ -194,10 +222,12 @@ class RunShape:
     cuda_graphs: bool = True
     reference_model: bool = False
     lora: LoraSettings | None = None
+    adamw_step: str = "foreach"
 
     def __post_init__(self) -> None:
         checks = [
             (self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}"),
+            (self.adamw_step in ADAMW_STEPS, f"adamw_step must be one of {', '.join(ADAMW_STEPS)}"),
             (self.group_size >= 1, "group_size must be >= 1"),
             (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
             (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
@@ -250,7 +280,7 @@ def plan_memory(
     terms.append(Term("CUDA context, workspaces, allocator slack", runtime_allowance, "allowance"))
     block_bytes = kv_block_bytes(config, run.block_size, e)
     row_blocks = -(-run.row_tokens // run.block_size)
-    fixed = sum(t.bytes for t in terms if t.counted)
+    fixed = sum(t.bytes for t in summed_terms(terms))
     left = max(0, device_memory - fixed)
     kv_blocks = run.kv_blocks or _kv_blocks(config, run, left, block_bytes)
     if judge is not None:
@@ -295,13 +325,25 @@ def training_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     if run.questions_per_step > 1:
         steps = f"questions_per_step {run.questions_per_step}"
         terms.append(Term("unit-gradient sum", gradient, steps))
-    if run.reference_model:
-        # A copy of the policy: with LoRA, its adapters too.
-        copied = params + (trained if run.lora is not None else 0)
-        terms.append(Term("reference model (bf16)", copied * 2, f"{_millions(copied)} x 2 B"))
+    if run.reference_model and run.lora is None:  # under LoRA: the frozen base, shared
+        terms.append(Term("reference model (bf16)", params * 2, f"{_millions(params)} x 2 B"))
     terms += activation_terms(config, run)
     terms.append(loss_term(config, run))
+    terms.append(optimizer_step_term(config, run, trained, trained_count))
     return terms
+
+
+def optimizer_step_term(config: ModelConfig, run: RunShape, trained: int, count: str) -> Term:
+    moment = PRECISIONS[run.precision].moment
+    largest = largest_parameter(config, run.lora)
+    how = {
+        "foreach": f"torch's foreach AdamW: sqrt of {count} second moments x {moment} B",
+        "single-tensor": f"torch's single-tensor AdamW: at most 3 x the largest, "
+        f"{_millions(largest)} x {moment} B",
+        "fused": "torch's fused AdamW: in place",
+    }[run.adamw_step]
+    size = adamw_step_bytes(run.adamw_step, trained, largest, moment)
+    return Term("AdamW step temporaries", size, how, phase=OPTIMIZER_STEP)
 
 
 def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
@@ -340,12 +382,14 @@ def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
         f"{run.group_size} x {run.row_tokens} tokens: one hidden state per layer, one layer "
         "recomputed",
         counted=run.activation_checkpointing,
+        phase=BACKWARD,
     )
     without = Term(
         "activations, largest backward (no checkpointing)",
         activation_bytes(config, e, tokens, False) + adapters,
         how,
         counted=not run.activation_checkpointing,
+        phase=BACKWARD,
     )
     return [with_ckpt, without] if run.activation_checkpointing else [without, with_ckpt]
 
@@ -360,6 +404,7 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
             "eager loss (logits)",
             eager_loss_bytes(config, e, tokens),
             f"{tokens:,} x {config.vocab_size:,} logits",
+            phase=BACKWARD,
         )
     chunk = run.loss_chunk_tokens or default_chunk_size(tokens, config.vocab_size, e)
     return Term(
@@ -371,6 +416,7 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
             if run.lora is None
             else "no dW (the head is frozen)"
         ),
+        phase=BACKWARD,
     )
 
 
@@ -437,22 +483,12 @@ def plan_for_training(
         cuda_graphs=config.cuda_graphs,
         reference_model=config.kl_beta > 0,
         lora=config.lora_settings,
+        adamw_step="fused" if config.adamw_fused else "foreach",  # torch's choices on CUDA
     )
     return plan_memory(model_config, device_memory, run)
 
 
 # ---------------------------------------------------------------------- the command
-
-
-def parse_size(text: str) -> int:
-    """'24GiB', '141GB', '80 GiB', '1e9' (bytes) -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text, re.I)
-    unit = match and (match.group(2).upper() or "B")
-    if not match or unit not in UNITS:
-        raise ValueError(
-            f"a size is a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}"
-        )
-    return int(float(match.group(1)) * UNITS[unit])
 
 
 def read_config(path: str) -> ModelConfig:
@@ -500,6 +536,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager-loss", action="store_true", help="the eager reference loss")
     parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument(
+        "--adamw-step",
+        choices=ADAMW_STEPS,
+        default=defaults.adamw_step,
+        help="torch's AdamW: foreach (its CUDA default), fused (adamw_fused), single-tensor",
+    )
     parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
     parser.add_argument("--lora-r", type=int, help="LoRA rank: adapters on a frozen model")
     parser.add_argument(
@@ -532,6 +574,7 @@ def run_plan(args: argparse.Namespace) -> int:
             untied=args.untie,
             cuda_graphs=not args.no_cuda_graphs,
             lora=lora_argument(args),
+            adamw_step=args.adamw_step,
         )
         judge = read_config(args.judge_model) if args.judge_model else None
         plan = plan_memory(read_config(args.model), args.device_memory, run, judge=judge)

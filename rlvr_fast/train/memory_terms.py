@@ -1,6 +1,6 @@
 """The memory plan's formulas (``rlvr_fast.train.memory_plan`` adds them into terms): bytes per
 parameter of each copy a precision keeps, per token of each activation a decoder layer keeps, of
-the fused loss, the decode working set and the KV cache; and LoRA's (``rlvr_fast.models.lora``):
+the fused loss, the optimizer step, the decode working set and the KV cache; and LoRA's (``rlvr_fast.models.lora``):
 the adapters' parameters, the engine's merged twin of each adapted projection and what an adapted
 projection keeps for backward per token."""
 
@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.lora import LoraSettings, adapted_projections, in_features, part_rows
+from rlvr_fast.models.lora import (
+    PROJECTIONS,
+    LoraSettings,
+    adapted_projections,
+    in_features,
+    part_rows,
+)
 
 # Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
 # (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
@@ -106,6 +112,40 @@ def fused_loss_bytes(
     nh = tokens * config.hidden_size * e
     backward = (e * vh if e < 4 else 0) + nh
     return 4 * vh + 2 * nh + max(chunk * config.vocab_size * e, backward)
+
+
+# torch's AdamW implementations, as the trainer picks them: foreach (its default on CUDA), the
+# fused kernel (``adamw_fused``), single-tensor (its default on the CPU).
+ADAMW_STEPS = ("foreach", "fused", "single-tensor")
+
+
+def adamw_step_bytes(step: str, trained: int, largest: int, moment: int) -> int:
+    """Temporaries of one torch AdamW step over ``trained`` elements whose largest tensor has
+    ``largest``, moments of ``moment`` bytes (measured on the meta device, tests): foreach takes
+    the square root of every second moment at once, a list as large as the moments; single-tensor
+    the root and its quotient by the bias correction of one parameter while the previous
+    parameter's denominator is still held, at most 3 x the largest (2 x when the largest is
+    followed by smaller ones, as the embedding is); the fused kernel updates in place."""
+    if step not in ADAMW_STEPS:
+        raise ValueError(f"adamw step must be one of {', '.join(ADAMW_STEPS)}, got {step!r}")
+    if step == "foreach":
+        return trained * moment
+    if step == "single-tensor":
+        return 3 * largest * moment
+    return 0
+
+
+def largest_parameter(config: ModelConfig, lora: LoraSettings | None = None) -> int:
+    """Elements of the largest trained tensor: the embedding or a packed projection's weight;
+    under LoRA the largest A [r, in] or B [rows, r]."""
+    if lora is None:
+        weights = [in_features(config, s) * sum(part_rows(config, s)) for s in PROJECTIONS]
+        return max(config.vocab_size * config.hidden_size, *weights)
+    sizes = [0]
+    for suffix, parts in adapted_projections(config, lora).values():
+        rows = dict(zip(PROJECTIONS[suffix], part_rows(config, suffix)))
+        sizes += [lora.rank * max(in_features(config, suffix), rows[p]) for p in parts]
+    return max(sizes)
 
 
 def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:

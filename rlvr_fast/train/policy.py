@@ -8,7 +8,10 @@ is measured against, and the step's figures (TRL's metric names: ``entropy``, ``
 The reference is a frozen copy of the policy at the start of the run (TRL loads its reference
 from the model's path: the same weights), in bf16 on CUDA and in the run's dtype on the CPU. With
 ``sync_ref_model`` it is mixed into after every ``ref_model_sync_steps`` optimizer steps, ref <-
-(1 - alpha) ref + alpha policy (TRL's ``SyncRefModelCallback``). Its log-probabilities, like
+(1 - alpha) ref + alpha policy (TRL's ``SyncRefModelCallback``). Under LoRA it is the policy's
+frozen base with the adapters left out, as TRL disables a PeftModel's adapters: it shares the
+base's tensors, copies nothing and has nothing of its own to checkpoint (and no sync, which TRL
+refuses with peft too). Its log-probabilities, like
 TRL's, are taken once per generation, after sampling and before the generation's first update.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr_fast.models.lora import base_twin
 from rlvr_fast.ops.policy_loss import (
     CLIPPED_LOSS_TYPES,
     PolicyLossSettings,
@@ -146,13 +150,20 @@ class PolicyTerms:
 
 
 class ReferenceModel(torch.nn.Module):
-    """A frozen copy of ``model`` (module docstring); ``sync_steps`` None: never mixed into."""
+    """A frozen copy of ``model`` (module docstring), or with ``adapters`` (LoRA) the frozen
+    base they adapt; ``sync_steps`` None: never mixed into."""
 
-    def __init__(self, model: torch.nn.Module, sync_steps: int | None, alpha: float) -> None:
+    def __init__(
+        self, model: torch.nn.Module, sync_steps: int | None, alpha: float, adapters=None
+    ) -> None:
         super().__init__()
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
-        if next(model.parameters()).is_cuda:
-            self.model.to(torch.bfloat16)
+        self.owns_weights = adapters is None
+        if adapters is not None:  # TrainConfig refuses sync_ref_model with lora_r
+            self.model = base_twin(adapters.model, adapters.layers)
+        else:
+            self.model = copy.deepcopy(model).eval().requires_grad_(False)
+            if next(model.parameters()).is_cuda:
+                self.model.to(torch.bfloat16)
         self.sync_steps, self.alpha = sync_steps, alpha
 
     def after_step(self, steps_done: int, model: torch.nn.Module) -> None:

@@ -161,7 +161,7 @@ class RLVRTrainer:
         }
         if self.stepping.masters is not None:
             components["masters"] = self.stepping.masters
-        if self.kind.reference is not None:
+        if self.kind.reference is not None and self.kind.reference.owns_weights:
             components["reference"] = self.kind.reference
         if self.kind.entropy_control is not None:
             components["entropy_control"] = self.kind.entropy_control

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlvr_fast.engine import RolloutEngine, SamplingParams
-from rlvr_fast.models.lora import LoraLinear, LoraSettings, apply_lora
+from rlvr_fast.models.lora import ADAPTER_DIR, LoraLinear, LoraSettings, apply_lora
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import StepDecision
@@ -152,12 +152,19 @@ def test_the_adapter_loads_in_peft_with_our_logits(tmp_path):
     from transformers import AutoModelForCausalLM
 
     policy = adapted_policy(LoraSettings(rank=4, alpha=8.0, dropout=0.1, targets="all-linear"))
-    policy.adapters.save(tmp_path / "adapter", str(TINY_MODEL_DIR))
+    final = tmp_path / "final"
+    policy.save(final)  # what a run writes: the merged model, the adapter in adapter/
     base = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=torch.float32)
-    peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    peft_model = PeftModel.from_pretrained(base, final / ADAPTER_DIR).eval()
+    # transformers applies an adapter_config.json it finds in the directory: the merged model
+    # must load as itself, not as merged weights with the adapter added a second time.
+    merged = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
     with torch.no_grad():
         theirs = peft_model(input_ids=IDS, attention_mask=MASK).logits
+        loaded = merged(input_ids=IDS, attention_mask=MASK).logits
         ours = policy.decoder(IDS, MASK)
     # Merged (W + s B A) against peft's unmerged sum: fp32 roundings in another order.
     real = MASK.bool()
     torch.testing.assert_close(ours[real], theirs[real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours[real], loaded[real], rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr_fast.data.synthetic import synthetic_problems
-from rlvr_fast.models.lora import LoraLinear
+from rlvr_fast.models.lora import ADAPTER_DIR, LoraLinear
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.trainer import RLVRTrainer
@@ -94,7 +94,7 @@ def test_lora_under_bf16_mixed_steps_fp32_masters_of_the_adapters_over_a_frozen_
     assert max(float(m.abs().max()) for n, m in masters.items() if "lora_B" in n) > 0
     for name, master in masters.items():
         assert torch.equal(trained[name], master.detach().to(torch.bfloat16)), name
-    saved = load_file(tmp_path / "run" / "final" / "adapter_model.safetensors")
+    saved = load_file(tmp_path / "run" / "final" / ADAPTER_DIR / "adapter_model.safetensors")
     peft_names = run.policy.adapters.peft_state(weights=run.stepping.masters.state_dict())
     assert saved.keys() == peft_names.keys()
     assert all(

@@ -36,6 +36,7 @@ from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
 from rlvr_fast.train import memory_plan
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.trainer import engine_settings
+from rlvr_fast.utils.sizes import parse_size
 from rlvr_fast.train.memory_plan import (
     SAMPLER_BYTES_PER_ROW,
     PlanError,
@@ -46,7 +47,12 @@ from rlvr_fast.train.memory_plan import (
     rope_table_bytes,
     saved_bytes_per_token_layer,
 )
-from rlvr_fast.train.memory_terms import adapter_saved_bytes_per_token, tail_bytes_per_token
+from rlvr_fast.train.memory_terms import (
+    adamw_step_bytes,
+    adapter_saved_bytes_per_token,
+    largest_parameter,
+    tail_bytes_per_token,
+)
 
 CONFIGS = Path(memory_plan.__file__).parents[1] / "assets" / "configs"
 MODELS = {name: CONFIGS / f"qwen3-{name}-base.json" for name in ("0.6b", "1.7b", "4b")}
@@ -176,26 +182,30 @@ def test_the_sampler_constant_is_what_the_sampler_takes(monkeypatch, vocab):
     assert 0 < sampler_peak(logits, op_path) < rows * SAMPLER_BYTES_PER_ROW
 
 
-# (model, precision, checkpointing) -> the cards it fits, of 24, 40, 80 and 141 GB.
+# (model, precision, checkpointing, torch's AdamW) -> the cards it fits, of 24, 40, 80 and 141 GB.
 FITS = {
-    ("0.6b", "bf16-mixed", False): {"24GB", "40GB", "80GB", "141GB"},
-    ("0.6b", "bf16-mixed", True): {"24GB", "40GB", "80GB", "141GB"},
-    ("0.6b", "bf16-true", False): {"24GB", "40GB", "80GB", "141GB"},
-    ("1.7b", "bf16-mixed", False): {"80GB", "141GB"},
-    ("1.7b", "bf16-mixed", True): {"40GB", "80GB", "141GB"},
-    ("1.7b", "bf16-true", True): {"24GB", "40GB", "80GB", "141GB"},
-    ("4b", "bf16-mixed", False): {"141GB"},
-    ("4b", "bf16-mixed", True): {"80GB", "141GB"},
-    ("4b", "bf16-true", True): {"40GB", "80GB", "141GB"},
-    ("4b", "fp32", True): {"80GB", "141GB"},
+    ("0.6b", "bf16-mixed", False, "foreach"): {"24GB", "40GB", "80GB", "141GB"},
+    ("0.6b", "bf16-mixed", True, "foreach"): {"24GB", "40GB", "80GB", "141GB"},
+    ("0.6b", "bf16-true", False, "foreach"): {"24GB", "40GB", "80GB", "141GB"},
+    ("1.7b", "bf16-mixed", False, "foreach"): {"80GB", "141GB"},
+    ("1.7b", "bf16-mixed", True, "foreach"): {"40GB", "80GB", "141GB"},
+    ("1.7b", "bf16-true", True, "foreach"): {"24GB", "40GB", "80GB", "141GB"},
+    ("4b", "bf16-mixed", False, "foreach"): {"141GB"},
+    # foreach's square roots of 4.0B fp32 moments (15 GiB) are what 80 GB lacks; fused has none.
+    ("4b", "bf16-mixed", True, "foreach"): {"141GB"},
+    ("4b", "bf16-mixed", True, "fused"): {"80GB", "141GB"},
+    ("4b", "bf16-true", True, "foreach"): {"40GB", "80GB", "141GB"},
+    ("4b", "fp32", True, "foreach"): {"80GB", "141GB"},
 }
 
 
 @pytest.mark.parametrize("card", CARDS)
 @pytest.mark.parametrize("case", FITS, ids=lambda case: "-".join(map(str, case)))
 def test_the_plan_sizes_or_refuses_each_card(case, card):
-    name, precision, checkpointing = case
-    run = RunShape(precision=precision, activation_checkpointing=checkpointing)
+    name, precision, checkpointing, adamw_step = case
+    run = RunShape(
+        precision=precision, activation_checkpointing=checkpointing, adamw_step=adamw_step
+    )
     plan = plan_memory(config(name), CARDS[card], run)
     if card in FITS[case]:
         assert plan.check() is plan
@@ -203,7 +213,7 @@ def test_the_plan_sizes_or_refuses_each_card(case, card):
         assert plan.fixed_bytes + plan.kv_bytes <= CARDS[card]
         assert plan.kv_bytes <= run.kv_memory_fraction * (CARDS[card] - plan.fixed_bytes)
     else:
-        largest = max((t for t in plan.terms if t.counted), key=lambda t: t.bytes)
+        largest = max(plan.summed_terms, key=lambda t: t.bytes)
         with pytest.raises(PlanError, match=re.escape(f"largest term is {largest.name}")):
             plan.check()
 
@@ -246,11 +256,15 @@ def test_more_questions_per_step_add_a_gradient_sum_and_rows():
     assert four.rows_wanted == 4 * one.rows_wanted
 
 
-def test_a_kl_reference_model_costs_its_bf16_weights():
+def test_a_kl_reference_model_costs_its_bf16_weights_and_nothing_under_lora():
     cfg = config("0.6b")
     plain = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32"))
     kl = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32", reference_model=True))
     assert kl.fixed_bytes - plain.fixed_bytes == 2 * cfg.num_parameters(untied=False)
+    lora = LoraSettings(rank=8, targets="all-linear")
+    shapes = [RunShape(lora=lora, reference_model=ref) for ref in (False, True)]
+    lora_plain, lora_kl = (plan_memory(cfg, CARDS["80GB"], shape) for shape in shapes)
+    assert lora_kl.fixed_bytes == lora_plain.fixed_bytes  # the frozen base, shared
 
 
 def test_the_eager_loss_costs_the_full_logits():
@@ -267,13 +281,13 @@ def test_the_eager_loss_costs_the_full_logits():
     [("24GiB", 24 << 30), ("141GB", 141 * 10**9), ("80 GiB", 80 << 30), ("1e9", 10**9)],
 )
 def test_sizes_parse(text, size):
-    assert memory_plan.parse_size(text) == size
+    assert parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["24G", "lots", "-1GB", ""])
 def test_bad_sizes_are_refused(text):
     with pytest.raises(ValueError, match="a size is a number and a unit"):
-        memory_plan.parse_size(text)
+        parse_size(text)
 
 
 def test_the_command_prints_the_table_or_one_line(capsys):
@@ -311,6 +325,14 @@ def test_the_trainer_plans_from_its_settings():
     plan = plan_for_training(config, checkpointed, "bf16-mixed", 200, CARDS["24GB"]).check()
     assert plan.kv_blocks == 500
     assert plan_for_training(config, checkpointed, "fp32", 200, CARDS["141GB"]).fits
+    fused = TrainConfig(
+        activation_checkpointing=True, adamw_fused=True, fused_zero_grad_step=False, **settings
+    )
+    steps = [
+        {t.name: t.bytes for t in plan_for_training(config, c, "bf16-mixed", 200, 1 << 40).terms}
+        for c in (checkpointed, fused)
+    ]
+    assert steps[0]["AdamW step temporaries"] > 0 == steps[1]["AdamW step temporaries"]
     # Arm 1's sum-then-scale loss goes through the fused op too: no [N, V] logits.
     arm_one = TrainConfig(activation_checkpointing=True, max_new_tokens=512)
     arm_one_plan = plan_for_training(config, arm_one, "bf16-mixed", 200, CARDS["24GB"])
@@ -328,6 +350,72 @@ def test_the_engine_takes_the_plans_kv_cache():
     assert engine.num_blocks == plan.kv_blocks
     assert bytes_per_block(policy.config, 16, torch.float32) == plan.block_bytes
     assert engine_settings(TrainConfig(kv_blocks=7), None)["kv_blocks"] == 7
+
+
+def adamw_step_peak(params: list[torch.nn.Parameter], **options) -> int:
+    """Peak bytes torch's AdamW step makes beyond the parameters, their gradients and its own
+    moments: its second step (the first makes the moments)."""
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = torch.optim.AdamW(params, weight_decay=0.1, **options)
+    optimizer.step()
+    state = [t for s in optimizer.state.values() for t in s.values()]
+    tracker = LiveBytes(ignore=[*params, *(p.grad for p in params), *state])
+    with tracker:
+        optimizer.step()
+    return tracker.peak
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(rank=16, targets="all-linear")])
+@pytest.mark.parametrize("step, options", [("foreach", {"foreach": True}), ("single-tensor", {})])
+def test_the_adamw_step_term_is_what_torch_takes(step, options, lora):
+    """The masters of Qwen3-0.6B cut to 2 layers (fp32, meta device), all of them or LoRA's
+    adapters: foreach takes a square root of every second moment at once, single-tensor (the
+    CPU's default) two temporaries of one parameter beside the previous one's denominator; the
+    fused kernel, run on the CPU (it has no meta kernel), none."""
+    cfg = config("0.6b")
+    cfg.num_hidden_layers = 2  # the formulas hold per tensor: two layers show them
+    with torch.device("meta"):
+        model = qwen3.Qwen3ForCausalLM(cfg)
+    if lora is not None:
+        apply_lora(model, lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    trained = sum(p.numel() for p in params)
+    plain = cfg.num_parameters(untied=False)
+    assert trained == (plain if lora is None else adapter_parameters(cfg, lora))
+    largest = max(p.numel() for p in params)
+    assert largest == largest_parameter(cfg, lora)
+    peak, planned = adamw_step_peak(params, **options), adamw_step_bytes(step, trained, largest, 4)
+    # Single-tensor: 2 x the embedding (smaller tensors follow it); 3 x LoRA's largest (the
+    # previous one's denominator, of the same size, is still held).
+    exact = step == "foreach" or lora is not None
+    assert 0 < peak <= planned and (peak == planned if exact else planned == 1.5 * peak)
+    tiny = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((300, 64), (64,))]
+    assert adamw_step_peak(tiny, fused=True) == adamw_step_bytes("fused", 19264, 19200, 4) == 0
+
+
+def test_backward_and_the_optimizer_step_do_not_add(capsys):
+    """Backward's activations and fused loss are freed before the step: the plan sums the larger
+    phase. Qwen3-0.6B, checkpointing, 24 GB: foreach's square roots (2.2 GiB) outweigh backward
+    (1.8 GiB); the fused kernel leaves backward's."""
+    cfg = config("0.6b")
+    run = RunShape(activation_checkpointing=True)
+    foreach = plan_memory(cfg, CARDS["24GB"], run)
+    fused = plan_memory(
+        cfg, CARDS["24GB"], RunShape(activation_checkpointing=True, adamw_step="fused")
+    )
+    run_long = sum(t.bytes for t in foreach.terms if t.counted and t.phase is None)
+    backward, step = foreach.phase_bytes("backward"), foreach.phase_bytes("optimizer step")
+    assert step == 4 * cfg.num_parameters(untied=False) > backward > 0
+    assert foreach.fixed_bytes == run_long + step and fused.fixed_bytes == run_long + backward
+    assert fused.rows_at_full_length > foreach.rows_at_full_length
+    command = ["--model", str(MODELS["0.6b"]), "--device-memory", "24GiB"]
+    assert memory_plan.main([*command, "--activation-checkpointing"]) == 0
+    out = capsys.readouterr().out
+    assert "| fused loss | (0.89) | during backward:" in out
+    assert "| AdamW step temporaries | 2.22 | during optimizer step:" in out
+    with pytest.raises(SystemExit):
+        memory_plan.main([*command, "--adamw-step", "sideways"])
 
 
 def lora_model(cfg: ModelConfig, settings: LoraSettings, dtype=torch.bfloat16):

@@ -2,7 +2,7 @@
 synced reference model and two clipped updates per generation writes a ledger that keeps its
 laws, marks the reused updates, carries the entropy / KL / clip figures, and verifies; a
 generation split over two optimizer steps (generation_steps) trains each on its share and
-verifies; the reference sync is TRL's."""
+verifies; the reference sync is TRL's; under LoRA the reference is the frozen base."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.models.lora import LoraSettings, apply_lora
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats
 from rlvr_fast.train.config import TrainConfig
@@ -114,6 +115,30 @@ def test_the_reference_sync_is_trls():
     for ours, theirs in zip(reference.model.parameters(), expected.parameters()):
         assert torch.equal(ours, theirs)
         assert not ours.requires_grad
+
+
+def test_under_lora_the_reference_is_the_frozen_base_sharing_its_tensors():
+    """TRL disables a PeftModel's adapters for the reference: ours is the frozen base, every
+    tensor the policy's own (nothing copied, nothing to checkpoint), whatever B has learned."""
+    ids, mask = torch.tensor([[5, 17, 3, 9, 41]]), torch.ones(1, 5, dtype=torch.long)
+    with torch.no_grad():
+        base_logits = load_policy("tiny").model(ids, mask)
+    policy = load_policy("tiny")
+    policy.adapters = apply_lora(policy.model, LoraSettings(rank=2, targets="all-linear"))
+    with torch.no_grad():
+        for b in (p for n, p in policy.model.named_parameters() if "lora_B" in n):
+            b.normal_(0.0, 0.1)
+    reference = ReferenceModel(policy.model, None, 0.0, policy.adapters)
+    assert not reference.owns_weights
+    own = {p.data_ptr() for p in policy.model.parameters()}
+    names = [n for n, _ in reference.model.named_parameters()]
+    assert names and not any("lora" in n for n in names)
+    assert all(p.data_ptr() in own for p in reference.model.parameters())
+    with torch.no_grad():
+        assert torch.equal(reference.model(ids, mask), base_logits)
+        assert not torch.allclose(policy.model(ids, mask), base_logits)
+    with pytest.raises(ValueError, match="sync_ref_model with lora_r"):
+        TrainConfig.from_arm("zg_flat", lora_r=2, **POLICY_RUN)
 
 
 def test_policy_settings_need_a_policy_loss_type():

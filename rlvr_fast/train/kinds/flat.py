@@ -97,7 +97,9 @@ class FlatKind:
         self.reference = None
         if config.kl_beta > 0:
             sync = config.ref_model_sync_steps if config.sync_ref_model else None
-            self.reference = ReferenceModel(policy.model, sync, config.ref_model_mixup_alpha)
+            self.reference = ReferenceModel(
+                policy.model, sync, config.ref_model_mixup_alpha, policy.adapters
+            )
         self.entropy_control = EntropyControl(config) if config.use_adaptive_entropy else None
 
     @classmethod
