@@ -1,14 +1,18 @@
 """TRL's GRPO policy loss with clipping and the KL term on, forward + backward: eager PyTorch
 (fp32 [T, V] logits, log-softmax, entropy, TRL's formulas) vs ``fused_policy_loss``.
 
-H = 512 and V = 151,936 (Qwen3's vocabulary), dapo with epsilon_high 0.28 and beta 0.04, at
-temperature 0.7; T = 512 tokens on CPU (fp32), on CUDA also bf16 and T in {2048, 8192}. Time is
+H = 512 and V = 151,936 (Qwen3's vocabulary), dapo with epsilon_high 0.28 and beta 0.04 ("kl"),
+and the same with TRL's entropy bonus (entropy_coef 0.01) over its top-20% entropy tokens
+("entropy": pass 2 then forms the entropy's gradient too), at temperature 0.7; T = 512 tokens on CPU (fp32), on CUDA also bf16 and T in {2048, 8192}. Time is
 one forward + backward; peak memory is what the call adds above its inputs
 (``benchmarks.harness.peak_memory_bytes``), gradients included, after one warm call on three
 tokens (a first call pages in the kernels' code, which is no allocation of the op).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import pytest
 import torch
@@ -19,20 +23,24 @@ from rlvr_fast.ops.policy_loss import PolicyLossSettings, fused_policy_loss, pol
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HIDDEN, VOCAB, SEQUENCE, TEMPERATURE = 512, 151_936, 128, 0.7
-SETTINGS = PolicyLossSettings(loss_type="dapo", epsilon_high=0.28, beta=0.04)
+KL = PolicyLossSettings(loss_type="dapo", epsilon_high=0.28, beta=0.04)
+SETTINGS = {
+    "kl": KL,
+    "entropy": dataclasses.replace(KL, entropy_coef=0.01, top_entropy_quantile=0.2),
+}
 CASES = [(512, torch.float32)]
 if DEVICE.type == "cuda":
     CASES += [(t, torch.bfloat16) for t in (2048, 8192)] + [(2048, torch.float32)]
 
 
-def eager_policy_loss(hidden, weight, targets, old, advantages, lengths, ref):
-    logprobs, _ = token_stats_reference(hidden, weight, targets, TEMPERATURE)
-    return policy_objective(logprobs, old, advantages, lengths, SETTINGS, ref)[0]
+def eager_policy_loss(hidden, weight, targets, old, advantages, lengths, ref, settings):
+    logprobs, entropy = token_stats_reference(hidden, weight, targets, TEMPERATURE)
+    return policy_objective(logprobs, old, advantages, lengths, settings, ref, entropy=entropy)[0]
 
 
-def fused(hidden, weight, targets, old, advantages, lengths, ref):
+def fused(hidden, weight, targets, old, advantages, lengths, ref, settings):
     return fused_policy_loss(
-        hidden, weight, targets, old, advantages, lengths, SETTINGS,
+        hidden, weight, targets, old, advantages, lengths, settings,
         ref_logprobs=ref, temperature=TEMPERATURE,
     )[0]  # fmt: skip
 
@@ -52,10 +60,11 @@ def make_inputs(tokens: int, dtype: torch.dtype):
 
 
 @pytest.mark.parametrize("role", list(IMPLEMENTATIONS))
+@pytest.mark.parametrize("terms", list(SETTINGS))
 @pytest.mark.parametrize("tokens,dtype", CASES, ids=lambda c: str(c).removeprefix("torch."))
-def test_policy_loss(benchmark, role, tokens, dtype):
+def test_policy_loss(benchmark, role, terms, tokens, dtype):
     hidden, weight, targets, old, advantages, lengths, ref = make_inputs(tokens, dtype)
-    fn = IMPLEMENTATIONS[role]
+    fn = functools.partial(IMPLEMENTATIONS[role], settings=SETTINGS[terms])
 
     def step():
         hidden.grad = weight.grad = None
@@ -68,7 +77,7 @@ def test_policy_loss(benchmark, role, tokens, dtype):
     peak = peak_memory_bytes(step, DEVICE)
     mark(
         benchmark,
-        f"policy_loss T={tokens} {str(dtype).removeprefix('torch.')}",
+        f"policy_loss {terms} T={tokens} {str(dtype).removeprefix('torch.')}",
         role,
         work=tokens,
         unit="tokens",

@@ -4,9 +4,12 @@ kernels (Triton), their torch twins, and the eager reference.
 For raw logits z_t = h_t @ W^T and temperature T, the row work on a [C, V] logits tile reads
 x = z / T in fp32 and gives
     log p_t = x[y_t] - lse(x),   entropy_t = -sum_v softmax(x)_v (x_v - lse(x))
-(pass 1, ``policy_rows_stats_*``), and, once the loss's gradient g_t = dL / d log p_t is known,
-overwrites the tile with dL / dz_t = (g_t / T) (onehot(y_t) - softmax(x)), formed in fp32 and
-rounded once to the tile's dtype (pass 2, ``policy_rows_grad_*``). The entropy is the by-product
+(pass 1, ``policy_rows_stats_*``), and, once the loss's gradients g_t = dL / d log p_t and
+g^H_t = dL / d entropy_t are known, overwrites the tile with
+    dL / dz_t = (g_t (onehot(y_t) - p) - g^H_t p (log p + entropy_t)) / T,   p = softmax(x),
+formed in fp32 and rounded once to the tile's dtype (pass 2, ``policy_rows_grad_*``; the entropy
+term only when a loss differentiates the entropy, an entropy bonus: without it the pass does the
+work it did before the term existed). The entropy is the by-product
 of the pass that finds the log-sum-exp: an online (max, sum-exp, sum of exp-weighted centred
 logits) triple per row. cuBLAS does the GEMMs around the tile, as in ``weighted_nll``.
 """
@@ -60,14 +63,26 @@ def policy_rows_grad_torch(
     lse: torch.Tensor,
     grad_logprobs: torch.Tensor,
     temperature: float,
+    entropy: torch.Tensor | None = None,
+    grad_entropy: torch.Tensor | None = None,
 ) -> None:
-    """Overwrites a [C, V] raw-logits tile with (g_t / T) (onehot(y_t) - softmax(z_t / T))."""
+    """Overwrites a [C, V] raw-logits tile with dL / dz (module docstring): g_t = grad_logprobs
+    [C]; with ``grad_entropy`` [C] (and the rows' ``entropy`` [C]) the entropy term too,
+    skipped when no row's g^H is nonzero."""
+    if grad_entropy is not None and not bool(grad_entropy.any()):
+        grad_entropy = None
     for start in range(0, logits.shape[0], TORCH_ROW_BLOCK):
         end = min(start + TORCH_ROW_BLOCK, logits.shape[0])
         x = logits[start:end].float().mul_(1.0 / temperature)
-        grad = x.sub_(lse[start:end, None]).exp_().neg_()
+        logp = x.sub_(lse[start:end, None])
+        # Without the entropy term the softmax overwrites log p in place: one fp32 temporary.
+        p = logp.exp() if grad_entropy is not None else None
+        grad = logp.exp_().neg_() if p is None else p.neg()
         grad.scatter_add_(1, targets[start:end, None], torch.ones_like(grad[:, :1]))
         grad.mul_((grad_logprobs[start:end] / temperature)[:, None])
+        if p is not None:
+            entropy_term = logp.add_(entropy[start:end, None]).mul_(p)  # p (log p + H)
+            grad.sub_(entropy_term.mul_((grad_entropy[start:end] / temperature)[:, None]))
         if grad.data_ptr() != logits.data_ptr():
             logits[start:end].copy_(grad)
 
@@ -122,22 +137,32 @@ if triton is not None:
         p_targets,
         p_lse,
         p_grad_logprobs,
+        p_entropy,
+        p_grad_entropy,
         V,
         inv_temperature,
         BLOCK_V: tl.constexpr,
         NUM_TILES: tl.constexpr,
+        HAS_ENTROPY_GRAD: tl.constexpr,
     ):
         i_row = tl.program_id(0).to(tl.int64)
         p_row = p_logits + i_row * stride_row
         b_target = tl.load(p_targets + i_row)
         b_lse = tl.load(p_lse + i_row)
         b_scale = tl.load(p_grad_logprobs + i_row) * inv_temperature
+        if HAS_ENTROPY_GRAD:
+            b_entropy = tl.load(p_entropy + i_row)
+            b_scale_h = tl.load(p_grad_entropy + i_row) * inv_temperature
         for i_t in range(0, NUM_TILES):
             o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
             m_v = o_v < V
             b_x = tl.load(p_row + o_v, mask=m_v, other=float("-inf")).to(tl.float32)
-            b_p = tl.exp(b_x * inv_temperature - b_lse)
+            b_logp = b_x * inv_temperature - b_lse  # [BV]
+            b_p = tl.exp(b_logp)
             b_grad = b_scale * (tl.where(o_v == b_target, 1.0, 0.0) - b_p)  # [BV], fp32
+            if HAS_ENTROPY_GRAD:
+                # d entropy / dx_v = -p_v (log p_v + entropy); 0 on the masked lanes (p = 0).
+                b_grad -= b_scale_h * tl.where(m_v, b_p * (b_logp + b_entropy), 0.0)
             tl.store(p_row + o_v, b_grad.to(p_logits.dtype.element_ty), mask=m_v)
 
 
@@ -176,20 +201,27 @@ def policy_rows_grad_triton(
     lse: torch.Tensor,
     grad_logprobs: torch.Tensor,
     temperature: float,
+    entropy: torch.Tensor | None = None,
+    grad_entropy: torch.Tensor | None = None,
 ) -> None:
-    """Triton version of ``policy_rows_grad_torch``."""
+    """Triton version of ``policy_rows_grad_torch`` (the entropy term whenever
+    ``grad_entropy`` is given: testing it for zeros would sync with the device)."""
     if triton is None:
         raise RuntimeError("the Triton backend needs the triton package")
     rows, vocab = logits.shape
     block, tiles = _launch_shape(vocab)
+    has_entropy_grad = grad_entropy is not None
     _policy_rows_grad_kernel[(rows,)](
         logits,
         logits.stride(0),
         targets,
         lse,
         grad_logprobs,
+        entropy if has_entropy_grad else lse,  # unread without the entropy term
+        grad_entropy if has_entropy_grad else lse,
         vocab,
         1.0 / temperature,
         BLOCK_V=block,
         NUM_TILES=tiles,
+        HAS_ENTROPY_GRAD=has_entropy_grad,
     )

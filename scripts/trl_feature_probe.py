@@ -161,6 +161,18 @@ FEATURES = {
     "use_liger_kernel": ({"use_liger_kernel": True}, None),
     "top_entropy_quantile=0.2": ({"top_entropy_quantile": 0.2}, None),
     "entropy_coef=0.01": ({"entropy_coef": 0.01}, None),
+    "top_entropy_quantile=0.2, entropy_coef=0.01": (
+        {"top_entropy_quantile": 0.2, "entropy_coef": 0.01},
+        None,
+    ),
+    "use_adaptive_entropy (entropy_target=1.0)": (
+        {"use_adaptive_entropy": True, "entropy_coef": 0.01, "entropy_target": 1.0, "max_steps": 2},
+        None,
+    ),
+    "off_policy_mask_threshold=0.5, num_iterations=2": (
+        {"off_policy_mask_threshold": 0.5, "num_iterations": 2, "max_steps": 2},
+        None,
+    ),
     "num_train_epochs=1 (no max_steps)": ({"max_steps": -1, "num_train_epochs": 1}, None),
     "shuffle_dataset=False": ({"shuffle_dataset": False}, None),
     "remove_unused_columns=True": ({"remove_unused_columns": True}, None),

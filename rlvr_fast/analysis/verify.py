@@ -19,6 +19,8 @@ spirit of the study's verify_supplement.py. Checks per run directory:
   laws        every recorded line satisfies the ledger's conservation laws
               (``ledger.check_conservation``), which also bound what only the engine knows
               (decode rows, prefill tokens run, KV blocks)
+  entropy     (an entropy bonus) each step's entropy_coef: the run's, or the adaptive control's
+              coefficients re-run on the recorded policy_term_entropy of each step
   evals       every saved eval item re-graded from its response text (extracted answer, grade,
               derivation gate, a cap hit only at the cap), the Polyak average's too;
               summary.json's counts agree
@@ -40,6 +42,7 @@ from rlvr_fast.ledger.laws import check_conservation
 from rlvr_fast.ledger.records import LedgerError, MultiQuestionRecord, read_record
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.kinds import step_kind
+from rlvr_fast.train.policy import entropy_coefficients
 from rlvr_fast.train.steps import rederive_step
 
 # Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
@@ -167,6 +170,8 @@ def verify_run(path: Path) -> RunVerification:
             _guarded("laws", check_laws, run),
             _guarded("evals", check_evals, run, config),
         ]
+        if config.entropy_bonus:
+            checks.append(_guarded("entropy", check_entropy_coefficients, run, config))
     return RunVerification(path, checks, time.perf_counter() - started)
 
 
@@ -318,6 +323,29 @@ def field_mismatches(
                 continue
         mismatches.append(f"step {step} {prefix}{name}: recorded {have!r}, re-derived {want!r}")
     return mismatches
+
+
+def check_entropy_coefficients(run: Run, config: TrainConfig) -> Check:
+    """Each step's entropy_coef: the run's, or under use_adaptive_entropy TRL's control re-run
+    on the entropies the steps recorded (``policy_term_entropy``)."""
+    check = Check("entropy")
+    policies = [line.get("policy") or {} for line in run.ledger]
+    if config.use_adaptive_entropy:
+        missing = [i for i, p in enumerate(policies) if "policy_term_entropy" not in p]
+        if missing:
+            check.failures.append(f"step {missing[0]}: policy_term_entropy not recorded")
+            return check
+        expected = entropy_coefficients(config, [p["policy_term_entropy"] for p in policies])
+    else:
+        expected = [config.entropy_coef] * len(policies)
+    for step, (policy, want) in enumerate(zip(policies, expected)):
+        if policy.get("entropy_coef") != want:
+            check.failures.append(
+                f"step {step} policy.entropy_coef: recorded {policy.get('entropy_coef')!r}, "
+                f"re-derived {want!r}"
+            )
+    check.detail = f"{len(policies)} steps' entropy_coef re-derived"
+    return check
 
 
 def check_laws(run: Run) -> Check:

@@ -118,6 +118,7 @@ def check_conservation(
 
 def _check_policy(policy: dict, require) -> None:
     require(set(policy) <= set(POLICY_FIGURES), "policy figures have TRL's names")
+    require(0 <= policy.get("high_entropy_fraction", 0.0) <= 1, "high_entropy_fraction in [0, 1]")
     require(policy.get("entropy", 0.0) >= 0 and policy.get("kl", 0.0) >= 0, "entropy, kl >= 0")
     ratios = [v for name, v in policy.items() if "clip_ratio" in name]
     require(all(0 <= v <= 1 for v in ratios), "clip ratios in [0, 1]")
@@ -145,10 +146,14 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
         require(
             question.active
             == (
-                (not question.homogeneous or "kl" in (record.policy or {}))
+                (
+                    not question.homogeneous
+                    or bool({"kl", "entropy_coef"} & set(record.policy or {}))
+                )
                 and question.trained != []
             ),
-            "a question runs a backward pass iff its rewards vary or a KL term pulls it, and "
+            "a question runs a backward pass iff its rewards vary or a KL term or an entropy "
+            "bonus pulls it, and "
             "the step trains on one of its completions",
         )
         require(question.parallel is None, "questions are flat or tree steps")

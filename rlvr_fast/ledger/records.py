@@ -258,6 +258,12 @@ POLICY_FIGURES = (
     "clip_ratio/low_min",
     "clip_ratio/high_max",
     "cispo_clip_ratio",
+    "entropy_coef",
+    "policy_loss",
+    # rlvr_fast's: the share of the step's tokens in the policy term (top_entropy_quantile < 1).
+    "high_entropy_fraction",
+    # rlvr_fast's: the entropy TRL's adaptive control measured (over those tokens) this step.
+    "policy_term_entropy",
 )
 
 

@@ -3,10 +3,12 @@
 Never materialises [tokens, vocab]. Pass 1 walks the tokens in chunks: cuBLAS forms a chunk's
 logits tile, the row kernel (``rlvr_fast.kernels.policy_loss``) reads it once for log p_t, the
 log-sum-exp and the entropy at the sampling temperature, and the tile is dropped. The loss is
-then a function of [N] vectors only (``policy_objective``: TRL 1.16's formulas, on the [S, T]
-padded layout TRL uses), so its gradient g = dL / d log p comes from autograd over [N] values,
-whatever the loss type or importance-sampling level (a sequence-level ratio needs every token
-of its sequence before any gradient is known, which is why the gradient waits for pass 1). Pass
+then a function of [N] vectors only, the log-probabilities and the entropies
+(``policy_objective``: TRL 1.16's formulas, on the [S, T] padded layout TRL uses, with its
+high-entropy token mask, off-policy sequence mask and entropy bonus), so its gradients g = dL /
+d log p and g^H = dL / d entropy come from autograd over [N] values, whatever the loss type or
+importance-sampling level (a sequence-level ratio or an entropy quantile needs every token of
+the call before any gradient is known, which is why the gradient waits for pass 1). Pass
 2 recomputes each tile, turns it in place into the logit gradient and runs the two backward
 GEMMs, dW accumulated in fp32 by the GEMM (``weighted_nll.accumulate_grad_weight``). The price of
 generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMMs, not 3).
@@ -59,8 +61,16 @@ class PolicyLossSettings:
     max_completion_length: int | None = None
     num_items_in_batch: float | None = None
     gradient_accumulation_steps: int = 1
+    top_entropy_quantile: float = 1.0
+    # TRL's bonus at coefficient 0 (its adaptive control's) subtracts 0: the same loss.
+    entropy_coef: float = 0.0
+    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self):
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(
+                f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(
                 f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"
@@ -77,12 +87,14 @@ class PolicyLossSettings:
 class PolicyLossStats(NamedTuple):
     """Detached per-token figures [N] (fp32): log p at the temperature, the entropy of the
     token's distribution, the importance ratio (the sequence's on every token of it when
-    sequence-level) and the KL estimate (zeros when beta = 0)."""
+    sequence-level), the KL estimate (zeros when beta = 0) and TRL's high-entropy mask (ones
+    when top_entropy_quantile = 1; None: no loss was measured)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     ratio: torch.Tensor
     kl: torch.Tensor
+    entropy_mask: torch.Tensor | None = None
 
 
 def padded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -102,11 +114,17 @@ def policy_objective(
     lengths: list[int],
     settings: PolicyLossSettings,
     ref_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    *,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TRL 1.16's ``GRPOTrainer._compute_loss`` after the log-probabilities, on [N] tokens of S
-    sequences (``lengths``) laid out as TRL's [S, T] with its mask: returns (loss, ratio [N],
-    kl [N]). ``advantages`` is [S]; ``old_logprobs`` None is TRL's on-policy case (one update
-    per generation), where the old log-probabilities are the current ones, detached."""
+    sequences (``lengths``) laid out as TRL's [S, T] with its mask, as one micro-batch: returns
+    (loss, ratio [N], kl [N], entropy mask [N]). ``advantages`` is [S]; ``old_logprobs`` None is
+    TRL's on-policy case (one update per generation), where the old log-probabilities are the
+    current ones, detached. ``entropy`` [N] (needed by top_entropy_quantile < 1 and the entropy
+    bonus, differentiable for the bonus) gives TRL's high-entropy mask and the bonus."""
+    if entropy is None and (settings.entropy_coef != 0.0 or settings.top_entropy_quantile < 1.0):
+        raise ValueError("the entropy bonus and top_entropy_quantile < 1 need entropy [N]")
     per_token_logps, mask = padded(logprobs, lengths), padded(torch.ones_like(logprobs), lengths)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     log_ratio = per_token_logps - padded(old, lengths)
@@ -122,12 +140,50 @@ def policy_objective(
         per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
         if settings.use_bias_correction_kl:
             per_token_kl = per_token_kl * coef_1
-    per_token_loss = _per_token_loss(coef_1, advantages.float()[:, None], per_token_logps, settings)
+    advantages = advantages.float()[:, None]
+    per_token_loss = _per_token_loss(coef_1, advantages, per_token_logps, settings)
+    if settings.off_policy_mask_threshold is not None:
+        per_token_loss = per_token_loss * off_policy_mask(
+            advantages, log_ratio.detach(), mask, settings.off_policy_mask_threshold
+        )
+    entropies = None if entropy is None else padded(entropy, lengths)
+    entropy_mask = mask
+    if settings.top_entropy_quantile < 1.0:
+        entropy_mask = high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
+        per_token_loss = per_token_loss * entropy_mask
     if settings.beta != 0.0:
         per_token_loss = per_token_loss + settings.beta * per_token_kl
     loss = _aggregate(per_token_loss, mask, settings)
+    if settings.entropy_coef != 0.0:
+        # TRL's bonus: the mean entropy over the tokens of the policy term, scaled for
+        # gradient accumulation only, whatever the loss type's normaliser.
+        effective_mask = mask * entropy_mask
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0)
+        loss = loss - settings.entropy_coef * entropy_loss / settings.gradient_accumulation_steps
     ratio = unpadded(coef_1.expand_as(mask), lengths).detach()
-    return loss, ratio, unpadded(per_token_kl, lengths).detach()
+    kept = unpadded(entropy_mask, lengths).detach()
+    return loss, ratio, unpadded(per_token_kl, lengths).detach(), kept
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float):
+    """TRL's ``get_high_entropy_mask`` on one process, as a float [S, T] mask: the valid tokens
+    whose entropy is at least the ``threshold`` quantile of the valid tokens' entropies."""
+    valid = entropies.detach()[mask.bool()].float()
+    if valid.numel() == 0:
+        return torch.zeros_like(mask)
+    entropy_threshold = torch.quantile(valid, threshold)
+    return ((entropies.detach() * mask >= entropy_threshold) & mask.bool()).to(mask.dtype)
+
+
+def off_policy_mask(advantages, log_ratio, mask, threshold: float) -> torch.Tensor:
+    """TRL's off-policy sequence mask (DeepSeek-V3.2's OPSM) [S, 1]: a sequence is kept when its
+    advantage is >= 0 or its mean KL(old || current) estimate, mean(old - log p), is at most
+    ``threshold``; the old log-probabilities are the sampling ones (no vLLM here)."""
+    kl_div = torch.nan_to_num(-log_ratio, nan=0.0)
+    avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(
+        min=1.0
+    )
+    return ((advantages >= 0) | (avg_seq_kl <= threshold)).to(mask.dtype)
 
 
 def _per_token_loss(coef_1, advantages, per_token_logps, settings) -> torch.Tensor:
@@ -177,9 +233,14 @@ class _FusedPolicyLoss(torch.autograd.Function):
             del logits  # else the next chunk's tile is allocated while this one is alive
         logprobs, lse, entropy = stats
         with torch.enable_grad():
-            leaf = logprobs.clone().requires_grad_()
-            loss, ratio, kl = objective(leaf)
-            grad_logprobs = torch.autograd.grad(loss, leaf)[0] if need_grad else None
+            leaves = logprobs.clone().requires_grad_(), entropy.clone().requires_grad_()
+            loss, *figures = objective(*leaves)
+            grads = (None, None)
+            if need_grad:  # g = dL / d log p and g^H = dL / d entropy (None: no entropy term)
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        grad_logprobs, grad_entropy = grads
+        if grad_logprobs is None and need_grad:  # a loss of the entropy alone
+            grad_logprobs = torch.zeros_like(logprobs)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         # A frozen head (LoRA) gets no dW: neither its fp32 [V, H] nor its GEMMs.
         grad_weight = (
@@ -192,14 +253,20 @@ class _FusedPolicyLoss(torch.autograd.Function):
             h = hidden[start:end]
             logits = h @ weight.T  # [C, V], becomes the logit gradient in place
             grad_fn(
-                logits, targets[start:end], lse[start:end], grad_logprobs[start:end], temperature
+                logits,
+                targets[start:end],
+                lse[start:end],
+                grad_logprobs[start:end],
+                temperature,
+                entropy[start:end],
+                None if grad_entropy is None else grad_entropy[start:end],
             )
             torch.mm(logits, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
                 accumulate_grad_weight(grad_weight, logits, h)
             del logits
         ctx.save_for_backward(grad_hidden, grad_weight)
-        outputs = (logprobs, entropy, ratio, kl)
+        outputs = (logprobs, entropy, *figures)
         ctx.mark_non_differentiable(*outputs)
         return loss.detach(), *outputs
 
@@ -248,8 +315,10 @@ def fused_policy_loss(
     )
     lengths = list(sequence_lengths)
 
-    def objective(logprobs):
-        return policy_objective(logprobs, old_logprobs, advantages, lengths, settings, ref_logprobs)
+    def objective(logprobs, entropy):
+        return policy_objective(
+            logprobs, old_logprobs, advantages, lengths, settings, ref_logprobs, entropy=entropy
+        )
 
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with launch.on_device(hidden):  # the gradients are computed here, in the forward

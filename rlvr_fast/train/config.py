@@ -14,7 +14,9 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
   ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
   ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
-  ``num_iterations``, ``generation_steps``;
+  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
+  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
+  ``off_policy_mask_threshold``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
@@ -62,7 +64,7 @@ from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
-from rlvr_fast.train.policy_config import POLICY_SETTINGS, PolicyLossConfig
+from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 
 
@@ -540,12 +542,26 @@ def _check_loss(self: TrainConfig) -> None:
             "sync_ref_model with lora_r: under LoRA the reference is the frozen base with the "
             "adapters left out (as TRL's, which refuses the sync with peft too)"
         )
+    _check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
         self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
             "token_weighted"
+        )
+
+
+def _check_micro_batch_settings(self: TrainConfig) -> None:
+    """TRL takes the entropy quantile and the entropy bonus's mean over the tokens of one
+    micro-batch; rlvr_fast's loss sees one question's group at a time, so a step must be one
+    group and one micro-batch."""
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
+    changed = [n for n in MICRO_BATCH_SETTINGS if getattr(self, n) != defaults[n]]
+    if changed and (self.questions_per_step > 1 or self.generation_steps > 1):
+        raise ValueError(
+            f"{changed[0]} is taken over one question's group per optimizer step on rlvr_fast: "
+            "it needs questions_per_step 1 and generation_steps 1"
         )
 
 

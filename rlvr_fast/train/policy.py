@@ -1,7 +1,9 @@
 """TRL's policy-loss terms of a flat step (loss types beyond the study's sum, through
 ``rlvr_fast.ops.policy_loss``): the loss settings of a run, the reference model of ``kl_beta`` >
-0, the log-probabilities a question's loss is measured against, and the step's figures (TRL's
-metric names: ``entropy``, ``kl``, ``clip_ratio/*``, ``cispo_clip_ratio``).
+0, TRL's adaptive entropy control (``EntropyControl``), the log-probabilities a question's loss
+is measured against, and the step's figures (TRL's metric names: ``entropy``, ``kl``,
+``clip_ratio/*``, ``cispo_clip_ratio``; with an entropy bonus ``entropy_coef`` and
+``policy_loss``; rlvr_fast's ``high_entropy_fraction`` and ``policy_term_entropy``).
 
 The reference is a frozen copy of the policy at the start of the run (TRL loads its reference
 from the model's path: the same weights), in bf16 on CUDA and in the run's dtype on the CPU. With
@@ -22,7 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from rlvr_fast.models.lora import base_twin
-from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES, PolicyLossSettings, PolicyLossStats
+from rlvr_fast.ops.policy_loss import (
+    CLIPPED_LOSS_TYPES,
+    PolicyLossSettings,
+    PolicyLossStats,
+    high_entropy_mask,
+    padded,
+)
 
 
 def policy_settings(config) -> PolicyLossSettings:
@@ -40,7 +48,73 @@ def policy_settings(config) -> PolicyLossSettings:
         sapo_temperature_pos=config.sapo_temperature_pos,
         sapo_temperature_neg=config.sapo_temperature_neg,
         max_completion_length=config.max_new_tokens,
+        top_entropy_quantile=config.top_entropy_quantile,
+        entropy_coef=config.entropy_coef,
+        off_policy_mask_threshold=config.off_policy_mask_threshold,
     )
+
+
+class EntropyControl:
+    """TRL's adaptive entropy control (Skywork-OR1's): after each optimizer step the
+    coefficient moves by ``entropy_coef_delta`` up (the step's token-weighted mean entropy over
+    the policy term's tokens at most ``entropy_target``) or down, within [``entropy_coef_min``,
+    ``entropy_coef_max``]; a step applies the coefficient of the step before only when that
+    step's entropy was at most the target (none before the first step: its entropy is inf).
+    ``state_dict`` is what a checkpoint keeps (TRL's entropy_ctrl_state.json)."""
+
+    def __init__(self, config) -> None:
+        self.coef, self.last_entropy = config.entropy_coef, math.inf
+        self.target, self.delta = config.entropy_target, config.entropy_coef_delta
+        self.low, self.high = config.entropy_coef_min, config.entropy_coef_max
+
+    def applied(self) -> float:
+        """The coefficient this step's loss applies."""
+        return self.coef if self.last_entropy <= self.target else 0.0
+
+    def after_step(self, entropy: float) -> None:
+        """The step's mean entropy over the policy term's tokens: the next coefficient."""
+        if entropy <= self.target:
+            self.coef = min(self.coef + self.delta, self.high)
+        else:
+            self.coef = max(self.coef - self.delta, self.low)
+        self.last_entropy = entropy
+
+    def state_dict(self) -> dict:
+        return {"entropy_coef": self.coef, "last_world_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last_entropy = state["entropy_coef"], state["last_world_entropy"]
+
+
+def policy_term_entropy(
+    entropy: torch.Tensor, lengths: list[int], settings: PolicyLossSettings
+) -> float:
+    """The mean entropy over the tokens of the policy term of one micro-batch (``entropy`` [N]
+    of sequences of ``lengths``): every token, or TRL's high-entropy ones
+    (top_entropy_quantile < 1); summed and divided in fp32 as TRL reduces them."""
+    entropies, mask = padded(entropy, lengths), padded(torch.ones_like(entropy), lengths)
+    if settings.top_entropy_quantile < 1.0:
+        mask = mask * high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
+    return float((entropies * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def high_entropy_fraction(
+    entropy: torch.Tensor, lengths: list[int], settings: PolicyLossSettings
+) -> float:
+    """The share of the tokens in TRL's high-entropy mask (``policy_term_entropy``'s tokens)."""
+    entropies, mask = padded(entropy, lengths), padded(torch.ones_like(entropy), lengths)
+    kept = high_entropy_mask(entropies, mask, 1 - settings.top_entropy_quantile)
+    return float(kept.sum()) / max(entropy.numel(), 1)
+
+
+def entropy_coefficients(config, entropies: list[float]) -> list[float]:
+    """The coefficient after each step of a run whose steps measured ``entropies`` (the
+    adaptive control's inputs, recorded as ``policy_term_entropy``): ``verify``'s check."""
+    control, coefficients = EntropyControl(config), []
+    for entropy in entropies:
+        control.after_step(entropy)
+        coefficients.append(control.coef)
+    return coefficients
 
 
 @dataclass
@@ -55,6 +129,7 @@ class PolicyTerms:
     ref_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     stats: PolicyLossStats | None = None
+    policy_loss: float | None = None  # the last loss before TRL's entropy bonus, when it has one
 
     def subset(self, indices: list[int]) -> "PolicyTerms":
         """The terms of completions ``indices`` alone (a step's share of its generation)."""
@@ -165,6 +240,10 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
     values = {"entropy": _token_mean(figures.entropy)}
     if settings.beta != 0.0:
         values["kl"] = _token_mean(figures.kl)
+    if settings.top_entropy_quantile < 1.0:  # rlvr_fast's figure: TRL logs no such metric
+        values["high_entropy_fraction"] = high_entropy_fraction(
+            figures.entropy, figures.lengths, settings
+        )
     per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
     ratio, lengths = figures.ratio.cpu(), figures.lengths
     level = settings.importance_sampling_level

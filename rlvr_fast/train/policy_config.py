@@ -22,7 +22,14 @@ POLICY_SETTINGS = (
     "sapo_temperature_neg",
     "num_iterations",
     "generation_steps",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "off_policy_mask_threshold",
 )
+# Settings over the tokens of TRL's micro-batch, which rlvr_fast builds as one question's group
+# of one step (``rlvr_fast.train.policy.check_entropy_settings``).
+MICRO_BATCH_SETTINGS = ("top_entropy_quantile", "entropy_coef", "use_adaptive_entropy")
 
 
 @dataclass
@@ -122,3 +129,56 @@ class PolicyLossConfig:
         only_for=FLAT_ONLY,
         written_when_set=True,
     )
+    top_entropy_quantile: float = setting(
+        1.0,
+        "TRL's top_entropy_quantile (rho): the policy term keeps only the tokens whose entropy is "
+        "at least the 1 - rho quantile of the step's (1: every token)",
+        lambda v: 0 <= v <= 1,
+        "top_entropy_quantile must be in [0, 1], got {value}",
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
+    entropy_coef: float = setting(
+        0.0,
+        "TRL's entropy bonus: the loss minus this times the mean entropy of the policy term's "
+        "tokens (every group then contributes); the initial coefficient of use_adaptive_entropy",
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
+    use_adaptive_entropy: bool = setting(
+        False,
+        "TRL's adaptive entropy control: entropy_coef moved by entropy_coef_delta after each "
+        "step towards entropy_target, applied only while the entropy is at most the target",
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
+    entropy_target: float = setting(
+        0.2, "the adaptive control's target mean entropy (nats)", written_when_set=True
+    )
+    entropy_coef_min: float = setting(
+        0.0, "the adaptive control's lowest coefficient", written_when_set=True
+    )
+    entropy_coef_max: float = setting(
+        1.0, "the adaptive control's highest coefficient", written_when_set=True
+    )
+    entropy_coef_delta: float = setting(
+        0.005, "the adaptive control's step of the coefficient", written_when_set=True
+    )
+    off_policy_mask_threshold: float | None = setting(
+        None,
+        "TRL's off-policy sequence mask (DeepSeek-V3.2's OPSM): a sequence of negative advantage "
+        "whose mean KL(old || current) exceeds this leaves the policy term (None: none)",
+        only_for=FLAT_ONLY,
+        written_when_set=True,
+    )
+
+    @property
+    def entropy_bonus(self) -> bool:
+        """TRL's ``_entropy_bonus_enabled``: a coefficient, or the adaptive control (whose
+        coefficient may reach 0 and come back)."""
+        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
+
+    @property
+    def pulls_every_group(self) -> bool:
+        """A term with a gradient on a group whose rewards agree: the KL, the entropy bonus."""
+        return self.kl_beta > 0 or self.entropy_bonus

@@ -165,6 +165,8 @@ class RLVRTrainer:
             components["loss_scale"] = self.stepping.scaler
         if self.kind.reference is not None and self.kind.reference.owns_weights:
             components["reference"] = self.kind.reference
+        if self.kind.entropy_control is not None:
+            components["entropy_control"] = self.kind.entropy_control
         self.checkpointer = Checkpointer(components, steps=config.steps)
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.

@@ -137,6 +137,12 @@ class GRPOConfig(TRLFields):
                 "an optimizer step over several generation batches is not built",
             ),
             (
+                not self._micro_batch_settings() or self.generation_batch_size == g,
+                f"{', '.join(self._micro_batch_settings())} take TRL's micro-batch, which rlvr_fast "
+                "builds as one prompt's group: they need per_device_train_batch_size = "
+                "num_generations, one process and steps_per_generation 1",
+            ),
+            (
                 self.loss_type != "bnpo" or self.gradient_accumulation_steps == 1,
                 "loss_type='bnpo' normalises each micro-batch after TRL's shuffle of the "
                 "generation batch; rlvr_fast takes it at gradient_accumulation_steps 1",
@@ -185,6 +191,11 @@ class GRPOConfig(TRLFields):
             ),
             (1 <= self.tree_t_min <= self.tree_t_max, "need 1 <= tree_t_min <= tree_t_max"),
         ]
+
+    def _micro_batch_settings(self) -> list[str]:
+        """The entropy settings set away from TRL's defaults."""
+        defaults = {"top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False}
+        return [name for name, value in defaults.items() if getattr(self, name) != value]
 
     @property
     def prompts_per_step(self) -> int:

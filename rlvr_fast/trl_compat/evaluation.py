@@ -44,7 +44,9 @@ def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
     with torch.no_grad():
         losses = [float(kind.loss(q)) for q in questions]
     loss = sum(c * v for c, v in zip(counts, losses)) / max(sum(counts), 1)
-    return {"loss": loss, "policy": kind.figures(questions)}
+    figures = kind.figures(questions)
+    figures.pop("entropy_coef", None)  # TRL logs the coefficient at training steps only
+    return {"loss": loss, "policy": figures}
 
 
 def eval_order(rows: int, seed: int) -> list[int]:

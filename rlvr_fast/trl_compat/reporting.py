@@ -95,6 +95,10 @@ def policy_metrics(config, figures: dict) -> dict:
     values = {"entropy": figures.get("entropy")}
     if config.kl_beta != 0.0:
         values["kl"] = figures.get("kl")
+    if config.entropy_bonus:
+        values["policy_loss"] = figures.get("policy_loss")
+        if "entropy_coef" in figures:  # at training steps only
+            values["entropy_coef"] = figures["entropy_coef"]
     if config.loss_type in ("sum", *CLIPPED_LOSS_TYPES):
         values.update({key: figures.get(key, 0.0) for key in CLIP_RATIO_KEYS})
     elif config.loss_type == "cispo":

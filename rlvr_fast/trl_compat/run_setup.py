@@ -217,6 +217,14 @@ def policy_loss_settings(args) -> dict:
         sapo_temperature_neg=args.sapo_temperature_neg,
         num_iterations=args.num_iterations,
         generation_steps=args.generation_steps,
+        top_entropy_quantile=args.top_entropy_quantile,
+        entropy_coef=args.entropy_coef,
+        use_adaptive_entropy=args.use_adaptive_entropy,
+        entropy_target=args.entropy_target,
+        entropy_coef_min=args.entropy_coef_min,
+        entropy_coef_max=args.entropy_coef_max,
+        entropy_coef_delta=args.entropy_coef_delta,
+        off_policy_mask_threshold=args.off_policy_mask_threshold,
         checkpoint_every=args.num_iterations * args.generation_steps,
     )
 

@@ -74,22 +74,36 @@ def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
     assert (compiled.count(r"st\.global\.v4") > 0) == write_grad
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("kernel", ["_policy_rows_stats_kernel", "_policy_rows_grad_kernel"])
-def test_policy_loss_row_kernels_compile_for_sm90(dtype, kernel):
-    """Pass 1 (log p, log-sum-exp, entropy) and pass 2 (the logit gradient, in place) over a
-    row of Qwen3's 151,936 logits in 4,096-wide tiles: 16-byte loads; pass 2 stores in 16-byte
-    writes, rounded to nearest in bf16."""
+@pytest.mark.parametrize(
+    "dtype,kernel,entropy_grad",
+    [
+        (dtype, kernel, flag)
+        for dtype in ("bf16", "fp32")
+        for kernel, flag in (
+            ("_policy_rows_stats_kernel", None),
+            ("_policy_rows_grad_kernel", False),
+        )
+    ]
+    # The entropy term's variant once, in bf16 (the rounding of the tile it writes): its fp32
+    # build differs only in the store's type. A compile costs about 5 s of CI.
+    + [("bf16", "_policy_rows_grad_kernel", True)],
+)
+def test_policy_loss_row_kernels_compile_for_sm90(dtype, kernel, entropy_grad):
+    """Pass 1 (log p, log-sum-exp, entropy) and pass 2 (the logit gradient, in place, with and
+    without the entropy bonus's term) over a row of Qwen3's 151,936 logits in 4,096-wide tiles:
+    16-byte loads; pass 2 stores in 16-byte writes, rounded to nearest in bf16."""
     pointers = dict(p_logits=f"*{dtype}", p_targets="*i64", p_lse="*fp32")
+    constants = dict(BLOCK_V=BLOCK_V, NUM_TILES=-(-VOCAB // BLOCK_V))
     if kernel == "_policy_rows_stats_kernel":
         pointers.update(p_logprobs="*fp32", p_entropy="*fp32")
     else:
-        pointers.update(p_grad_logprobs="*fp32")
+        pointers.update(p_grad_logprobs="*fp32", p_entropy="*fp32", p_grad_entropy="*fp32")
+        constants.update(HAS_ENTROPY_GRAD=entropy_grad)
     compiled = compile_for_sm90(
         "rlvr_fast.kernels.policy_loss",
         kernel,
         {**pointers, "stride_row": "i32", "V": "i32", "inv_temperature": "fp32"},
-        dict(BLOCK_V=BLOCK_V, NUM_TILES=-(-VOCAB // BLOCK_V)),
+        constants,
         divisible=(*pointers, "stride_row", "V"),
     )
     assert_builds_without_spills(compiled)

@@ -42,8 +42,10 @@ def make_inputs(lengths, h, v, seed=0):
 
 def reference_loss(hidden, weight, targets, old, ref, advantages, lengths, settings, temperature):
     logprobs, entropy = token_stats_reference(hidden, weight, targets, temperature)
-    loss, ratio, kl = policy_objective(logprobs, old, advantages, lengths, settings, ref)
-    return loss, (logprobs.detach(), entropy.detach(), ratio, kl)
+    loss, *figures = policy_objective(
+        logprobs, old, advantages, lengths, settings, ref, entropy=entropy
+    )
+    return loss, (logprobs.detach(), entropy.detach(), *figures)
 
 
 def loss_and_grads(fn, hidden, weight, dtype):
@@ -81,12 +83,23 @@ SETTINGS = [
     PolicyLossSettings(epsilon=0.1, epsilon_high=0.28, beta=0.04, loss_type="bnpo"),
     PolicyLossSettings(loss_type="cispo", epsilon_high=1.1, beta=0.1, use_bias_correction_kl=True),
     PolicyLossSettings(delta=1.2, num_items_in_batch=30, gradient_accumulation_steps=2),
+    # The entropy's own gradient: the bonus alone, over the top-entropy tokens, with the KL.
+    PolicyLossSettings(loss_type="grpo", entropy_coef=0.5),
+    PolicyLossSettings(top_entropy_quantile=0.3, entropy_coef=0.05, gradient_accumulation_steps=3),
+    PolicyLossSettings(loss_type="bnpo", top_entropy_quantile=0.5, beta=0.04),
+    PolicyLossSettings(
+        loss_type="dr_grpo", max_completion_length=12, off_policy_mask_threshold=0.1
+    ),
 ]
 
 
 @on_device
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"{s.loss_type}-{s.beta}-{s.delta}")
+@pytest.mark.parametrize(
+    "settings",
+    SETTINGS,
+    ids=lambda s: f"{s.loss_type}-{s.beta}-{s.delta}-{s.entropy_coef}-{s.top_entropy_quantile}",
+)
 def test_fp32_loss_grads_and_stats_match_reference(backend, settings):
     hidden, weight, targets, old, ref, advantages = make_inputs(LENGTHS, 32, 300)
     common = (targets, old, ref, advantages, LENGTHS, settings, 0.7)
@@ -109,9 +122,16 @@ def test_fp32_loss_grads_and_stats_match_reference(backend, settings):
 
 @on_device
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("loss_type", ["dapo", "cispo"])
-def test_bf16_error_at_most_twice_eager_bf16(backend, loss_type):
-    settings = PolicyLossSettings(loss_type=loss_type, beta=0.04, epsilon_high=0.28)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        PolicyLossSettings(loss_type="dapo", beta=0.04, epsilon_high=0.28),
+        PolicyLossSettings(loss_type="cispo", beta=0.04, epsilon_high=0.28),
+        PolicyLossSettings(loss_type="grpo", entropy_coef=0.3, top_entropy_quantile=0.5),
+    ],
+    ids=["dapo", "cispo", "grpo-entropy"],
+)
+def test_bf16_error_at_most_twice_eager_bf16(backend, settings):
     hidden, weight, targets, old, ref, advantages = make_inputs(LENGTHS, 64, 1000, seed=1)
     common = (targets, old, ref, advantages, LENGTHS, settings, 1.0)
     exact, _ = loss_and_grads(

@@ -3,6 +3,7 @@ trainer whose log-probabilities are the fused op's, and TRL's ``entropy_from_log
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -23,6 +24,10 @@ SETTINGS = [
     PolicyLossSettings(loss_type="dapo", epsilon_high=0.28, beta=0.1, use_bias_correction_kl=True),
     PolicyLossSettings(loss_type="cispo", epsilon_high=1.1, delta=1.5, beta=0.02),
     PolicyLossSettings(loss_type="bnpo", delta=1.2, gradient_accumulation_steps=2),
+    PolicyLossSettings(loss_type="dapo", entropy_coef=0.01),
+    PolicyLossSettings(loss_type="grpo", top_entropy_quantile=0.2),
+    PolicyLossSettings(loss_type="dapo", top_entropy_quantile=0.2, entropy_coef=0.01),
+    PolicyLossSettings(loss_type="bnpo", off_policy_mask_threshold=0.05, entropy_coef=0.1),
 ]
 
 
@@ -33,6 +38,9 @@ class SingleProcess:
         return tensor
 
     def reduce(self, tensor, reduction):
+        return tensor
+
+    def pad_across_processes(self, tensor, dim, pad_index):
         return tensor
 
 
@@ -52,8 +60,12 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
             padded(entropy, LENGTHS),
             None,
         ),
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
+        top_entropy_quantile=settings.top_entropy_quantile,
+        off_policy_mask_threshold=settings.off_policy_mask_threshold,
+        get_off_policy_mask=trl_grpo.GRPOTrainer.get_off_policy_mask,
+        entropy_coef=settings.entropy_coef,
+        use_adaptive_entropy=False,
+        _entropy_bonus_enabled=settings.entropy_coef != 0.0,
         importance_sampling_level=settings.importance_sampling_level,
         beta=settings.beta,
         loss_type=settings.loss_type,
@@ -62,12 +74,14 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
         max_completion_length=settings.max_completion_length,
         use_vllm=False,
         aux_loss_enabled=False,
-        _entropy_bonus_enabled=False,
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=settings.gradient_accumulation_steps,
         accelerator=SingleProcess(),
         args=args,
         _metrics=defaultdict(lambda: defaultdict(list)),
+    )
+    trainer.get_high_entropy_mask = functools.partial(
+        trl_grpo.GRPOTrainer.get_high_entropy_mask, trainer
     )
     inputs = dict(
         prompt_ids=torch.zeros(len(LENGTHS), 1, dtype=torch.long),
@@ -82,7 +96,11 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
     return trl_grpo.GRPOTrainer._compute_loss(trainer, None, inputs), trainer._metrics["train"]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"{s.loss_type}-{s.beta}-{s.delta}")
+@pytest.mark.parametrize(
+    "settings",
+    SETTINGS,
+    ids=lambda s: f"{s.loss_type}-{s.beta}-{s.delta}-{s.entropy_coef}-{s.top_entropy_quantile}",
+)
 def test_loss_gradient_and_entropy_equal_trls(settings):
     generator = torch.Generator().manual_seed(0)
     n = sum(LENGTHS)
@@ -98,12 +116,16 @@ def test_loss_gradient_and_entropy_equal_trls(settings):
         ref_logprobs=ref, temperature=0.7, chunk_size=7,
     )  # fmt: skip
     (grad_fused,) = torch.autograd.grad(fused, hidden)
-    leaf = stats.logprobs.clone().requires_grad_()
-    expected, metrics = trl_loss(settings, leaf, stats.entropy, old, ref, advantages)
-    (grad_logprobs,) = torch.autograd.grad(expected, leaf)
+    leaves = stats.logprobs.clone().requires_grad_(), stats.entropy.clone().requires_grad_()
+    expected, metrics = trl_loss(settings, *leaves, old, ref, advantages)
+    grad_logprobs, grad_entropy = torch.autograd.grad(expected, leaves, allow_unused=True)
     # TRL's gradient through the eager log-softmax of the same logits, chained by autograd.
-    eager = torch.log_softmax((hidden @ weight.T) / 0.7, -1).gather(1, targets[:, None])
-    (grad_trl,) = torch.autograd.grad(eager.squeeze(1), hidden, grad_logprobs)
+    eager_logp = torch.log_softmax((hidden @ weight.T) / 0.7, -1)
+    eager = eager_logp.gather(1, targets[:, None]).squeeze(1)
+    eager_entropy = -(eager_logp.exp() * eager_logp).sum(-1)
+    if grad_entropy is None:
+        grad_entropy = torch.zeros_like(eager_entropy)
+    (grad_trl,) = torch.autograd.grad((eager, eager_entropy), hidden, (grad_logprobs, grad_entropy))
     torch.testing.assert_close(fused, expected.detach(), rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad_fused, grad_trl, rtol=1e-5, atol=1e-7)
     entropy = trl_utils.entropy_from_logits(logits)

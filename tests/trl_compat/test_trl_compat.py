@@ -103,14 +103,16 @@ def trl_gradient(
     reward=varied_reward,
     generation=0,
     stepped=None,
+    state=None,
     **settings,
 ):
     """TRL's gradient and logged loss of one step whose generation (number ``generation``)
     returns ``completions``, through its own accumulation: each micro-batch's compute_loss and
     backward, the generation shuffled in our order (``generation_order``: TRL's shuffle draws
     from torch's global RNG); the policy at ``weights`` (default: the model's own; the
-    reference model stays at them). ``stepped`` gets the weights after the Trainer's optimizer
-    step on that gradient, clipped to max_grad_norm as the Trainer clips it."""
+    reference model stays at them); ``state``: attributes of TRL's trainer set before.
+    ``stepped`` gets the weights after the Trainer's optimizer step on that gradient, clipped to
+    max_grad_norm as the Trainer clips it."""
     from trl.trainer import grpo_trainer
 
     args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, **settings})
@@ -119,6 +121,8 @@ def trl_gradient(
         with torch.no_grad():
             for name, param in trainer.model.named_parameters():
                 param.copy_(weights[name])
+    for name, value in (state or {}).items():  # e.g. the adaptive entropy control's
+        setattr(trainer, name, value)
     trainer._generate_single_turn = lambda *a, **k: ([list(c) for c in completions], None)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -258,6 +262,65 @@ def test_entropy_covers_a_group_without_a_loss_in_trls_micro_batches(tmp_path):
     )
     assert_same_gradient(ours, theirs)
     assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(entropy_coef=0.01),
+        dict(top_entropy_quantile=0.2),
+        dict(loss_type="grpo", top_entropy_quantile=0.2, entropy_coef=0.01),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_entropy_bonus_and_mask_give_trls_gradient(tmp_path, settings):
+    """TRL's entropy bonus (its gradient through the fused pass) and high-entropy token mask:
+    one step from identical rollouts gives TRL's gradient within 1e-5 relative, its loss,
+    entropy and entropy_coef."""
+    trl = trl_modules()
+    ours, completions, prompts, logs, _ = our_gradient(tmp_path, **settings)
+    theirs, their_loss, metrics = trl_gradient(
+        trl, completions, prompts, tmp_path, generation=logs["step"] - 1, **settings
+    )
+    assert_gradient_within(ours, theirs, 1e-5)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-5, abs=1e-7)
+    assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    for name in ("entropy_coef", "policy_loss"):
+        assert (name in logs) == (name in metrics), name
+        if name in metrics:
+            assert logs[name] == pytest.approx(metrics[name], rel=1e-5, abs=1e-7), name
+
+
+def test_adaptive_entropy_gives_trls_gradient_and_coefficient(tmp_path):
+    """use_adaptive_entropy: the first step applies no bonus (no entropy measured yet), the
+    second the coefficient the first step's entropy moved; at the second step's weights and
+    controller state TRL's gradient within 1e-5 relative, and the same next coefficient."""
+    trl = trl_modules()
+    settings = dict(use_adaptive_entropy=True, entropy_coef=0.01, entropy_target=50.0)
+    steps = []
+    ours, completions, prompts, logs, weights = our_gradient(
+        tmp_path, at=1, steps=steps, **settings
+    )
+    first_logs = steps[0][3]
+    assert first_logs["entropy_coef"] == pytest.approx(0.015)
+    assert logs["entropy_coef"] == pytest.approx(0.02)
+    trl_state = dict(entropy_coef=first_logs["entropy_coef"], _last_world_entropy=0.0)
+    theirs, their_loss, metrics = trl_gradient(
+        trl, completions, prompts, tmp_path, weights, state=trl_state, **settings
+    )
+    assert_gradient_within(ours, theirs, 1e-5)
+    assert logs["loss"] == pytest.approx(their_loss, rel=1e-5, abs=1e-7)
+    assert metrics["entropy_coef"] == logs["entropy_coef"]
+    assert logs["policy_loss"] == pytest.approx(metrics["policy_loss"], rel=1e-5, abs=1e-7)
+
+
+def assert_gradient_within(ours, theirs, rel: float):
+    """Every tensor's largest difference at most ``rel`` of TRL's largest gradient entry."""
+    assert set(ours) == set(theirs)
+    scale = max(float(g.abs().max()) for g in theirs.values())
+    assert scale > 0
+    worst = max(float((ours[n] - g).abs().max()) for n, g in theirs.items()) / scale
+    assert worst <= rel, worst
 
 
 def assert_same_gradient(ours, theirs):
@@ -448,6 +511,8 @@ def trl_later_update(
         dict(
             loss_type="grpo", num_iterations=2, epsilon=0.02, importance_sampling_level="sequence"
         ),
+        # The update lowered the negative-advantage sequences' log-probabilities: OPSM drops them.
+        dict(loss_type="dapo", num_iterations=2, epsilon=0.02, off_policy_mask_threshold=1e-6),
     ],
     ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
 )

@@ -108,6 +108,14 @@ def test_values_of_honoured_fields_it_cannot_honour_are_refused(settings, messag
             "loss_type='bnpo'",
         ),
         (dict(arm="no_such_arm"), "arm must be one of"),
+        (
+            dict(entropy_coef=0.01, per_device_train_batch_size=16),
+            "entropy_coef take TRL's micro-batch",
+        ),
+        (
+            dict(top_entropy_quantile=0.2, use_adaptive_entropy=True, steps_per_generation=2),
+            "top_entropy_quantile, use_adaptive_entropy take TRL's micro-batch",
+        ),
     ],
 )
 def test_combinations_it_cannot_honour_are_refused(settings, message):

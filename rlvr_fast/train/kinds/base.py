@@ -13,6 +13,7 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.measure(questions, phase)                   # figures of those whose loss won't run
     kind.figures(questions, micro_batches)           # TRL's entropy / KL / clip figures
     kind.reference                                   # the KL's reference model, or None
+    kind.entropy_control                             # TRL's adaptive entropy control, or None
     kind.record(step, question, ...)                 # its ledger record (checked)
     kind.rollouts_line(step, question)               # what verify re-derives the record from
     Kind.rederive(line, recorded, config, params, active_steps)   # verify's record
@@ -67,6 +68,7 @@ class RecordInputs:
 class StepKind(Protocol):
     name: ClassVar[str]
     reference: torch.nn.Module | None
+    entropy_control: object | None  # rlvr_fast.train.policy.EntropyControl
 
     @classmethod
     def check_config(cls, config) -> None: ...

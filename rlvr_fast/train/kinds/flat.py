@@ -1,11 +1,13 @@
 """Flat GRPO groups (seed §1): G rollouts of each question, its prompt prefilled once and forked
 G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i; the loss in the
 arm's ``loss_order`` (the study's sum type), or TRL's loss of ``loss_type`` through the fused
-policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy); a
-ledger line of G leaves in pairs (2i, 2i + 1) with prefix 0."""
+policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy,
+its bonus and token mask, the off-policy sequence mask); a ledger line of G leaves in pairs
+(2i, 2i + 1) with prefix 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -35,7 +37,14 @@ from rlvr_fast.train.losses import (
     policy_loss,
     sequence_scales,
 )
-from rlvr_fast.train.policy import PolicyTerms, ReferenceModel, policy_settings, step_figures
+from rlvr_fast.train.policy import (
+    EntropyControl,
+    PolicyTerms,
+    ReferenceModel,
+    policy_settings,
+    policy_term_entropy,
+    step_figures,
+)
 from rlvr_fast.utils.phases import Phases
 
 
@@ -91,6 +100,7 @@ class FlatKind:
             self.reference = ReferenceModel(
                 policy.model, sync, config.ref_model_mixup_alpha, policy.adapters
             )
+        self.entropy_control = EntropyControl(config) if config.use_adaptive_entropy else None
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -222,27 +232,16 @@ class FlatKind:
         return sum(self.loss_count(q) for q in questions)
 
     def contributes(self, question: Question) -> bool:
-        """Its rewards vary, or a KL term pulls it to the reference (kl_beta > 0); and the step
-        trains on one of its completions."""
-        pulled = question.credit.sigma != 0 or self.config.kl_beta > 0
+        """Its rewards vary, or a KL term or an entropy bonus pulls it; and the step trains on
+        one of its completions."""
+        pulled = question.credit.sigma != 0 or self.config.pulls_every_group
         return pulled and question.share != []
 
     def loss(self, question: Question) -> torch.Tensor:
         config, model = self.config, self.policy.model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
-            terms, completions = self.step_terms(question)
-            loss, terms.stats = policy_loss(
-                model,
-                question.prompt_ids,
-                completions,
-                terms.advantages,
-                self.policy_settings,
-                old_logprobs=terms.old_logprobs,
-                ref_logprobs=terms.ref_logprobs,
-                temperature=self.loss_temperature(),
-            )
-            return loss
+            return self.policy_question_loss(question)
         if config.loss_order == "sum_then_scale":
             return fused_sum_then_scale_loss(
                 model, question.prompt_ids, completions, credit.advantages
@@ -254,6 +253,32 @@ class FlatKind:
             credit.token_weights,
             config.temperature if config.tempered_logprobs else 1.0,
         )
+
+    def policy_question_loss(self, question: Question) -> torch.Tensor:
+        """TRL's loss of the question's group (one micro-batch), at the coefficient the
+        adaptive entropy control applies this step, which then takes the step's entropy."""
+        terms, completions = self.step_terms(question)
+        settings = self.policy_settings
+        if self.entropy_control is not None:
+            settings = dataclasses.replace(settings, entropy_coef=self.entropy_control.applied())
+        loss, terms.stats = policy_loss(
+            self.policy.model,
+            question.prompt_ids,
+            completions,
+            terms.advantages,
+            settings,
+            old_logprobs=terms.old_logprobs,
+            ref_logprobs=terms.ref_logprobs,
+            temperature=self.loss_temperature(),
+        )
+        if self.config.entropy_bonus:
+            entropy = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
+            # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
+            # accumulation). Its controller moves in training only, not at an evaluation.
+            terms.policy_loss = float(loss.detach()) + settings.entropy_coef * entropy
+            if self.entropy_control is not None and self.policy.model.training:
+                self.entropy_control.after_step(entropy)
+        return loss
 
     def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
         """The policy terms and loss completions of the question this step: its share's (kept
@@ -289,7 +314,16 @@ class FlatKind:
         terms = [q.credit.policy for q in questions]
         if questions[0].share is not None:  # this step's shares of the generation
             terms = [q.credit.share_policy for q in questions]
-        return step_figures(terms, self.policy_settings, micro_batches)
+        figures = step_figures(terms, self.policy_settings, micro_batches)
+        if self.config.entropy_bonus:  # TRL logs the coefficient after the step's update
+            losses = [t.policy_loss for t in terms if t.policy_loss is not None]
+            if losses:
+                figures["policy_loss"] = sum(losses) / len(losses)
+            control = self.entropy_control
+            figures["entropy_coef"] = self.config.entropy_coef if control is None else control.coef
+            if control is not None:  # what moved it (verify re-derives the coefficients)
+                figures["policy_term_entropy"] = control.last_entropy
+        return figures
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         return flat_step_record(
@@ -370,7 +404,7 @@ class FlatKind:
             unscored = [math.nan if r is None else r for r in rewards]
             sigma = standardised_advantages(unscored, scale=config.scale_rewards)[1]
         decision = decide_step(
-            int((sigma != 0 or config.kl_beta > 0) and line.get("trained") != []),
+            int((sigma != 0 or config.pulls_every_group) and line.get("trained") != []),
             skip_zero_var=config.skip_zero_var,
             zero_var_step=config.zero_var_step,
         )

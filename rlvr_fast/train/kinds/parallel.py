@@ -57,6 +57,7 @@ class PathStepCredit:
 class ParallelKind:
     name: ClassVar[str] = "parallel"
     reference = None  # the study's loss: no KL to a reference model
+    entropy_control = None  # nor an entropy bonus
 
     def __init__(self, config, policy, engine, task, generator: torch.Generator, params: int):
         self.config, self.policy, self.engine = config, policy, engine
