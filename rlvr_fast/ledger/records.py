@@ -258,6 +258,7 @@ POLICY_FIGURES = (
     "clip_ratio/low_min",
     "clip_ratio/high_max",
     "cispo_clip_ratio",
+    "vespo/phi_seq_mean",
     "entropy_coef",
     "policy_loss",
     # rlvr_fast's: the share of the step's tokens in the policy term (top_entropy_quantile < 1).

@@ -16,6 +16,7 @@ generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMM
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -39,7 +40,7 @@ BACKENDS = {
     "triton": (policy_rows_stats_triton, policy_rows_grad_triton),
 }
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-LOSS_TYPES = (*CLIPPED_LOSS_TYPES, "cispo", "sapo")
+LOSS_TYPES = (*CLIPPED_LOSS_TYPES, "cispo", "sapo", "vespo")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class PolicyLossSettings:
     use_bias_correction_kl: bool = False
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     max_completion_length: int | None = None
     num_items_in_batch: float | None = None
     gradient_accumulation_steps: int = 1
@@ -141,7 +146,11 @@ def policy_objective(
         if settings.use_bias_correction_kl:
             per_token_kl = per_token_kl * coef_1
     advantages = advantages.float()[:, None]
-    per_token_loss = _per_token_loss(coef_1, advantages, per_token_logps, settings)
+    if settings.loss_type == "vespo":
+        phi = gamma_weights(advantages, log_ratio, mask, settings)
+        per_token_loss = -phi * advantages * per_token_logps
+    else:
+        per_token_loss = _per_token_loss(coef_1, advantages, per_token_logps, settings)
     if settings.off_policy_mask_threshold is not None:
         per_token_loss = per_token_loss * off_policy_mask(
             advantages, log_ratio.detach(), mask, settings.off_policy_mask_threshold
@@ -184,6 +193,22 @@ def off_policy_mask(advantages, log_ratio, mask, threshold: float) -> torch.Tens
         min=1.0
     )
     return ((advantages >= 0) | (avg_seq_kl <= threshold)).to(mask.dtype)
+
+
+@torch.no_grad()
+def gamma_weights(advantages, log_ratio, mask, settings: PolicyLossSettings) -> torch.Tensor:
+    """VESPO's sequence weight [S, 1] (TRL's ``get_gamma_weights``, no sampler correction):
+    phi(w) = e^lambda w^k e^(-lambda w), phi(1) = 1, of w the sequence's ratio exp(sum of the
+    token log-ratios), in log space; k and lambda by the advantage's sign. Detached: it scales
+    the gradient of -A log p."""
+    lower = math.log(1e-8)
+    seq_log_ratio = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(dim=-1, keepdim=True)
+    log_w = torch.clamp(seq_log_ratio, lower, 20.0)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, settings.vespo_k_pos, settings.vespo_k_neg)
+    lam = torch.where(nonneg, settings.vespo_lambda_pos, settings.vespo_lambda_neg).clamp(min=1e-4)
+    log_phi = lam + k * log_w - lam * torch.exp(log_w)
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _per_token_loss(coef_1, advantages, per_token_logps, settings) -> torch.Tensor:

@@ -180,7 +180,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     loss_type: str = setting(
         "sum",
         "the study's sum (-A_i sum_t log p, through weighted_token_nll), or one of TRL 1.16's "
-        "loss types (grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo: fused_policy_loss)",
+        "loss types (grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo: fused_policy_loss)",
         one_of(LOSS_TYPES),
         _valid("loss_type", LOSS_TYPES),
         only_for=FLAT_ONLY,

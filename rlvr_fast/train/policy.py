@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from rlvr_fast.models.lora import base_twin
+from rlvr_fast.train.policy_config import VESPO_SETTINGS
 from rlvr_fast.ops.policy_loss import (
     CLIPPED_LOSS_TYPES,
     PolicyLossSettings,
     PolicyLossStats,
+    gamma_weights,
     high_entropy_mask,
     padded,
 )
@@ -47,6 +49,7 @@ def policy_settings(config) -> PolicyLossSettings:
         use_bias_correction_kl=config.use_bias_correction_kl,
         sapo_temperature_pos=config.sapo_temperature_pos,
         sapo_temperature_neg=config.sapo_temperature_neg,
+        **{name: getattr(config, name) for name in VESPO_SETTINGS},
         max_completion_length=config.max_new_tokens,
         top_entropy_quantile=config.top_entropy_quantile,
         entropy_coef=config.entropy_coef,
@@ -263,6 +266,13 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
     elif settings.loss_type == "cispo":
         clipped = (ratio > high) & (per_token_adv > 0)
         values["cispo_clip_ratio"] = _clip_mean(clipped, lengths, level)
+    elif settings.loss_type == "vespo":
+        # TRL's mean of the sequences' weights, from the token log-ratios log(ratio) (at
+        # sequence level each token holds the sequence's mean: their sum is the same).
+        log_ratio = padded(ratio.log(), lengths)
+        mask = padded(torch.ones_like(ratio), lengths)
+        phi = gamma_weights(figures.advantages.float()[:, None], log_ratio, mask, settings)
+        values["vespo/phi_seq_mean"] = float(phi.mean())
     return values
 
 

@@ -4,11 +4,14 @@ and, written only when set, leave the config.json of runs that do not set them a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 
 IS_LEVELS = ("token", "sequence")
+VESPO_SETTINGS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
+VESPO_POSITIVE = (math.isfinite, "vespo's k and lambda must be finite numbers, got {value}")
 # Settings that need a loss type other than the study's sum.
 POLICY_SETTINGS = (
     "kl_beta",
@@ -20,6 +23,10 @@ POLICY_SETTINGS = (
     "delta",
     "sapo_temperature_pos",
     "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
     "num_iterations",
     "generation_steps",
     "top_entropy_quantile",
@@ -109,6 +116,20 @@ class PolicyLossConfig:
         "sapo temperatures must be > 0",
         written_when_set=True,
     )
+    vespo_k_pos: float = setting(
+        2.0, "vespo's gamma shape k of positive advantages", *VESPO_POSITIVE, written_when_set=True
+    )
+    vespo_lambda_pos: float = setting(
+        3.0, "vespo's gamma rate lambda of positive advantages", *VESPO_POSITIVE,
+        written_when_set=True,
+    )  # fmt: skip
+    vespo_k_neg: float = setting(
+        3.0, "vespo's gamma shape k of negative advantages", *VESPO_POSITIVE, written_when_set=True
+    )
+    vespo_lambda_neg: float = setting(
+        2.0, "vespo's gamma rate lambda of negative advantages", *VESPO_POSITIVE,
+        written_when_set=True,
+    )  # fmt: skip
     num_iterations: int = setting(
         1,
         "TRL's num_iterations (mu): clipped updates per generation, the old log-probabilities "

@@ -103,6 +103,8 @@ def policy_metrics(config, figures: dict) -> dict:
         values.update({key: figures.get(key, 0.0) for key in CLIP_RATIO_KEYS})
     elif config.loss_type == "cispo":
         values["cispo_clip_ratio"] = figures.get("cispo_clip_ratio", 0.0)
+    elif config.loss_type == "vespo":
+        values["vespo/phi_seq_mean"] = figures.get("vespo/phi_seq_mean")
     return values
 
 

@@ -12,6 +12,7 @@ import torch
 
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.policy_config import VESPO_SETTINGS
 from rlvr_fast.trl_compat.lora import lora_fields
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ def policy_loss_settings(args) -> dict:
         delta=args.delta,
         sapo_temperature_pos=args.sapo_temperature_pos,
         sapo_temperature_neg=args.sapo_temperature_neg,
+        **{name: getattr(args, name) for name in VESPO_SETTINGS},
         num_iterations=args.num_iterations,
         generation_steps=args.generation_steps,
         top_entropy_quantile=args.top_entropy_quantile,

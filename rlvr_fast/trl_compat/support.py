@@ -17,7 +17,7 @@ import json
 from enum import Enum
 
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "sum")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "vespo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
@@ -102,6 +102,10 @@ HONOURED = {
     "use_bias_correction_kl": "the importance-weighted KL estimate",
     "sapo_temperature_neg": "sapo's gate temperature of negative advantages",
     "sapo_temperature_pos": "sapo's gate temperature of positive advantages",
+    "vespo_k_pos": "vespo's gamma shape of positive advantages",
+    "vespo_lambda_pos": "vespo's gamma rate of positive advantages",
+    "vespo_k_neg": "vespo's gamma shape of negative advantages",
+    "vespo_lambda_neg": "vespo's gamma rate of negative advantages",
     "top_entropy_quantile": "the policy term on the top-entropy tokens (one prompt per step)",
     "entropy_coef": "the entropy bonus, its gradient fused with the loss (one prompt per step)",
     "use_adaptive_entropy": "TRL's adaptive entropy coefficient, checkpointed (one prompt per step)",
@@ -203,10 +207,6 @@ NO_EFFECT = {
     "vllm_importance_sampling_clip_max": NO_VLLM,
     "vllm_importance_sampling_clip_min": NO_VLLM,
     "vllm_importance_sampling_cap": NO_VLLM,
-    "vespo_k_pos": "only for loss_type vespo (refused)",
-    "vespo_lambda_pos": "only for loss_type vespo (refused)",
-    "vespo_k_neg": "only for loss_type vespo (refused)",
-    "vespo_lambda_neg": "only for loss_type vespo (refused)",
     "max_tool_calling_iterations": "only with tools (refused by GRPOTrainer)",
     "log_multimodal": "rlvr_fast trains text models",
     "use_transformers_continuous_batching": "rlvr_fast's engine batches continuously already",

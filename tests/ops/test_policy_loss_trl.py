@@ -28,6 +28,8 @@ SETTINGS = [
     PolicyLossSettings(loss_type="grpo", top_entropy_quantile=0.2),
     PolicyLossSettings(loss_type="dapo", top_entropy_quantile=0.2, entropy_coef=0.01),
     PolicyLossSettings(loss_type="bnpo", off_policy_mask_threshold=0.05, entropy_coef=0.1),
+    PolicyLossSettings(loss_type="vespo"),
+    PolicyLossSettings(loss_type="vespo", vespo_k_pos=1.5, vespo_lambda_neg=0.5, beta=0.04),
 ]
 
 
@@ -52,6 +54,10 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
         delta=settings.delta,
         sapo_temperature_pos=settings.sapo_temperature_pos,
         sapo_temperature_neg=settings.sapo_temperature_neg,
+        vespo_k_pos=settings.vespo_k_pos,
+        vespo_lambda_pos=settings.vespo_lambda_pos,
+        vespo_k_neg=settings.vespo_k_neg,
+        vespo_lambda_neg=settings.vespo_lambda_neg,
         steps_per_generation=settings.gradient_accumulation_steps,
     )
     trainer = SimpleNamespace(
@@ -63,6 +69,7 @@ def trl_loss(settings, logprobs, entropy, old, ref, advantages):
         top_entropy_quantile=settings.top_entropy_quantile,
         off_policy_mask_threshold=settings.off_policy_mask_threshold,
         get_off_policy_mask=trl_grpo.GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=trl_grpo.GRPOTrainer.get_gamma_weights,
         entropy_coef=settings.entropy_coef,
         use_adaptive_entropy=False,
         _entropy_bonus_enabled=settings.entropy_coef != 0.0,

@@ -354,7 +354,7 @@ def test_kl_cispo_and_sapo_give_trls_gradient_and_metrics(tmp_path, settings):
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
     assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
-    for name in ("kl", "cispo_clip_ratio"):
+    for name in ("kl", "cispo_clip_ratio", "vespo/phi_seq_mean"):
         assert (name in logs) == (name in metrics)
         if name in metrics:
             assert logs[name] == pytest.approx(metrics[name], rel=1e-4, abs=1e-9)
@@ -513,6 +513,8 @@ def trl_later_update(
         ),
         # The update lowered the negative-advantage sequences' log-probabilities: OPSM drops them.
         dict(loss_type="dapo", num_iterations=2, epsilon=0.02, off_policy_mask_threshold=1e-6),
+        # VESPO's sequence weights away from 1, and TRL's mean of them.
+        dict(loss_type="vespo", num_iterations=2, vespo_k_pos=1.5, vespo_lambda_neg=0.5),
     ],
     ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
 )
@@ -536,6 +538,11 @@ def test_the_second_iteration_on_a_generation_gives_trls_gradient_and_clip_ratio
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
     assert logs["entropy"] == pytest.approx(metrics["entropy"], rel=1e-5)
+    if settings["loss_type"] == "vespo":
+        phi = metrics["vespo/phi_seq_mean"]
+        assert phi != pytest.approx(1.0, abs=1e-6), "every sequence weight is 1"
+        assert logs["vespo/phi_seq_mean"] == pytest.approx(phi, rel=1e-5)
+        return
     clip_keys = [k for k in metrics if k.startswith("clip_ratio/")]
     assert len(clip_keys) == 5
     if settings.get("importance_sampling_level") != "sequence":  # a sequence's mean drifts less

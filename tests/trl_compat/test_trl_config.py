@@ -81,7 +81,7 @@ def test_assigning_a_refused_value_after_construction_is_refused(name):
             dict(optim="sgd"),
             "optim='sgd' is not supported by rlvr_fast: rlvr_fast steps AdamW or Adafactor",
         ),
-        (dict(loss_type="vespo"), "loss_type='vespo'"),
+        (dict(multi_objective_aggregation="max"), "multi_objective_aggregation='max'"),
         (dict(beta=-0.1), "beta=-0.1"),
         (dict(report_to="mlflow"), "report_to='mlflow'"),
         (dict(delta=0.0), "delta=0.0"),
