@@ -91,6 +91,7 @@ FEATURES = {
     "loss_type=bnpo": ({"loss_type": "bnpo"}, None),
     "loss_type=cispo": ({"loss_type": "cispo"}, None),
     "loss_type=sapo": ({"loss_type": "sapo"}, None),
+    "loss_type=vespo": ({"loss_type": "vespo"}, None),
     "loss_type=luspo": ({"loss_type": "luspo", "importance_sampling_level": "sequence"}, None),
     "scale_rewards=batch": ({"scale_rewards": "batch", "per_device_train_batch_size": 8}, None),
     "scale_rewards=none": ({"scale_rewards": "none"}, None),
