@@ -22,7 +22,8 @@ install: $(STAMP)
 
 # Lint and format checks; the tests, in one process per core (pytest-xdist), each with one
 # OpenMP thread (the tests' operators are tiny: two processes keep two cores busy where one
-# process with two threads leaves one waiting); every benchmark collected (imports and
+# process with two threads leaves one waiting; work stealing, so that a worker left with the
+# long tests hands some to the other); every benchmark collected (imports and
 # parametrisation; their bodies run in `make bench`, and the CPU cases of the fused ops and of
 # decode run in the GPU suite's dry run); then, side by side, the C++ extension built without its
 # AVX2 path (what aarch64 compiles) and checked against the installed one, and the GPU suite's
@@ -32,7 +33,7 @@ TEST_WORKERS ?= auto
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 	$(BIN)/python -m pytest -q --collect-only benchmarks > /dev/null
 	$(BIN)/python scripts/check_scalar_build.py & scalar=$$!; \
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --dry-run; dry_run=$$?; \

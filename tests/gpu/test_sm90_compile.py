@@ -47,8 +47,8 @@ def test_the_64_bit_offset_check_catches_32_bit_offsets(width):
         assert len(narrow) == 2 and all(line.startswith("mul.lo.s32") for line in narrow), narrow
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("write_grad", [True, False])
+# Each compile costs about 5 s of CI: fp32 once, in the variant that writes the tile.
+@pytest.mark.parametrize("dtype,write_grad", [("bf16", True), ("bf16", False), ("fp32", True)])
 def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
     """A row of Qwen3's 151,936 logits in 4,096-wide tiles: read in 16-byte loads; the logit
     gradient written back in place with 16-byte stores, rounded to nearest in bf16."""
@@ -76,17 +76,14 @@ def test_weighted_nll_row_kernel_compiles_for_sm90(dtype, write_grad):
 
 @pytest.mark.parametrize(
     "dtype,kernel,entropy_grad",
+    # Every variant in bf16 (the rounding of the tile pass 2 writes); fp32 once, in pass 2
+    # (pass 1 differs only in the load's type). A compile costs about 5 s of CI.
     [
-        (dtype, kernel, flag)
-        for dtype in ("bf16", "fp32")
-        for kernel, flag in (
-            ("_policy_rows_stats_kernel", None),
-            ("_policy_rows_grad_kernel", False),
-        )
-    ]
-    # The entropy term's variant once, in bf16 (the rounding of the tile it writes): its fp32
-    # build differs only in the store's type. A compile costs about 5 s of CI.
-    + [("bf16", "_policy_rows_grad_kernel", True)],
+        ("bf16", "_policy_rows_stats_kernel", None),
+        ("bf16", "_policy_rows_grad_kernel", False),
+        ("bf16", "_policy_rows_grad_kernel", True),
+        ("fp32", "_policy_rows_grad_kernel", False),
+    ],
 )
 def test_policy_loss_row_kernels_compile_for_sm90(dtype, kernel, entropy_grad):
     """Pass 1 (log p, log-sum-exp, entropy) and pass 2 (the logit gradient, in place, with and
@@ -114,8 +111,8 @@ def test_policy_loss_row_kernels_compile_for_sm90(dtype, kernel, entropy_grad):
     assert (compiled.count(r"cvt\.rn\.bf16(x2)?\.f32") > 0) == (writes_tile and dtype == "bf16")
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("splits", [1, 5])
+# bf16 with one and with five context splits; fp32 once (about 6 s of CI a compile).
+@pytest.mark.parametrize("dtype,splits", [("bf16", 1), ("bf16", 5), ("fp32", 5)])
 def test_paged_attention_kernel_compiles_for_sm90(dtype, splits):
     """One program per (sequence, KV head, context split) serving its 2 query heads: the
     counted tile loop software-pipelined (cp.async copies of the next 32-token tiles in flight),
