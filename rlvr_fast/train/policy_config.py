@@ -11,7 +11,19 @@ from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 
 IS_LEVELS = ("token", "sequence")
 VESPO_SETTINGS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
-VESPO_POSITIVE = (math.isfinite, "vespo's k and lambda must be finite numbers, got {value}")
+
+
+def vespo_setting(default: float, what: str):
+    """One of VESPO's gamma weight parameters (TRL's ``vespo_*``)."""
+    return setting(
+        default,
+        f"vespo's gamma {what}",
+        math.isfinite,
+        "vespo's k and lambda must be finite numbers, got {value}",
+        written_when_set=True,
+    )
+
+
 # Settings that need a loss type other than the study's sum.
 POLICY_SETTINGS = (
     "kl_beta",
@@ -116,20 +128,10 @@ class PolicyLossConfig:
         "sapo temperatures must be > 0",
         written_when_set=True,
     )
-    vespo_k_pos: float = setting(
-        2.0, "vespo's gamma shape k of positive advantages", *VESPO_POSITIVE, written_when_set=True
-    )
-    vespo_lambda_pos: float = setting(
-        3.0, "vespo's gamma rate lambda of positive advantages", *VESPO_POSITIVE,
-        written_when_set=True,
-    )  # fmt: skip
-    vespo_k_neg: float = setting(
-        3.0, "vespo's gamma shape k of negative advantages", *VESPO_POSITIVE, written_when_set=True
-    )
-    vespo_lambda_neg: float = setting(
-        2.0, "vespo's gamma rate lambda of negative advantages", *VESPO_POSITIVE,
-        written_when_set=True,
-    )  # fmt: skip
+    vespo_k_pos: float = vespo_setting(2.0, "shape k of positive advantages")
+    vespo_lambda_pos: float = vespo_setting(3.0, "rate lambda of positive advantages")
+    vespo_k_neg: float = vespo_setting(3.0, "shape k of negative advantages")
+    vespo_lambda_neg: float = vespo_setting(2.0, "rate lambda of negative advantages")
     num_iterations: int = setting(
         1,
         "TRL's num_iterations (mu): clipped updates per generation, the old log-probabilities "

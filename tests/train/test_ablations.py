@@ -24,6 +24,7 @@ from rlvr_fast.utils.phases import Phases
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.losses import fused_grpo_loss
+from killed_runs import kill_during_step
 
 FAST = dict(max_new_tokens=48, eval_max_new_tokens=48, lr=1e-4)
 IMPOSSIBLE = [
@@ -169,10 +170,6 @@ def test_multi_question_settings_are_refused_where_they_cannot_apply():
 
 
 # ---------------------------------------------------------------------------- Polyak tail
-class Killed(Exception):
-    pass
-
-
 def polyak_trainer(out_dir, problems, resume=False):
     config = TrainConfig.from_arm("zg_flat", steps=5, polyak_start=2, checkpoint_every=2, **FAST)
     return RLVRTrainer(
@@ -218,17 +215,7 @@ def test_polyak_average_equals_the_hand_average_also_across_a_resume(tmp_path):
     assert verify_run(tmp_path / "whole").ok
 
     interrupted = polyak_trainer(tmp_path / "resumed", problems)
-    run_step = interrupted.run_step
-
-    def dies_during_step_3(step):
-        if step == 3:
-            raise Killed
-        return run_step(step)
-
-    interrupted.run_step = dies_during_step_3
-    with pytest.raises(Killed):
-        interrupted.train()
-    interrupted.close()
+    kill_during_step(interrupted, 3)
     resumed = polyak_trainer(tmp_path / "resumed", problems, resume=True)
     assert resumed.start_step == 2 and resumed.polyak.count == 1
     resumed.train()

@@ -16,6 +16,7 @@ from rlvr_fast.models.policy import load_policy
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.policy import EntropyControl, entropy_coefficients
 from rlvr_fast.train.trainer import RLVRTrainer
+from killed_runs import kill_during_step
 
 # The tiny model's entropies straddle 0.5 nats: the coefficient moves both ways.
 ADAPTIVE_RUN = dict(
@@ -35,10 +36,6 @@ ADAPTIVE_RUN = dict(
 )
 
 
-class Killed(Exception):
-    pass
-
-
 def trainer(out_dir, resume=False):
     config = TrainConfig.from_arm("zg_flat", **ADAPTIVE_RUN)
     problems = synthetic_problems("train", 3, seed=4)
@@ -56,17 +53,7 @@ def test_an_adaptive_entropy_run_resumes_to_the_same_bytes_and_verifies(tmp_path
     whole = trainer(tmp_path / "whole")
     whole.train()
     interrupted = trainer(tmp_path / "resumed")
-    step_fn = interrupted.run_step
-
-    def dies_during_step_3(step):
-        if step == 3:
-            raise Killed
-        return step_fn(step)
-
-    interrupted.run_step = dies_during_step_3
-    with pytest.raises(Killed):
-        interrupted.train()
-    interrupted.close()
+    kill_during_step(interrupted, 3)
     resumed = trainer(tmp_path / "resumed", resume=True)
     assert resumed.start_step == 2
     assert resumed.kind.entropy_control.state_dict() != EntropyControl(resumed.config).state_dict()

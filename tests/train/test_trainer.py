@@ -31,6 +31,7 @@ from rlvr_fast.train.losses import (
     grpo_loss,
 )
 from rlvr_fast.credit.group import standardised_advantages
+from killed_runs import kill_during_step
 
 FAST = dict(max_new_tokens=64, eval_max_new_tokens=64, lr=1e-4)
 # Tree arms on the tiny model: split at the first newline after 8 tokens, trees from step 0.
@@ -231,10 +232,6 @@ def test_tree_arms_bifurcate_after_the_warmup_active_steps(tiny, tmp_path):
     assert first_active < len(lines) - 1, "the run reached tree steps"
 
 
-class Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("arm", ["zg_flat", "root_restart", "accum4"])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
     """Tree arms also resume with the count of active steps taken so far (from the ledger);
@@ -259,17 +256,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, arm):
         out_dir=tmp_path / "resumed",
         progress=False,
     )
-    step_fn = interrupted.run_step
-
-    def dies_during_step_3(step):
-        if step == 3:
-            raise Killed
-        return step_fn(step)
-
-    interrupted.run_step = dies_during_step_3
-    with pytest.raises(Killed):
-        interrupted.train()
-    interrupted.close()
+    kill_during_step(interrupted, 3)
     assert len(read_ledger(tmp_path / "resumed")) == 3  # step 2 ran after the last checkpoint
 
     resumed = RLVRTrainer(
@@ -426,17 +413,7 @@ def test_a_cuda_run_resumes_where_its_checkpoint_left_off(tmp_path):
     interrupted = RLVRTrainer(
         load_policy("tiny", device="cuda"), config, problems, out_dir=tmp_path, progress=False
     )
-    step_fn = interrupted.run_step
-
-    def dies_during_step_3(step):
-        if step == 3:
-            raise Killed
-        return step_fn(step)
-
-    interrupted.run_step = dies_during_step_3
-    with pytest.raises(Killed):
-        interrupted.train()
-    interrupted.close()
+    kill_during_step(interrupted, 3)
     step_2 = read_ledger(tmp_path)[2]
     saved = load_state(RunLayout(tmp_path).checkpoint)
 
