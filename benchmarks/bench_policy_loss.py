@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 
-from benchmarks.harness import mark, peak_memory_bytes
+from benchmarks.harness import LiveBytes, mark, peak_memory_bytes
 from rlvr_fast.kernels.policy_loss import token_stats_reference
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, fused_policy_loss, policy_objective
 
@@ -84,3 +84,24 @@ def test_policy_loss(benchmark, role, terms, tokens, dtype):
     )
     benchmark.extra_info["peak_mib"] = peak / 2**20
     benchmark.pedantic(step, rounds=1 if DEVICE.type == "cpu" else 5, warmup_rounds=0)
+
+
+def bytes_beyond_head_gradient(role: str, terms: str, tokens: int) -> int:
+    """Peak bytes one forward + backward allocates beyond dW (fp32 [V, H]), storage by storage
+    (``LiveBytes``: no allocator or resident-set noise), fp32."""
+    hidden, weight, targets, old, advantages, lengths, ref = make_inputs(tokens, torch.float32)
+    fn = functools.partial(IMPLEMENTATIONS[role], settings=SETTINGS[terms])
+    tracker = LiveBytes(ignore=[hidden, weight, targets, old, advantages, ref])
+    with tracker:
+        fn(hidden, weight, targets, old, advantages, lengths, ref).backward()
+    return tracker.peak - VOCAB * HIDDEN * 4
+
+
+if __name__ == "__main__":
+    # python -m benchmarks.bench_policy_loss: memory beyond dW at T = 2,048 (the issue's 1/20).
+    for terms in SETTINGS:
+        eager, fast = (bytes_beyond_head_gradient(r, terms, 2048) for r in IMPLEMENTATIONS)
+        print(
+            f"{terms}, T = 2048 fp32: beyond dW eager {eager / 2**20:,.1f} MiB, fused "
+            f"{fast / 2**20:,.1f} MiB, {fast / eager:.3f} of eager"
+        )

@@ -1,12 +1,16 @@
 """Benchmark harness shared by every ``bench_<op>.py``: labels each benchmark as the eager
 reference or the fast path of a group (so the summary prints their ratio) and measures peak
-memory above what was live before the call."""
+memory above what was live before the call; ``LiveBytes`` counts what operations allocate, storage
+by storage (on the meta device too: the memory plan's tests)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 PROC_STATUS = Path("/proc/self/status")
 PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -38,3 +42,31 @@ def _status_kib(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"{field} missing from {PROC_STATUS}")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages that operations made and that are still alive; ``peak`` of that
+    total minus ``discount()`` over every operation."""
+
+    def __init__(self, ignore=(), discount=lambda: 0) -> None:
+        super().__init__()
+        self.ignore = {t.untyped_storage()._cdata for t in ignore}
+        self.discount = discount
+        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.peak = 0
+
+    def live(self) -> int:
+        self.storages = {k: v for k, v in self.storages.items() if not v[0].expired()}
+        return sum(size for _, size in self.storages.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                known = self.storages.get(key)
+                if key not in self.ignore and (known is None or known[0].expired()):
+                    self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.peak = max(self.peak, self.live() - self.discount())
+        return out

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from benchmarks.harness import LiveBytes
 from rlvr_fast.cli import plan as plan_command
 from rlvr_fast.cli.main import main as rlvr_fast_main
 from rlvr_fast.engine import RolloutEngine
@@ -68,34 +66,6 @@ ROWS, ROW_TOKENS = 8, 712
 
 def config(name: str) -> ModelConfig:
     return ModelConfig.from_file(MODELS[name])
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of the storages that operations made and that are still alive; ``peak`` of that
-    total minus ``discount()`` over every operation."""
-
-    def __init__(self, ignore=(), discount=lambda: 0) -> None:
-        super().__init__()
-        self.ignore = {t.untyped_storage()._cdata for t in ignore}
-        self.discount = discount
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.peak = 0
-
-    def live(self) -> int:
-        self.storages = {k: v for k, v in self.storages.items() if not v[0].expired()}
-        return sum(size for _, size in self.storages.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                key = storage._cdata
-                known = self.storages.get(key)
-                if key not in self.ignore and (known is None or known[0].expired()):
-                    self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
-        self.peak = max(self.peak, self.live() - self.discount())
-        return out
 
 
 def flash_attention(q, k, v, mask):
