@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         help="selected problems with their pass rates (.json or .jsonl); "
-        "OUT.progress.jsonl holds the rates measured so far, to resume",
+        "OUT.rates.jsonl holds the rates measured so far, to resume",
     )
     select.add_argument("--min-pass", type=float, help="keep pass rates >= this (default: > 0)")
     select.add_argument("--max-pass", type=float, help="keep pass rates <= this (default: < 1)")
