@@ -340,10 +340,13 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     precision: str | None = setting(
         None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
-    activation_checkpointing: bool = setting(
+    activation_checkpointing: bool | str = setting(
         False,
         "recompute each decoder layer in backward instead of saving its activations (about "
-        "1/layers of the activation memory for one more forward)",
+        '1/layers of the activation memory for one more forward); "auto": only the first '
+        "layers the memory plan says must be, on the GPU's memory or the host's available RAM",
+        lambda v: isinstance(v, bool) or v == "auto",
+        'activation_checkpointing must be true, false or "auto", got {value!r}',
         written_when_set=True,
     )
     kv_memory_fraction: float = setting(

@@ -69,7 +69,7 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
-from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
+from rlvr_fast.train.memory_plan import MemoryPlan, host_memory, plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
@@ -135,8 +135,7 @@ class RLVRTrainer:
         self.precision = resolve_precision(config.precision, policy.device)
         plan = None
         if policy.device.type == "cuda":
-            longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-            plan = self.check_memory(longest)
+            plan = self.check_memory(self.longest_prompt())
         self.stepping = OptimizerStepping(
             policy.model, config, self.precision, after_publish=policy.refresh_decoder
         )
@@ -144,7 +143,9 @@ class RLVRTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
-        policy.model.model.activation_checkpointing = config.activation_checkpointing
+        policy.model.model.checkpointed_layers = checkpointed_layers(
+            policy.config, config, self.precision, plan, self.longest_prompt, self.progress
+        )
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
             policy,
@@ -190,6 +191,9 @@ class RLVRTrainer:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.stepping.optimizer
+
+    def longest_prompt(self) -> int:
+        return max(len(self.task.prompt_ids(p)) for p in self.train_data)
 
     def check_memory(self, prompt_tokens: int) -> MemoryPlan:
         """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
@@ -461,3 +465,19 @@ def add_to_totals(totals: dict[str, float], record: dict) -> None:
         totals[key] = totals.get(key, 0) + record[key]
     for phase, seconds in record["seconds"].items():
         totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
+
+
+def checkpointed_layers(
+    model_config, config: TrainConfig, precision: str, plan, longest_prompt, progress: bool
+) -> int:
+    """The decoder layers that recompute in backward: all or none as activation_checkpointing
+    says; under "auto" as many as the memory plan picks, on the GPU's memory (``plan``) or,
+    without a device plan, on the host's available memory and what this process holds."""
+    setting, layers = config.activation_checkpointing, model_config.num_hidden_layers
+    if setting != "auto":
+        return layers if setting else 0
+    if plan is None:
+        plan = plan_for_training(model_config, config, precision, longest_prompt(), host_memory())
+        if progress:
+            print(plan.notes[-1])
+    return plan.checkpointed_layers
