@@ -204,6 +204,22 @@ def _advice(terms: list[Term], largest: Term) -> str:
 # ---------------------------------------------------------------------- the plan
 
 
+# The counts of a run shape, each at most 2^40: past that the plan's float arithmetic overflows
+# (a 401-digit --group-size) long before any device could hold it.
+COUNTS = (
+    "group_size",
+    "questions_per_step",
+    "prompt_tokens",
+    "max_new_tokens",
+    "max_batch",
+    "kv_blocks",
+    "max_model_len",
+    "block_size",
+    "loss_chunk_tokens",
+)
+MAX_COUNT = 1 << 40
+
+
 @dataclass(frozen=True)
 class RunShape:
     """The run settings the plan reads (TrainConfig's names)."""
@@ -247,6 +263,12 @@ class RunShape:
                 "loss_chunk_tokens must be >= 1",
             ),
         ]
+        for name in COUNTS:
+            value = getattr(self, name)
+            if value is not None and value > MAX_COUNT:
+                digits = len(str(value))
+                got = f"{value:,}" if digits <= 20 else f"a number of {digits} digits"
+                checks.append((False, f"{name} must be at most {MAX_COUNT:,}, got {got}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"memory plan: {message}")

@@ -54,8 +54,13 @@ from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
 from rlvr_fast.models.lora import apply_lora
 from rlvr_fast.rollouts.evaluation import check_prompt_lengths, encode_prompts
 from rlvr_fast.rollouts.generation import base_seed
-from rlvr_fast.run.checkpoint import Checkpointer, GeneratorState, GlobalRNGState
-from rlvr_fast.run.directory import check_eval_name, run_signature
+from rlvr_fast.run.checkpoint import (
+    Checkpointer,
+    GeneratorState,
+    GlobalRNGState,
+    checkpoint_identity,
+)
+from rlvr_fast.run.directory import check_eval_name, run_signature, settings_sha256
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.provenance import run_meta
 from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
@@ -167,7 +172,12 @@ class RLVRTrainer:
             components["reference"] = self.kind.reference
         if self.kind.entropy_control is not None:
             components["entropy_control"] = self.kind.entropy_control
-        self.checkpointer = Checkpointer(components, steps=config.steps)
+        # As config.json holds it: what the resume signature and the checkpoint identity hash.
+        self.config_json = json.loads(json.dumps(config.to_json()))
+        identity = checkpoint_identity(
+            settings_sha256(self.config_json), config.seed, self.precision
+        )
+        self.checkpointer = Checkpointer(components, steps=config.steps, identity=identity)
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
         self.generation: list[Question] | None = None
@@ -370,8 +380,11 @@ class RLVRTrainer:
         from its checkpoint, or from step 0 when it was killed before the first one. On several
         ranks rank 0 (which holds the recorder) alone checks, cleans and writes the directory;
         every rank reads the checkpoint and the ledger's active steps."""
-        config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
+        config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
+        # A run directory's checkpoints also name the model, dtype, device and eval sets.
+        for key in ("model_sha256", "dtype", "device", "eval_data"):
+            self.checkpointer.identity[key] = signature[key]
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
@@ -406,7 +419,7 @@ class RLVRTrainer:
     def save_checkpoint(self, next_step: int) -> None:
         """Every component's state after ``next_step`` steps, in one safetensors file written
         atomically (no pickle), with the world size."""
-        self.checkpointer.save(self.layout.checkpoint, next_step, distributed.world_size())
+        self.recorder.save_checkpoint(self.checkpointer, next_step, distributed.world_size())
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""

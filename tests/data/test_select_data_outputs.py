@@ -89,7 +89,7 @@ def test_a_rates_file_that_is_a_fifo_is_refused_at_once(tiny, tmp_path):
 
 HOLD = """
 import sys
-from rlvr_fast.utils.files import lock_output
+from rlvr_fast.utils.locks import lock_output
 lock_output(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()
