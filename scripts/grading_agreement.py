@@ -1,6 +1,6 @@
 """Agreement of each grading mode with the expected verdicts of a case table.
 
-    python scripts/grading_agreement.py [tests/data/grading_heldout.tsv]
+    python scripts/grading_agreement.py [tests/grading/grading_heldout.tsv]
 
 The table is tab-separated: prediction, gold, expected (1 / 0), answer form; lines starting
 with ``#`` are comments.  Prints, per mode, the agreement, the false accepts (graded correct,
@@ -10,12 +10,13 @@ expected wrong), the false rejects, the items/s of ``grade_many`` and every disa
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from rlvr_fast.grading import MODES, judge_many
 
-DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "grading_heldout.tsv"
+DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "tests" / "grading" / "grading_heldout.tsv"
 
 
 def read_cases(path: Path) -> list[tuple[str, str, bool, str]]:
@@ -30,7 +31,11 @@ def read_cases(path: Path) -> list[tuple[str, str, bool, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", nargs="?", type=Path, default=DEFAULT_TABLE)
-    cases = read_cases(parser.parse_args().table)
+    table = parser.parse_args().table
+    if not table.is_file():
+        print(f"grading_agreement: error: {table}: no such file", file=sys.stderr)
+        raise SystemExit(2)
+    cases = read_cases(table)
     for mode in MODES:
         start = time.perf_counter()
         verdicts = judge_many([c[0] for c in cases], [c[1] for c in cases], mode=mode)
