@@ -64,6 +64,7 @@ from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
@@ -342,13 +343,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
     activation_checkpointing: bool | str = setting(
-        False,
-        "recompute each decoder layer in backward instead of saving its activations (about "
-        '1/layers of the activation memory for one more forward); "auto": only the first '
-        "layers the memory plan says must be, on the GPU's memory or the host's available RAM",
-        lambda v: isinstance(v, bool) or v == "auto",
-        'activation_checkpointing must be true, false or "auto", got {value!r}',
-        written_when_set=True,
+        False, CHECKPOINTING_HELP, is_checkpointing, CHECKPOINTING_ERROR, written_when_set=True
     )
     kv_memory_fraction: float = setting(
         0.5,

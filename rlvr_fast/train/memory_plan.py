@@ -59,7 +59,6 @@ one full-length row in the KV cache.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 
 from rlvr_fast.models.config import ModelConfig
@@ -556,22 +555,6 @@ def plan_for_training(
     if auto:
         return auto_checkpointing_plan(model_config, device_memory, run)
     return plan_memory(model_config, device_memory, run)
-
-
-def host_memory() -> int:
-    """Bytes a run on the CPU can plan on: the host's available memory (``MemAvailable``) and
-    what this process already holds (``VmRSS``: its loaded weights count, as the GPU plan counts
-    the allocated ones); without /proc, the free pages."""
-    try:
-        fields = dict(
-            line.split(":", 1)
-            for path in ("/proc/meminfo", "/proc/self/status")
-            for line in open(path).read().splitlines()
-            if ":" in line
-        )
-        return (int(fields["MemAvailable"].split()[0]) + int(fields["VmRSS"].split()[0])) * 1024
-    except (OSError, KeyError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def auto_checkpointing_plan(config: ModelConfig, device_memory: int, run: RunShape) -> MemoryPlan:

@@ -69,7 +69,8 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
-from rlvr_fast.train.memory_plan import MemoryPlan, host_memory, plan_for_training
+from rlvr_fast.train.checkpointing import host_memory
+from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
