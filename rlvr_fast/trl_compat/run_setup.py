@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.policy_config import VESPO_SETTINGS
@@ -117,7 +118,7 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss) and of a
     ``peft_config`` (LoRA: ``rlvr_fast.trl_compat.lora``)."""
     log_vllm_settings(args)
-    study_loss = args.loss_type == "sum"
+    study_loss = not loss_type(args.loss_type).fused
     # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
     # (step std + 1e-4) is the group-centred advantage over the step's std.
     step_std = args.scale_rewards == "batch" or args.multi_objective_aggregation != (

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from enum import Enum
 
+from rlvr_fast.ops.loss_types import LOSS_TYPE_NAMES
+
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "vespo", "sum")
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
@@ -250,8 +251,8 @@ VALUE_LIMITS = {
     ),
     "save_strategy": (lambda v: str(v) != "best", "picking a checkpoint by a metric"),
     "loss_type": (
-        lambda v: v in LOSS_TYPES,
-        f"rlvr_fast trains the loss types {', '.join(map(str, LOSS_TYPES))}",
+        lambda v: v in LOSS_TYPE_NAMES,
+        f"rlvr_fast trains the loss types {', '.join(LOSS_TYPE_NAMES)}",
     ),
     "scale_rewards": (lambda v: v in SCALE_REWARDS, "group, batch, none, True or False"),
     "multi_objective_aggregation": (
