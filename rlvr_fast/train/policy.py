@@ -18,37 +18,34 @@ TRL's, are taken once per generation, after sampling and before the generation's
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from rlvr_fast.models.lora import base_twin
-from rlvr_fast.train.policy_config import VESPO_SETTINGS
 from rlvr_fast.ops.loss_types import loss_type, padded, token_mean
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats, high_entropy_mask
+
+
+# PolicyLossSettings' fields a run sets under other names (TrainConfig's beta is the tree bonus).
+RENAMED_SETTINGS = {"beta": "kl_beta", "max_completion_length": "max_new_tokens"}
 
 
 def policy_settings(config) -> PolicyLossSettings:
     """The fused policy loss's settings of a run: TRL's, on one question's group (its own tokens
     normalise dapo and cispo: ``rlvr_fast.train.steps.pooled_weights`` renormalises a step of
-    several questions)."""
-    return PolicyLossSettings(
-        loss_type=config.loss_type,
-        importance_sampling_level=config.importance_sampling_level,
-        epsilon=config.epsilon,
-        epsilon_high=config.epsilon_high,
-        delta=config.delta,
-        beta=config.kl_beta,
-        use_bias_correction_kl=config.use_bias_correction_kl,
-        sapo_temperature_pos=config.sapo_temperature_pos,
-        sapo_temperature_neg=config.sapo_temperature_neg,
-        **{name: getattr(config, name) for name in VESPO_SETTINGS},
-        max_completion_length=config.max_new_tokens,
-        top_entropy_quantile=config.top_entropy_quantile,
-        entropy_coef=config.entropy_coef,
-        off_policy_mask_threshold=config.off_policy_mask_threshold,
-    )
+    several questions). A field of ``PolicyLossSettings`` takes the run's setting of the same
+    name, or of its name in ``RENAMED_SETTINGS``; one the run has no setting for keeps its
+    default (the accumulation and the batch's tokens: one question's group)."""
+    names = {f.name for f in dataclasses.fields(config)}
+    values = {}
+    for f in dataclasses.fields(PolicyLossSettings):
+        ours = RENAMED_SETTINGS.get(f.name, f.name)
+        if ours in names:
+            values[f.name] = getattr(config, ours)
+    return PolicyLossSettings(**values)
 
 
 class EntropyControl:

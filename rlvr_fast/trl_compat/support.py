@@ -18,7 +18,9 @@ from enum import Enum
 
 from rlvr_fast.ops.loss_types import LOSS_TYPE_NAMES
 
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
+# TRL's optim values rlvr_fast honours, each with the optimizer of rlvr_fast.train.stepping it
+# steps (the one list of optimizers: its OPTIMIZERS).
+TRL_OPTIMIZERS = {"adamw_torch_fused": "adamw", "adamw_torch": "adamw", "adafactor": "adafactor"}
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
@@ -242,8 +244,8 @@ REFUSED = {
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
 VALUE_LIMITS = {
     "optim": (
-        lambda v: str(v) in OPTIMIZERS,
-        f"rlvr_fast steps AdamW or Adafactor ({', '.join(OPTIMIZERS)})",
+        lambda v: str(v) in TRL_OPTIMIZERS,
+        f"rlvr_fast steps AdamW or Adafactor ({', '.join(TRL_OPTIMIZERS)})",
     ),
     "lr_scheduler_type": (
         lambda v: str(v) not in METRIC_SCHEDULERS,

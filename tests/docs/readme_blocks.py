@@ -6,7 +6,8 @@ rendered page) holding one JSON object:
 - ``{"run": "all"}`` or ``{"run": [1, 4]}``: run every command of the block, or those numbered
   (a command is a line with its ``\\`` continuations; ``# ...`` comments are dropped), in order,
   in one scratch directory; ``"append": {"1": "--steps 3"}`` adds arguments to a command, for
-  tiny settings where the printed one takes minutes. ``make TARGET`` runs the target's recipe
+  tiny settings where the printed one takes minutes (or a wall-clock budget a CI machine busy
+  with other tests needs to reach the verdicts README shows). ``make TARGET`` runs the target's recipe
   from the Makefile (the install it depends on is the test suite's own). Python blocks marked
   ``run`` execute in order in one namespace; ``"set": {"max_steps": 2}`` replaces the value of
   every keyword argument of that name in the block's calls.
