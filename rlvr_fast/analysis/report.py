@@ -32,15 +32,13 @@ from rlvr_fast.grading import passes_gate
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, two_level_bootstrap_ci
 from rlvr_fast.utils.files import (
-    LOCK_NAME,
-    DirectoryLockedError,
     UnreadableFileError,
     atomic_path,
     is_temp_name,
-    lock_directory,
     open_regular,
     write_text_atomic,
 )
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLockedError, lock_directory
 
 SMOOTHING_STEPS = 5
 DPI = 120

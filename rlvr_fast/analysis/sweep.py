@@ -33,13 +33,8 @@ from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.run.directory import RunDirectoryError, check_signature, read_run_meta, run_signature
-from rlvr_fast.utils.files import (
-    LOCK_NAME,
-    DirectoryLockedError,
-    is_temp_name,
-    lock_directory,
-    write_text_atomic,
-)
+from rlvr_fast.utils.files import is_temp_name, write_text_atomic
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLockedError, lock_directory
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.config import TrainConfig
 

@@ -21,7 +21,9 @@ Bad input exits with status 2 and one line on stderr naming the file, field or v
 anything is written; an interrupted command exits with 130 and leaves nothing half-written; one
 whose standard output is closed early (a pipe into ``head``) exits with 141, silently.
 A rank of a distributed run whose process group fails (another rank died or stopped
-answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distributed``).
+answering) exits with status 3 and one line on stderr (``rlvr_fast.train.distributed``), as
+does a writer whose lock file was removed or replaced while it ran (``rlvr_fast.utils.locks``):
+it writes nothing more, since another process may be writing there.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from rlvr_fast.analysis.tables import FORMATS
 from rlvr_fast.train import distributed
 from rlvr_fast.train.arms import ARMS
 from rlvr_fast.cli.plan import PLAN_DESCRIPTION, add_plan_arguments, run_plan
+from rlvr_fast.utils.locks import LockLostError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         help="selected problems with their pass rates (.json or .jsonl); "
-        "OUT.progress.jsonl holds the rates measured so far, to resume",
+        "OUT.rates.jsonl holds the rates measured so far, to resume",
     )
     select.add_argument("--min-pass", type=float, help="keep pass rates >= this (default: > 0)")
     select.add_argument("--max-pass", type=float, help="keep pass rates <= this (default: < 1)")
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
-    except distributed.ProcessGroupError as err:
+    except (distributed.ProcessGroupError, LockLostError) as err:
         print(f"rlvr-fast: error: {err}", file=sys.stderr)
         return 3
     except (MemoryError, RuntimeError) as err:

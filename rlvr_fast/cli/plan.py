@@ -35,11 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def size_argument(text: str) -> int:
+    """``parse_size`` for argparse, whose error then says why (not "invalid value")."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan's options (``rlvr-fast plan`` and ``python -m rlvr_fast.cli.plan``)."""
     defaults = RunShape()
     parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
-    parser.add_argument("--device-memory", required=True, type=parse_size, help="e.g. 80GiB")
+    parser.add_argument("--device-memory", required=True, type=size_argument, help="e.g. 80GiB")
     parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
     for name, help_text in (
         ("group_size", "rollouts per question (G)"),

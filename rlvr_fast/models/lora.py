@@ -76,6 +76,14 @@ class LoraSettings:
             object.__setattr__(self, "targets", tuple(sorted(self.targets)))
             if not self.targets:
                 raise ValueError("LoRA target_modules is empty")
+        elif self.targets != ALL_LINEAR:
+            try:
+                re.compile(self.targets)
+            except (re.error, RecursionError, OverflowError) as err:
+                raise ValueError(
+                    f"LoRA target_modules {self.targets!r}: not a regular expression "
+                    f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                ) from None
 
     @property
     def scaling(self) -> float:
@@ -118,7 +126,7 @@ def in_features(config: ModelConfig, suffix: str) -> int:
 def adapted_projections(config: ModelConfig, settings: LoraSettings) -> dict[str, tuple]:
     """Our projection modules that ``settings`` adapt (``model.layers.N.<suffix>``) -> (suffix,
     the Hugging Face parts adapted in it): what ``apply_lora`` adapts, and what the memory plan
-    counts, from the model's config alone."""
+    counts, from the model's config alone. Targets that match none are refused (ValueError)."""
     adapted = {}
     for layer in range(config.num_hidden_layers):
         for suffix, parts in PROJECTIONS.items():
@@ -127,6 +135,11 @@ def adapted_projections(config: ModelConfig, settings: LoraSettings) -> dict[str
             chosen = tuple(p for p in parts if settings.matches(f"{owner}.{p}"))
             if chosen:
                 adapted[name] = (suffix, chosen)
+    if not adapted:
+        raise ValueError(
+            f"LoRA target_modules {settings.targets!r} match none of the model's projections "
+            f"({', '.join(sorted(PART_NAMES))})"
+        )
     return adapted
 
 
@@ -226,11 +239,6 @@ def apply_lora(
         module = model.get_submodule(name)
         layers[name] = LoraLinear(module, parts, adapted, settings, generator)
         setattr(model.get_submodule(parent_name), attribute, layers[name])
-    if not layers:
-        raise ValueError(
-            f"LoRA target_modules {settings.targets!r} match none of the model's projections "
-            f"({', '.join(sorted(PART_NAMES))})"
-        )
     return LoraAdapters(model, settings, layers)
 
 

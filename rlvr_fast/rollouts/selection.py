@@ -22,8 +22,9 @@ atomically; the rates file stays, so another range or limit re-selects without s
 
 OUT is never a file select-data did not write: an existing OUT is replaced only when its rates
 file beside it says it is a selection (a data file, a run's ledger, anything else is refused
-before anything is sampled), never when it is the ``--data`` file itself; the output's lock
-(``.OUT.lock``) keeps a second select-data off it while one runs.
+before anything is sampled), never when it is the ``--data`` file itself; the output's lock (in the cache
+directory, ``rlvr_fast.utils.locks.lock_output``, never beside the user's files) keeps a second
+select-data off it while one runs.
 
     rlvr-fast select-data --model PATH --data math_train.json --k 8 --out math_train_zpd.json
 """
@@ -46,14 +47,8 @@ from rlvr_fast.data.problems import Problem, render_prompt
 from rlvr_fast.engine import RolloutEngine, SamplingParams
 from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.rollouts.evaluation import encode_prompts
-from rlvr_fast.utils.files import (
-    DirectoryLockedError,
-    UnreadableFileError,
-    lock_output,
-    open_regular,
-    read_text,
-    write_text_atomic,
-)
+from rlvr_fast.utils.files import UnreadableFileError, open_regular, read_text, write_text_atomic
+from rlvr_fast.utils.locks import DirectoryLockedError, lock_output
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.grading import final_answer, grade_many
 from rlvr_fast.rollouts.limits import MAX_GROUP_SIZE, MAX_NEW_TOKENS, MAX_SEED

@@ -5,16 +5,26 @@ The trainer hands the ``Checkpointer`` its components by name (torchtitan's patt
 ``state_dict()`` / ``load_state_dict()``, and may have ``check_state(state)``, which runs for
 every component before any is restored, so that a damaged or foreign file fails whole, not
 steps later. A component given as None saves None and restores nothing.
+
+A checkpoint proves where it comes from: beside the components it holds the run's identity
+(``checkpoint_identity``: a hash of the settings, the seed, the precision, and in a run directory
+the starting model, dtype and device), checked, with the state file's digest
+(``rlvr_fast.run.state_file``), before any component is restored: a damaged file, or one copied
+from another run (another seed, an fp16-mixed run's into an fp32 one), is refused naming what
+differs. A checkpoint written before identities (state format 1) is resumed with one warning line.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
 
-from rlvr_fast.run.state_file import StateFileError, load_state, save_state
+from rlvr_fast.run.state_file import StateFileError, read_state, save_state
+
+IDENTITY_KEY = "run"
 
 
 class Stateful(Protocol):
@@ -50,15 +60,23 @@ class GlobalRNGState:
 RESTORE_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
 
 
+def checkpoint_identity(settings_sha256: str, seed: int, precision: str, **more) -> dict:
+    """What a checkpoint must share with the run that resumes from it (``more``: the starting
+    model's hash, dtype, device and evaluation sets, where a run directory records them)."""
+    return {"settings_sha256": settings_sha256, "seed": seed, "precision": precision, **more}
+
+
 class Checkpointer:
     """Saves and restores ``components`` (name -> Stateful or None) with the step to continue
-    from, at most ``steps``, and the world size that wrote the file."""
+    from, at most ``steps``, the world size that wrote the file and the run's ``identity``."""
 
-    def __init__(self, components: dict[str, Stateful | None], *, steps: int) -> None:
-        self.components, self.steps = components, steps
+    def __init__(
+        self, components: dict[str, Stateful | None], *, steps: int, identity: dict
+    ) -> None:
+        self.components, self.steps, self.identity = components, steps, identity
 
     def save(self, path: Path, next_step: int, world_size: int) -> None:
-        state = {"next_step": next_step, "world_size": world_size}
+        state = {"next_step": next_step, "world_size": world_size, IDENTITY_KEY: self.identity}
         for name, component in self.components.items():
             state[name] = component.state_dict() if component is not None else None
         save_state(path, state)
@@ -68,7 +86,15 @@ class Checkpointer:
         load onto the CPU: Generator.set_state and torch.set_rng_state take CPU byte tensors (a
         CUDA generator's state too); load_state_dict copies weights and moments onto the
         parameters' device."""
-        state = load_state(path)
+        state, digested = read_state(path)
+        if digested:
+            self.check_identity(state.get(IDENTITY_KEY), path)
+        else:
+            print(
+                f"rlvr-fast: warning: {path} was written before checkpoints carried a digest "
+                "(state format 1); resuming without checking it",
+                file=sys.stderr,
+            )
         check_world_size(state.get("world_size", 1), path)
         try:
             next_step = state["next_step"]
@@ -89,3 +115,24 @@ class Checkpointer:
             message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None
         return next_step
+
+    def check_identity(self, recorded, path: Path) -> None:
+        """Refuse a checkpoint of another run, naming the first thing that differs."""
+        if not isinstance(recorded, dict):
+            raise StateFileError(f"{path}: not a checkpoint of this run (no run identity)")
+        # The named figures first; the settings' hash, which covers the seed too, last.
+        for key in sorted(self.identity, key=lambda k: k == "settings_sha256"):
+            expected = self.identity[key]
+            if recorded.get(key) != expected:
+                raise StateFileError(
+                    f"{path}: a checkpoint of another run ({key} {short(recorded.get(key))} "
+                    f"in the checkpoint, {short(expected)} in this run); refusing to resume "
+                    "from it"
+                )
+
+
+def short(value) -> str:
+    """A value for a message: hashes cut to 12 hex digits."""
+    if isinstance(value, str) and len(value) == 64:
+        return repr(value[:12] + "...")
+    return repr(value)

@@ -11,10 +11,12 @@ dtype and device type. The trainer
 * refuses a run directory unless asked to resume it, and resumes only when the signature
   matches: the same arm, seed, settings, model, data and dtype. ``steps`` may grow (the run is
   extended and config.json records it) but not shrink; ``allow_nonfinite`` may change;
-* takes the directory's lock (``rlvr_fast.utils.files.lock_directory``) before it writes anything
+* takes the directory's lock (``rlvr_fast.utils.locks.lock_directory``) before it writes anything
   there, and holds it for the rest of the process: a second writer (a ``--resume`` started while
   the run still runs, two ``train``s on one ``--out``) is refused with the holder's pid, and the
-  lock of a killed run is taken over, so a kill stays resumable;
+  lock of a killed run is taken over, so a kill stays resumable. The writer checks the lock
+  before each write (``RunRecorder``) and stops, writing nothing more, once its lock file was
+  removed or replaced; the lock file is removed when the process exits normally;
 * then removes what killed writers left (``rlvr_fast.utils.files``): only in a directory that carries
   the signature (config.json's, or the lock file a start wrote before config.json), and only the
   names our writers use. A directory that holds anything else and no signature is refused, not
@@ -39,17 +41,15 @@ import torch
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.utils.files import (
-    LOCK_NAME,
-    DirectoryLockedError,
     UnreadableFileError,
     file_kind,
     is_temp_name,
-    lock_directory,
     read_json,
     read_text,
     remove_stale_files,
     write_text_atomic,
 )
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLock, DirectoryLockedError, lock_directory
 
 RUN_KEY = "rlvr_fast_run"
 RUN_FORMAT = 1
@@ -153,11 +153,12 @@ def holds_only_leftovers(out_dir: Path) -> bool:
 
 def open_run_directory(
     out_dir: Path, signature: dict, config: dict, train_data: Sequence[Problem], resume: bool
-) -> dict | None:
+) -> tuple[dict | None, DirectoryLock]:
     """Check that the run may start (or resume) in ``out_dir``, take its lock and clean up
-    after killed writers; returns the recorded config.json when resuming a run, None when
-    starting one. Nothing is written when a check fails; the checks run again once the lock
-    is held, since another writer may have started in between."""
+    after killed writers; returns the recorded config.json when resuming a run (None when
+    starting one) and the lock, which the writer checks before each write. Nothing is written
+    when a check fails; the checks run again once the lock is held, since another writer may
+    have started in between."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RunDirectoryError(f"{out_dir}: exists and is not a directory")
     if not out_dir.exists():
@@ -169,12 +170,12 @@ def open_run_directory(
     else:
         check_may_open(out_dir, signature, config, train_data, resume)
     try:
-        lock = lock_directory(out_dir)
+        lock = lock_directory(out_dir, remove=True)
     except DirectoryLockedError as err:
         raise RunDirectoryError(str(err)) from None
     meta = check_may_open(out_dir, signature, config, train_data, resume)
     remove_stale_files(lock, SWAPPED_DIRECTORIES)
-    return meta
+    return meta, lock
 
 
 def check_may_open(

@@ -15,14 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr_fast.run.layout import RunLayout
-from rlvr_fast.utils.files import (
-    LOCK_NAME,
-    DirectoryLockedError,
-    is_temp_name,
-    lock_directory,
-    write_json_atomic,
-    write_text_atomic,
-)
+from rlvr_fast.utils.files import is_temp_name, write_json_atomic, write_text_atomic
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLockedError, lock_directory
 
 
 class EvalOutputError(ValueError):

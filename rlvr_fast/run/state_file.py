@@ -12,10 +12,16 @@ no change here. The header keeps the nesting with every tensor replaced by
 ``{"tensor": NAME}``; dict keys that are not strings (an optimizer's parameter indices) and
 tuples are tagged so they come back as they went in. One file means one atomic rename: a kill
 leaves the previous state or the new one.
+
+Format 2 proves itself: the header carries a SHA-256 of the skeleton and of every tensor's name,
+dtype, shape and bytes, recomputed on load, so one flipped bit anywhere in the file is refused
+(``StateFileError``) before anything is restored. Format 1 (written before digests) still loads;
+``read_state`` says it was not checked, and its caller decides (a resume prints one warning line).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,7 +34,8 @@ from safetensors.torch import save_file
 from rlvr_fast.utils.files import atomic_path
 
 HEADER_KEY = "rlvr_fast_state"
-FORMAT = "rlvr_fast state 1"
+FORMAT = "rlvr_fast state 2"
+UNDIGESTED_FORMAT = "rlvr_fast state 1"
 # Tags of the JSON skeleton. A plain dict is written as {"dict": {...}} so that no key of the
 # user's state can be mistaken for a tag.
 TENSOR, DICT, INT_KEYS, TUPLE, FLOAT = "tensor", "dict", "int_keys", "tuple", "float"
@@ -42,9 +49,22 @@ def save_state(path: str | os.PathLike, state: dict) -> None:
     """Write ``state`` atomically to ``path`` (a kill leaves the old file whole)."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = encode(state, tensors, {})
-    header = {HEADER_KEY: json.dumps({"format": FORMAT, "state": skeleton}, allow_nan=False)}
+    document = {"format": FORMAT, "state": skeleton, "sha256": state_sha256(skeleton, tensors)}
+    header = {HEADER_KEY: json.dumps(document, allow_nan=False)}
     with atomic_path(path) as temp:
         save_file(tensors, str(temp), metadata=header)
+
+
+def state_sha256(skeleton, tensors: dict[str, torch.Tensor]) -> str:
+    """The digest of a state: its skeleton (canonical JSON) and each tensor, by name, with its
+    dtype, shape and bytes."""
+    digest = hashlib.sha256(json.dumps(skeleton, sort_keys=True, allow_nan=False).encode())
+    for name in sorted(tensors, key=lambda n: (len(n), n)):
+        tensor = tensors[name].contiguous()
+        digest.update(f"\0{name}:{tensor.dtype}:{tuple(tensor.shape)}\0".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
 
 
 def encode(value, tensors: dict[str, torch.Tensor], seen: dict[tuple, str]):
@@ -95,6 +115,12 @@ def tensor_name(
 
 def load_state(path: str | os.PathLike) -> dict:
     """The state ``save_state`` wrote to ``path``, tensors on the CPU."""
+    return read_state(path)[0]
+
+
+def read_state(path: str | os.PathLike) -> tuple[dict, bool]:
+    """The state at ``path`` and whether its digest was checked (False: format 1, written
+    before digests). A digest that does not match is a ``StateFileError``."""
     path = Path(path)
     if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
         # safetensors would map a FIFO or a device, and block or read without end.
@@ -113,9 +139,18 @@ def load_state(path: str | os.PathLike) -> dict:
         raise StateFileError(f"{path}: unreadable state file ({err})") from None
     try:
         document = json.loads(header)
-        if not isinstance(document, dict) or document.get("format") != FORMAT:
+        if not isinstance(document, dict) or document.get("format") not in (
+            FORMAT,
+            UNDIGESTED_FORMAT,
+        ):
             raise StateFileError(f"{path}: unknown state format")
-        return decode(document["state"], tensors)
+        digested = document["format"] == FORMAT
+        if digested and document.get("sha256") != state_sha256(document["state"], tensors):
+            raise StateFileError(
+                f"{path}: damaged state file (its contents do not match the SHA-256 it was "
+                "written with); resume from an intact copy or start the run anew"
+            )
+        return decode(document["state"], tensors), digested
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
         if isinstance(err, StateFileError):
             raise

@@ -56,13 +56,15 @@ from rlvr_fast.rollouts.limits import (
 from rlvr_fast.rollouts.parallel import AGGREGATORS
 from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
-from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_TYPE_NAMES, LossType, loss_type
+from rlvr_fast.train.losses import LOSS_ORDERS
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
@@ -180,9 +182,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     loss_type: str = setting(
         "sum",
         "the study's sum (-A_i sum_t log p, through weighted_token_nll), or one of TRL 1.16's "
-        "loss types (grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo: fused_policy_loss)",
-        one_of(LOSS_TYPES),
-        _valid("loss_type", LOSS_TYPES),
+        f"loss types ({', '.join(FUSED_LOSS_TYPE_NAMES)}: fused_policy_loss)",
+        one_of(LOSS_TYPE_NAMES),
+        _valid("loss_type", LOSS_TYPE_NAMES),
         only_for=FLAT_ONLY,
     )
     scale_rewards: bool = setting(
@@ -340,11 +342,8 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     precision: str | None = setting(
         None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
-    activation_checkpointing: bool = setting(
-        False,
-        "recompute each decoder layer in backward instead of saving its activations (about "
-        "1/layers of the activation memory for one more forward)",
-        written_when_set=True,
+    activation_checkpointing: bool | str = setting(
+        False, CHECKPOINTING_HELP, is_checkpointing, CHECKPOINTING_ERROR, written_when_set=True
     )
     kv_memory_fraction: float = setting(
         0.5,
@@ -426,6 +425,11 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
             for f in dataclasses.fields(self)
             if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
         }
+
+    @property
+    def loss(self) -> LossType:
+        """The record of ``loss_type`` (``rlvr_fast.ops.loss_types``)."""
+        return loss_type(self.loss_type)
 
     @property
     def updates_per_generation(self) -> int:
@@ -510,7 +514,7 @@ def _check_settings_of_other_samplers(self: TrainConfig) -> None:
 
 
 def _check_loss(self: TrainConfig) -> None:
-    if self.loss_type == "sum":
+    if not self.loss.fused:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
         if changed:
@@ -544,7 +548,7 @@ def _check_loss(self: TrainConfig) -> None:
         )
     _check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
-        self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
+        self.loss.fused or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "

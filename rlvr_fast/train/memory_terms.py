@@ -88,15 +88,26 @@ def backward_bytes_per_token(config: ModelConfig, e: int) -> int:
     return e * 3 * config.intermediate_size + (4 - e) * config.hidden_size
 
 
-def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool) -> int:
-    """Peak activation memory of one forward + backward over ``tokens`` tokens."""
+def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool | int) -> int:
+    """Peak activation memory of one forward + backward over ``tokens`` tokens, ``checkpointing``
+    every layer (True), none (False) or the first that many: a checkpointed layer keeps its
+    input, the others all they save, and the recompute adds one layer's."""
+    checkpointed = checkpointed_layers(config, checkpointing)
     layer = saved_bytes_per_token_layer(config, e)
     per_token = tail_bytes_per_token(config, e) + backward_bytes_per_token(config, e)
-    if checkpointing:
-        per_token += config.num_hidden_layers * e * config.hidden_size + layer
-    else:
-        per_token += config.num_hidden_layers * layer
+    per_token += (
+        checkpointed * e * config.hidden_size + (config.num_hidden_layers - checkpointed) * layer
+    )
+    if checkpointed:
+        per_token += layer
     return tokens * per_token
+
+
+def checkpointed_layers(config: ModelConfig, checkpointing: bool | int) -> int:
+    """How many decoder layers recompute: all (True), none (False) or that many."""
+    if isinstance(checkpointing, bool):
+        return config.num_hidden_layers if checkpointing else 0
+    return min(checkpointing, config.num_hidden_layers)
 
 
 def fused_loss_bytes(

@@ -54,8 +54,13 @@ from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
 from rlvr_fast.models.lora import apply_lora
 from rlvr_fast.rollouts.evaluation import check_prompt_lengths, encode_prompts
 from rlvr_fast.rollouts.generation import base_seed
-from rlvr_fast.run.checkpoint import Checkpointer, GeneratorState, GlobalRNGState
-from rlvr_fast.run.directory import check_eval_name, run_signature
+from rlvr_fast.run.checkpoint import (
+    Checkpointer,
+    GeneratorState,
+    GlobalRNGState,
+    checkpoint_identity,
+)
+from rlvr_fast.run.directory import check_eval_name, run_signature, settings_sha256
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.provenance import run_meta
 from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
@@ -64,6 +69,7 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
+from rlvr_fast.train.checkpointing import host_memory
 from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
@@ -130,8 +136,7 @@ class RLVRTrainer:
         self.precision = resolve_precision(config.precision, policy.device)
         plan = None
         if policy.device.type == "cuda":
-            longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-            plan = self.check_memory(longest)
+            plan = self.check_memory(self.longest_prompt())
         self.stepping = OptimizerStepping(
             policy.model, config, self.precision, after_publish=policy.refresh_decoder
         )
@@ -139,7 +144,9 @@ class RLVRTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
-        policy.model.model.activation_checkpointing = config.activation_checkpointing
+        policy.model.model.checkpointed_layers = checkpointed_layers(
+            policy.config, config, self.precision, plan, self.longest_prompt, self.progress
+        )
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
             policy,
@@ -167,7 +174,12 @@ class RLVRTrainer:
             components["reference"] = self.kind.reference
         if self.kind.entropy_control is not None:
             components["entropy_control"] = self.kind.entropy_control
-        self.checkpointer = Checkpointer(components, steps=config.steps)
+        # As config.json holds it: what the resume signature and the checkpoint identity hash.
+        self.config_json = json.loads(json.dumps(config.to_json()))
+        identity = checkpoint_identity(
+            settings_sha256(self.config_json), config.seed, self.precision
+        )
+        self.checkpointer = Checkpointer(components, steps=config.steps, identity=identity)
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
         self.generation: list[Question] | None = None
@@ -180,6 +192,9 @@ class RLVRTrainer:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.stepping.optimizer
+
+    def longest_prompt(self) -> int:
+        return max(len(self.task.prompt_ids(p)) for p in self.train_data)
 
     def check_memory(self, prompt_tokens: int) -> MemoryPlan:
         """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
@@ -370,8 +385,11 @@ class RLVRTrainer:
         from its checkpoint, or from step 0 when it was killed before the first one. On several
         ranks rank 0 (which holds the recorder) alone checks, cleans and writes the directory;
         every rank reads the checkpoint and the ledger's active steps."""
-        config = json.loads(json.dumps(self.config.to_json()))  # as config.json holds it
+        config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
+        # A run directory's checkpoints also name the model, dtype, device and eval sets.
+        for key in ("model_sha256", "dtype", "device", "eval_data"):
+            self.checkpointer.identity[key] = signature[key]
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
@@ -406,7 +424,7 @@ class RLVRTrainer:
     def save_checkpoint(self, next_step: int) -> None:
         """Every component's state after ``next_step`` steps, in one safetensors file written
         atomically (no pickle), with the world size."""
-        self.checkpointer.save(self.layout.checkpoint, next_step, distributed.world_size())
+        self.recorder.save_checkpoint(self.checkpointer, next_step, distributed.world_size())
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""
@@ -448,3 +466,19 @@ def add_to_totals(totals: dict[str, float], record: dict) -> None:
         totals[key] = totals.get(key, 0) + record[key]
     for phase, seconds in record["seconds"].items():
         totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
+
+
+def checkpointed_layers(
+    model_config, config: TrainConfig, precision: str, plan, longest_prompt, progress: bool
+) -> int:
+    """The decoder layers that recompute in backward: all or none as activation_checkpointing
+    says; under "auto" as many as the memory plan picks, on the GPU's memory (``plan``) or,
+    without a device plan, on the host's available memory and what this process holds."""
+    setting, layers = config.activation_checkpointing, model_config.num_hidden_layers
+    if setting != "auto":
+        return layers if setting else 0
+    if plan is None:
+        plan = plan_for_training(model_config, config, precision, longest_prompt(), host_memory())
+        if progress:
+            print(plan.notes[-1])
+    return plan.checkpointed_layers

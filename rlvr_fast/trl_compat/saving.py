@@ -87,6 +87,7 @@ class SavingAndSurface:
                 "resume_from_checkpoint: a run with ledger=True resumes through its ledger "
                 "directory (rlvr-fast train --resume), not from checkpoint-N"
             )
+        checkpoints.check_manifest(checkpoint)
         saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
         step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
         if step != saved.global_step:

@@ -2,8 +2,6 @@
 JSONL lines are appended and synced, and a kill at any moment leaves the old file or the new one.
 Every file it reads from a user goes through here too: bounded, regular files only.
 
-    with lock_directory(run_dir):          # one writer per directory, for the holder's life
-        ...
     with atomic_path(path) as temp:        # write temp however you like (save_file, savefig)
         save_file(tensors, str(temp))
     write_text_atomic(path, text)          # the same for text and JSON
@@ -33,7 +31,6 @@ raised while writing comes out as ``OSError(errno, reason, target)``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -43,9 +40,10 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLock, DirectoryLockedError
+
 TEMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
-LOCK_NAME = ".rlvr_fast.lock"
 # The random part of our temp names: eight letters, digits or '_' (secrets.token_hex now,
 # tempfile's alphabet before; both are recognised so a kill of either is cleaned up).
 OUR_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
@@ -59,116 +57,6 @@ SAFETENSORS_HEADER_LENGTH = 8
 class UnreadableFileError(ValueError):
     """A file rlvr_fast reads is missing, not a regular file, too large, or not what its name
     says (invalid UTF-8 or JSON); the one-line message names the path."""
-
-
-class DirectoryLockedError(ValueError):
-    """Another live process holds the directory's lock; the message names its pid."""
-
-
-# ------------------------------------------------------------------ the directory lock
-class DirectoryLock:
-    """An advisory ``flock`` on a lock file (``DIRECTORY/.rlvr_fast.lock``, or ``.NAME.lock``
-    beside an output file), which holds the holder's pid.
-
-    The kernel drops the lock when the holder's last file descriptor closes, so a killed
-    holder leaves a lock file that the next writer takes over. Taken with ``lock_directory``
-    or ``lock_output``; a process holds one lock per lock file (taking it again returns the same
-    lock)."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self.directory = path.parent
-        self.fd: int | None = fd
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None and same_file(self.path, self.fd)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if _HELD.get(self.path) is self:
-            del _HELD[self.path]
-
-    def __enter__(self) -> "DirectoryLock":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-_HELD: dict[Path, DirectoryLock] = {}
-
-
-def lock_directory(directory: str | os.PathLike) -> DirectoryLock:
-    """Take ``directory``'s lock before writing anything into it; held until ``release`` or
-    the process ends. Raises ``DirectoryLockedError`` naming the pid of a live holder."""
-    directory = Path(directory).resolve()
-    return take_lock_file(directory / LOCK_NAME, directory)
-
-
-def lock_output(path: str | os.PathLike) -> DirectoryLock:
-    """The lock of one output file (``.NAME.lock`` beside it), as ``lock_directory``."""
-    path = Path(path).resolve()
-    return take_lock_file(path.with_name(f".{path.name}.lock"), path)
-
-
-def take_lock_file(path: Path, guarded: Path) -> DirectoryLock:
-    """Lock ``path``, the lock file of ``guarded`` (what an error names)."""
-    held = _HELD.get(path)
-    if held is not None and held.held:
-        return held
-    if held is not None:
-        held.release()  # the lock file was removed and made again since
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as err:
-        raise DirectoryLockedError(f"{path}: cannot open the lock file ({reason(err)})") from None
-    try:
-        take_lock(fd, path, guarded)
-    except BaseException:
-        os.close(fd)
-        raise
-    lock = DirectoryLock(path, fd)
-    _HELD[path] = lock
-    return lock
-
-
-def take_lock(fd: int, path: Path, guarded: Path) -> None:
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise DirectoryLockedError(f"{path}: the lock file is not a regular file")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        raise DirectoryLockedError(
-            f"{guarded}: in use by process {holder} (it holds {path.name}); wait for it "
-            "to finish or stop it"
-        ) from None
-    except OSError as err:
-        raise DirectoryLockedError(f"{path}: cannot lock ({reason(err)})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-
-
-def same_file(path: Path, fd: int) -> bool:
-    try:
-        on_disk = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    held = os.fstat(fd)
-    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
-
-
-def forget_locks_after_fork() -> None:
-    """A forked child closes its copies of the lock descriptors: the parent keeps its locks,
-    and a child that outlives it does not keep the directory locked."""
-    for lock in list(_HELD.values()):
-        lock.release()
-
-
-os.register_at_fork(after_in_child=forget_locks_after_fork)
 
 
 # ------------------------------------------------------------------ bounded reads

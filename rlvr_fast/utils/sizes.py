@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 UNITS = {
@@ -17,6 +18,10 @@ UNITS = {
 }
 
 
+# 16 EiB: past any device; a float beyond it (1e400, 401 digits) would overflow an int.
+MAX_SIZE = float(1 << 64)
+
+
 def parse_size(text: str) -> int:
     """'24GiB', '141GB', '80 GiB', '1e9' (bytes) -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text, re.I)
@@ -25,4 +30,7 @@ def parse_size(text: str) -> int:
         raise ValueError(
             f"a size is a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}"
         )
-    return int(float(match.group(1)) * UNITS[unit])
+    size = float(match.group(1)) * UNITS[unit]
+    if not math.isfinite(size) or size > MAX_SIZE:
+        raise ValueError(f"a size is at most 16 EiB (2^64 bytes), got {text.strip()!r}")
+    return int(size)

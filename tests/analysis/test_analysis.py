@@ -15,7 +15,7 @@ import pytest
 
 from rlvr_fast.analysis.compare import BASE_LABEL, compare_paths
 from rlvr_fast.analysis.sweep import plan_sweep, run_sweep
-from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.utils.locks import LOCK_NAME
 from rlvr_fast.analysis.tables import mean_sd_cell
 from rlvr_fast.cli.main import main
 from rlvr_fast.data.synthetic import synthetic_problems

@@ -176,7 +176,7 @@ def test_a_rerun_sweep_with_other_training_data_is_refused_before_training(tmp_p
 
 HOLD = """
 import sys
-from rlvr_fast.utils.files import lock_directory
+from rlvr_fast.utils.locks import lock_directory
 lock_directory(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()

@@ -89,7 +89,7 @@ def test_a_rates_file_that_is_a_fifo_is_refused_at_once(tiny, tmp_path):
 
 HOLD = """
 import sys
-from rlvr_fast.utils.files import lock_output
+from rlvr_fast.utils.locks import lock_output
 lock_output(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()
@@ -113,3 +113,10 @@ def test_a_second_select_data_on_one_out_is_refused_naming_the_first(tiny, tmp_p
     finally:
         holder.communicate("")
     assert not rates_path(out).exists()
+
+
+def test_help_names_the_rates_file_it_writes(capsys):
+    with pytest.raises(SystemExit):
+        main(["select-data", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{rates_path(Path('OUT')).name} holds the rates measured so far" in help_text

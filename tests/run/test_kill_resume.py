@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from rlvr_fast.run.state_file import load_state
-from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.utils.locks import LOCK_NAME
 
 KILL_TRIALS = int(os.environ.get("RLVR_KILL_TRIALS", "2"))
 TRAIN = [

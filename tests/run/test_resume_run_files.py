@@ -13,7 +13,7 @@ import pytest
 from hang_guard import within
 
 from rlvr_fast.data.synthetic import synthetic_problems
-from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.utils.locks import LOCK_NAME
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.run.directory import RunDirectoryError, run_files
 from rlvr_fast.run.state_file import StateFileError, load_state

@@ -25,7 +25,7 @@ from rlvr_fast.train.kinds import flat
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.nonfinite import NonFiniteError
 from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.utils.locks import LOCK_NAME
 
 SETTINGS = dict(max_new_tokens=32, eval_max_new_tokens=32, lr=1e-4, checkpoint_every=2)
 PROBLEMS = synthetic_problems("train", 3, seed=3)

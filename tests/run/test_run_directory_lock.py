@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlvr_fast.data.synthetic import synthetic_problems
-from rlvr_fast.utils.files import LOCK_NAME
+from rlvr_fast.utils.locks import LOCK_NAME
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.run.directory import RunDirectoryError
 from rlvr_fast.train.config import TrainConfig
@@ -27,7 +27,7 @@ SETTINGS = dict(max_new_tokens=16, eval_max_new_tokens=16, lr=1e-4, checkpoint_e
 PROBLEMS = synthetic_problems("train", 2, seed=3)
 HOLD = """
 import sys
-from rlvr_fast.utils.files import lock_directory
+from rlvr_fast.utils.locks import lock_directory
 lock_directory(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()

@@ -91,7 +91,11 @@ def test_the_adafactor_state_is_checkpointed_and_a_resumed_run_continues_bit_for
     def run():
         model = load_policy("tiny", dtype=torch.float32).model
         stepping = OptimizerStepping(model, config, precision)
-        return model, stepping, Checkpointer({"model": model, "optimizer": stepping}, steps=4)
+        return (
+            model,
+            stepping,
+            Checkpointer({"model": model, "optimizer": stepping}, steps=4, identity={}),
+        )
 
     model, stepping, checkpointer = run()
     step(stepping, model, (ACTIVE, ZERO_GRAD))

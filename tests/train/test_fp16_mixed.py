@@ -135,7 +135,7 @@ def test_the_scale_is_checkpointed_and_a_resumed_fp16_run_continues_bit_for_bit(
         components = dict(
             model=model, optimizer=stepping, masters=stepping.masters, loss_scale=stepping.scaler
         )
-        return model, stepping, Checkpointer(components, steps=4)
+        return model, stepping, Checkpointer(components, steps=4, identity={})
 
     def step(stepping, model, loss):
         stepping.update(Phases(torch.device("cpu")), ACTIVE, [lambda: loss(model)])

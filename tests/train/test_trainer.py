@@ -18,7 +18,7 @@ from rlvr_fast.ledger.records import MultiQuestionRecord, read_record
 from rlvr_fast.models.checkpoint import load_model
 from rlvr_fast.models.policy import Policy, load_policy
 from rlvr_fast.run.directory import RunDirectoryError
-from rlvr_fast.run.state_file import load_state
+from rlvr_fast.run.state_file import load_state, read_state
 from rlvr_fast.run import checkpoint
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.utils.phases import Phases
@@ -301,11 +301,12 @@ def test_resume_reads_the_rng_states_onto_the_cpu(tiny, tmp_path, monkeypatch):
     trainer.generator.manual_seed(12345)
     loaded = []
 
-    def recording_load(*args, **kwargs):
-        loaded.append(load_state(*args, **kwargs))
-        return loaded[-1]
+    def recording_read(*args, **kwargs):
+        state, digested = read_state(*args, **kwargs)
+        loaded.append(state)
+        return state, digested
 
-    monkeypatch.setattr(checkpoint, "load_state", recording_load)
+    monkeypatch.setattr(checkpoint, "read_state", recording_read)
     monkeypatch.setattr(Policy, "device", property(lambda self: torch.device("meta")))
     assert trainer.load_checkpoint(path) == 1
     assert loaded[0]["generator"].device.type == loaded[0]["torch_rng"].device.type == "cpu"

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from rlvr_fast.utils.files import LOCK_NAME, DirectoryLockedError, lock_directory
+from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLockedError, lock_directory
 
 HOLD = """
 import sys
-from rlvr_fast.utils.files import lock_directory
+from rlvr_fast.utils.locks import lock_directory
 lock_directory(sys.argv[1])
 print("locked", flush=True)
 sys.stdin.read()
@@ -59,7 +59,7 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path):
 
 RACE = """
 import os, sys, time
-from rlvr_fast.utils.files import DirectoryLockedError, lock_directory
+from rlvr_fast.utils.locks import DirectoryLockedError, lock_directory
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.001)
 try:

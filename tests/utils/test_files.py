@@ -11,12 +11,12 @@ from rlvr_fast.utils.files import (
     append_line,
     atomic_path,
     files_into,
-    lock_directory,
     remove_stale_files,
     replaced_directory,
     write_json_atomic,
     write_text_atomic,
 )
+from rlvr_fast.utils.locks import lock_directory
 
 
 class Killed(Exception):
