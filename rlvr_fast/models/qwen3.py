@@ -309,6 +309,12 @@ class Qwen3ForCausalLM(nn.Module):
         hidden = self.model(input_ids, context)
         return hidden if return_hidden else self.lm_head(hidden)
 
+    def run_pass(self, compute):
+        """``compute()``, a pass that reads this model's modules and weights directly (a fused
+        loss: the decoder, then the LM head's weight), as a forward of this model: a sharded
+        model (FSDP2's register_fsdp_forward_method) gathers its root weights around it."""
+        return compute()
+
     def infer(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         """One rollout-engine pass over input_ids [R, T]: logits [R, V] of each row's last real
         token (``context.logits_index``; the only token when T = 1)."""

@@ -68,6 +68,7 @@ from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HEL
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
+from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
 
 
 SAMPLERS = tuple(KINDS)
@@ -366,6 +367,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         lambda v: v is None or v >= 1,
         "max_model_len must be >= 1 or None, got {value}",
         written_when_set=True,
+    )
+    shard: str | None = setting(
+        None, SHARD_HELP, lambda v: v is None or v in SHARDINGS, SHARD_ERROR, **WHEN_SET
     )
     combine_questions: str = setting(
         "unit_norm",

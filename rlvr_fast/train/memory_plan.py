@@ -22,7 +22,10 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   (``backward_bytes_per_token``); with activation checkpointing one hidden state per layer
   instead, plus one layer recomputed (checkpointing the first k layers: those k hold a hidden
   state, the others all they save; ``activation_checkpointing="auto"`` takes the fewest k that
-  leave the KV cache room for every row of a step, ``auto_checkpointing_plan``).
+  leave the KV cache room for every row of a step, ``auto_checkpointing_plan``). In fp32 on
+  CUDA, SDPA's math path also keeps each layer's attention softmax [G, Hq, T, T] and backward
+  forms two more (CUDA's flash kernel takes bf16 / fp16 only, its memory-efficient one no
+  grouped-query attention; ``attention_scores_term``).
   Verified on the meta device at Qwen3 shapes (tests/train/test_memory_plan.py);
 - the fused loss (every loss order the trainer runs): dW accumulated in fp32 [V, H] by the GEMM,
   the hidden states and their gradient [N, H], then the larger of the forward's [chunk, V]
@@ -61,13 +64,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from rlvr_fast.engine.memory import (
+    SAMPLER_BYTES_PER_ROW,
+    flash_attention_takes,
+    math_attention_bytes,
+    sampler_bytes,
+)
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters
 from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.train.memory_terms import (
     ADAMW_STEPS,
     PRECISIONS,
-    SAMPLER_BYTES_PER_ROW,
     activation_bytes,
     adamw_step_bytes,
     adafactor_state_elements,
@@ -80,7 +88,6 @@ from rlvr_fast.train.memory_terms import (
     largest_parameter,
     merged_twin_parameters,
     rope_table_bytes,
-    sampler_bytes,
     saved_bytes_per_token_layer,
 )
 
@@ -423,7 +430,10 @@ def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     layers = config.num_hidden_layers
     chosen = checkpointed_layers(config, run.activation_checkpointing)
     alternatives = [chosen] + [k for k in (0, layers) if k != chosen]
-    return [activation_term(config, run, k, counted=k == chosen) for k in alternatives]
+    terms = [activation_term(config, run, k, counted=k == chosen) for k in alternatives]
+    if not flash_attention_takes(PRECISIONS[run.precision].compute, "cuda"):
+        terms.append(attention_scores_term(config, run, chosen))
+    return terms
 
 
 def activation_term(config: ModelConfig, run: RunShape, checkpointed: int, counted: bool) -> Term:
@@ -455,6 +465,25 @@ def activation_term(config: ModelConfig, run: RunShape, checkpointed: int, count
         )
     size = activation_bytes(config, e, tokens, checkpointed) + adapters
     return Term(name, size, how, counted=counted, phase=BACKWARD)
+
+
+def attention_scores_term(config: ModelConfig, run: RunShape, checkpointed: int) -> Term:
+    """fp32 on CUDA: SDPA's math path (``rlvr_fast.engine.memory``) keeps for backward each
+    layer's softmax [G, Hq, T, T] and its keys and values expanded to the query heads (in the
+    layers that keep their activations, and the one recomputed), and backward forms the gradients of the scores and
+    of their softmax, two more [G, Hq, T, T] (an upper bound with checkpointing, where the
+    recomputed layer's MLP can be the larger; measured on the meta device)."""
+    rows, tokens = run.group_size, run.row_tokens
+    layers = config.num_hidden_layers - checkpointed + (1 if checkpointed else 0)
+    scores = math_attention_bytes(config, rows, tokens) // 2
+    expanded = 2 * 4 * rows * tokens * config.num_attention_heads * config.head_dim
+    return Term(
+        "attention scores (fp32: SDPA's math path)",
+        layers * (scores + expanded) + 2 * scores,
+        f"{layers} layer(s) x ({rows} x {config.num_attention_heads} heads x {tokens:,}^2 "
+        "scores + expanded keys and values) + 2 x the scores in backward, x 4 B",
+        phase=BACKWARD,
+    )
 
 
 def loss_term(config: ModelConfig, run: RunShape) -> Term:

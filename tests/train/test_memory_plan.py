@@ -76,12 +76,14 @@ def flash_attention(q, k, v, mask):
     return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
 
 
-def measure_backward(monkeypatch, name: str, dtype, checkpointing: bool | int) -> tuple[int, int]:
+def measure_backward(
+    monkeypatch, name: str, dtype, checkpointing: bool | int, attention=flash_attention
+) -> tuple[int, int]:
     """(bytes kept after the forward, peak bytes net of gradients) of one forward + backward of
     ROWS x ROW_TOKENS tokens on the meta device, checkpointing every layer, none or the first
-    that many."""
+    that many, attending with ``attention``."""
     # The decoder's own name for SDPA: it imports dense_attention from rlvr_fast.models.attention.
-    monkeypatch.setattr(qwen3, "dense_attention", flash_attention)
+    monkeypatch.setattr(qwen3, "dense_attention", attention)
     with torch.device("meta"):
         model = qwen3.Qwen3ForCausalLM(config(name)).to(dtype)
     model.model.checkpointed_layers = checkpointed_layers(model.config, checkpointing)
@@ -116,6 +118,59 @@ def test_activations_match_a_meta_device_measurement(monkeypatch, name, dtype, c
     assert planned_kept + tables == pytest.approx(kept, rel=0.01)
     planned_peak = activation_bytes(cfg, e, tokens, checkpointing) + tables
     assert peak <= planned_peak <= 1.08 * peak, (peak / tokens, planned_peak / tokens)
+
+
+def math_attention(q, k, v, mask):
+    """What SDPA runs on CUDA for causal fp32 rows with grouped-query attention: its math path
+    (the flash kernel takes bf16 / fp16 only, the memory-efficient one no enable_gqa)."""
+    assert mask is None
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, None, 0.0, True, enable_gqa=q.shape[1] != k.shape[1]
+    )[0]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fp32_attention_scores_are_planned_as_the_math_path_keeps_them(monkeypatch, checkpointing):
+    """fp32 on CUDA stores T^2 attention scores the flash-attention activations leave out: the
+    plan's fp32 activations plus its attention-scores term bound a meta-device forward +
+    backward through SDPA's math path (0.6B, 8 x 712 tokens: 27 GB without checkpointing), and
+    no bf16 plan counts the term."""
+    cfg, tokens = config("0.6b"), ROWS * ROW_TOKENS
+    _, peak = measure_backward(monkeypatch, "0.6b", torch.float32, checkpointing, math_attention)
+    shape = RunShape(
+        precision="fp32",
+        group_size=ROWS,
+        prompt_tokens=200,
+        max_new_tokens=ROW_TOKENS - 200,
+        activation_checkpointing=checkpointing,
+    )
+    scores = memory_plan.attention_scores_term(cfg, shape, 28 if checkpointing else 0).bytes
+    planned = activation_bytes(cfg, 4, tokens, checkpointing) + rope_table_bytes(cfg, 4) + scores
+    assert peak <= planned <= (1.35 if checkpointing else 1.08) * peak, (peak, planned)
+    fp32_plan = plan_memory(cfg, CARDS["141GB"], shape)
+    assert scores in {t.bytes for t in fp32_plan.terms if t.name.startswith("attention scores")}
+    bf16_plan = plan_memory(cfg, CARDS["141GB"], RunShape(precision="bf16-mixed"))
+    assert not [t for t in bf16_plan.terms if t.name.startswith("attention scores")]
+
+
+@pytest.mark.cuda
+def test_on_cuda_fp32_grouped_query_attention_has_only_the_math_path():
+    """The premise of the fp32 attention-scores terms, checked where it can be: at Qwen3-0.6B's
+    heads (16 query, 8 key/value) causal SDPA finds no flash or memory-efficient kernel for fp32
+    rows, and finds the flash kernel for bf16 ones."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(dtype):
+        q = torch.randn(2, 16, 64, 128, device="cuda", dtype=dtype)
+        kv = torch.randn(2, 8, 64, 128, device="cuda", dtype=dtype)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, kv, kv, is_causal=True, enable_gqa=True
+        )
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        with pytest.raises(RuntimeError):
+            attend(torch.float32)
+        assert attend(torch.bfloat16).dtype == torch.bfloat16
 
 
 class NoLaunch:

@@ -233,7 +233,7 @@ class FlatKind:
         return pulled and question.share != []
 
     def loss(self, question: Question) -> torch.Tensor:
-        config, model = self.config, self.policy.model
+        config, model = self.config, self.policy.trained_model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
             return self.policy_question_loss(question)
@@ -257,7 +257,7 @@ class FlatKind:
         if self.entropy_control is not None:
             settings = dataclasses.replace(settings, entropy_coef=self.entropy_control.applied())
         loss, terms.stats = policy_loss(
-            self.policy.model,
+            self.policy.trained_model,
             question.prompt_ids,
             completions,
             terms.advantages,
@@ -271,7 +271,7 @@ class FlatKind:
             # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
             # accumulation). Its controller moves in training only, not at an evaluation.
             terms.policy_loss = float(loss.detach()) + settings.entropy_coef * entropy
-            if self.entropy_control is not None and self.policy.model.training:
+            if self.entropy_control is not None and self.policy.trained_model.training:
                 self.entropy_control.after_step(entropy)
         return loss
 
