@@ -28,7 +28,7 @@ class TRLPolicyLoss:
     """The component (module docstring) of a run with ``config`` training ``policy``."""
 
     def __init__(self, config, policy) -> None:
-        self.config, self.model = config, policy.model
+        self.config, self.policy = config, policy
         self.settings = policy_settings(config)
         # TRL scores log softmax(logits / temperature).
         self.temperature = config.temperature if config.tempered_logprobs else 1.0
@@ -54,7 +54,7 @@ class TRLPolicyLoss:
         if self.entropy_control is not None:
             settings = dataclasses.replace(settings, entropy_coef=self.entropy_control.applied())
         loss, terms.stats = policy_loss(
-            self.model,
+            self.policy.trained_model,
             prompt_ids,
             completions,
             terms.advantages,
@@ -68,7 +68,7 @@ class TRLPolicyLoss:
             # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
             # accumulation). Its controller moves in training only, not at an evaluation.
             terms.policy_loss = float(loss.detach()) + settings.entropy_coef * entropy
-            if self.entropy_control is not None and self.model.training:
+            if self.entropy_control is not None and self.policy.trained_model.training:
                 self.entropy_control.after_step(entropy)
         return loss
 
@@ -77,7 +77,7 @@ class TRLPolicyLoss:
     ) -> None:
         """The figures of a group whose loss does not run this step (``terms.stats``): a pass
         of the fused op without gradients."""
-        terms.stats = completion_stats(self.model, prompt_ids, completions, self.temperature)
+        terms.stats = completion_stats(self.policy.model, prompt_ids, completions, self.temperature)
 
     def figures(
         self, terms: list[PolicyTerms], micro_batches: list[list[int]] | None = None

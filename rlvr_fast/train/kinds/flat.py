@@ -207,7 +207,7 @@ class FlatKind:
         return pulled and question.share != []
 
     def loss(self, question: Question) -> torch.Tensor:
-        config, model = self.config, self.policy.model
+        config, model = self.config, self.policy.trained_model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
             terms, completions = self.step_terms(question)
