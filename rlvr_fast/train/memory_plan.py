@@ -22,7 +22,7 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   (``backward_bytes_per_token``); with activation checkpointing one hidden state per layer
   instead, plus one layer recomputed (checkpointing the first k layers: those k hold a hidden
   state, the others all they save; ``activation_checkpointing="auto"`` takes the fewest k that
-  leave the KV cache room for every row of a step, ``auto_checkpointing_plan``). In fp32 on
+  leave the KV cache room for every row of a step, ``rlvr_fast.train.checkpointing``). In fp32 on
   CUDA, SDPA's math path also keeps each layer's attention softmax [G, Hq, T, T] and backward
   forms two more (CUDA's flash kernel takes bf16 / fp16 only, its memory-efficient one no
   grouped-query attention; ``attention_scores_term``).
@@ -62,7 +62,7 @@ one full-length row in the KV cache.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rlvr_fast.engine.memory import (
     SAMPLER_BYTES_PER_ROW,
@@ -582,31 +582,7 @@ def plan_for_training(
         optimizer=config.optimizer,
     )
     if auto:
+        from rlvr_fast.train.checkpointing import auto_checkpointing_plan  # it plans through here
+
         return auto_checkpointing_plan(model_config, device_memory, run)
     return plan_memory(model_config, device_memory, run)
-
-
-def auto_checkpointing_plan(config: ModelConfig, device_memory: int, run: RunShape) -> MemoryPlan:
-    """``activation_checkpointing="auto"``: the plan that checkpoints the fewest decoder layers
-    (the first k) with which the KV cache still holds every row a step samples (G x Q) at full
-    length; failing that, the fewest with which the run fits at all; failing that, every layer
-    (whose plan then names what does not fit)."""
-    layers = config.num_hidden_layers
-    plans = [
-        plan_memory(config, device_memory, replace(run, activation_checkpointing=k))
-        for k in range(layers + 1)
-    ]
-    roomy = [p for p in plans if p.fits and p.rows_at_full_length >= p.rows_wanted]
-    fitting = [p for p in plans if p.fits]
-    chosen = (roomy or fitting or plans[-1:])[0]
-    if roomy:
-        why = "the fewest that leave the KV cache room for every row of a step"
-    elif fitting:
-        why = "the fewest with which the run fits (the KV cache holds fewer rows than a step)"
-    else:
-        why = "all: the run does not fit even so"
-    chosen.notes.append(
-        f"activation_checkpointing auto: {chosen.checkpointed_layers} of {layers} layers "
-        f"checkpointed, {why}"
-    )
-    return chosen
