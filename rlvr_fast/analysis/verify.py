@@ -175,12 +175,19 @@ def verify_run(path: Path) -> RunVerification:
     return RunVerification(path, checks, time.perf_counter() - started)
 
 
+# What a check may raise on a hand-edited line (a field of the wrong type or shape).
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, AssertionError)
+
+
 def _guarded(name: str, check, *args) -> Check:
-    """A file that does not parse fails the check that reads it, not the whole command."""
+    """A file that does not parse, or a line of the wrong shape, fails the check that reads it,
+    not the whole command."""
     try:
         return check(*args)
     except RunDirError as err:
         return Check(name, failures=[str(err)])
+    except MALFORMED as err:
+        return Check(name, failures=[f"cannot check ({_describe(err)})"])
 
 
 def check_config(run: Run) -> tuple[Check, TrainConfig | None]:

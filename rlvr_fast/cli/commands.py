@@ -26,6 +26,7 @@ from rlvr_fast.rollouts.evaluation import encode_prompts
 from rlvr_fast.rollouts.limits import MAX_BATCH, MAX_NEW_TOKENS
 from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_data
 from rlvr_fast.run.eval_output import EvalOutput
+from rlvr_fast.run.directory import read_run_meta
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
@@ -128,9 +129,14 @@ def eval_inputs(args):
     """What ``eval`` checks before anything runs (``--nproc`` checks it before starting a
     rank): the model path, the limits, the device, the output directory and the eval sets."""
     model_path = Path(args.model)
-    # A run directory evaluates its final model.
+    # A run directory evaluates its final model, which a running (or stopped) run has not yet.
     if (RunLayout(model_path).model() / "config.json").is_file():
         model_path = RunLayout(model_path).model()
+    elif read_run_meta(model_path) is not None:
+        raise ValueError(
+            f"{model_path}: a run that has not finished (no {RunLayout(model_path).model().name}/ "
+            "yet): it is still running, or was stopped (train --resume finishes it)"
+        )
     max_new_tokens = positive("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)
     max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
     device = parse_device(args.device)

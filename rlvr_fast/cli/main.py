@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # A second Ctrl-C while the interpreter exits (atexit: lock files, grading workers)
+        # would print a traceback after this line.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
     except (distributed.ProcessGroupError, LockLostError) as err:

@@ -144,6 +144,9 @@ class RLVRTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
+        # Before the run directory is touched: a cache that cannot hold one sequence.
+        longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
+        self.engine.check_room(longest + config.max_new_tokens, "the longest training sequence")
         policy.model.model.activation_checkpointing = config.activation_checkpointing
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
