@@ -206,6 +206,8 @@ def our_gradient(tmp_path, at=0, steps=None, reward=varied_reward, final=None, *
         dict(loss_type="luspo", importance_sampling_level="sequence", **TWO_MICRO_BATCHES),
         dict(loss_type="dapo", mask_truncated_completions=True, **TWO_MICRO_BATCHES),
         dict(loss_type="grpo", importance_sampling_level="sequence", **TWO_PROMPTS),
+        # vespo pools its normaliser over the step's tokens, as dapo does.
+        dict(loss_type="vespo", **TWO_PROMPTS),
     ],
     ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
 )

@@ -75,11 +75,11 @@ class QuestionCredit:
     share_policy: PolicyTerms | None = None  # the terms of the step's share, when it has one
 
 
-# Loss types normalised by the tokens of the step (TRL: dapo and cispo by the generation batch's,
-# bnpo by the micro-batch's).
-TOKEN_NORMALISED = ("dapo", "bnpo", "cispo")
+# Loss types normalised by the tokens of the step (TRL: dapo, cispo and vespo by the generation
+# batch's, bnpo by the micro-batch's).
+TOKEN_NORMALISED = ("dapo", "bnpo", "cispo", "vespo")
 # Those TRL normalises by the generation batch's tokens, rescaled to one optimizer step.
-GENERATION_NORMALISED = ("dapo", "cispo")
+GENERATION_NORMALISED = ("dapo", "cispo", "vespo")
 
 
 class FlatKind:
