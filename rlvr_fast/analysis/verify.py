@@ -21,11 +21,15 @@ spirit of the study's verify_supplement.py. Checks per run directory:
               (decode rows, prefill tokens run, KV blocks)
   entropy     (an entropy bonus) each step's entropy_coef: the run's, or the adaptive control's
               coefficients re-run on the recorded policy_term_entropy of each step
+  claims      the figures beyond the steps' re-derivation (``rlvr_fast.analysis.claims``): the
+              config against its signature, no non-finite loss or grad_norm unless allowed,
+              fp16-mixed's loss-scale law, summary.json's totals, no unknown ledger keys
   evals       every saved eval item re-graded from its response text (extracted answer, grade,
               derivation gate, a cap hit only at the cap), the Polyak average's too;
               summary.json's counts agree
 Not re-derived: token lengths from texts (decoding then encoding is not the identity), timings,
-losses and gradient norms.
+losses and gradient norms (checked finite only), the engine's executed counts (bounded by the
+laws only).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from rlvr_fast.analysis import claims
 from rlvr_fast.run.provenance import REWARDS_KEY, REWARDS_RECORDED
 from rlvr_fast.run.reader import Run, RunDirError, find_run_dirs
 from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
@@ -168,6 +173,7 @@ def verify_run(path: Path) -> RunVerification:
             _guarded("steps", check_steps, run, config),
             _guarded("re-derived", check_rederived, run, config, params),
             _guarded("laws", check_laws, run),
+            _guarded("claims", check_claims, run, config),
             _guarded("evals", check_evals, run, config),
         ]
         if config.entropy_bonus:
@@ -370,6 +376,22 @@ def check_laws(run: Run) -> Check:
             categories[pair[6]] = categories.get(pair[6], 0) + 1
     check.detail = f"{len(run.ledger)} lines conserve tokens; pairs: " + ", ".join(
         f"{n} {c}" for c, n in sorted(categories.items())
+    )
+    return check
+
+
+def check_claims(run: Run, config: TrainConfig) -> Check:
+    check = Check("claims")
+    check.failures = [
+        *claims.signature_failures(run),
+        *claims.nonfinite_failures(run, config),
+        *claims.loss_scale_failures(run, run.meta.get("precision")),
+        *claims.totals_failures(run),
+        *claims.unknown_key_failures(run),
+    ]
+    check.detail = (
+        "signature, finite loss and grad_norm, loss-scale law, summary totals, known keys "
+        "(engine counts: bounded by the laws only)"
     )
     return check
 

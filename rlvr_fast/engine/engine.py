@@ -380,18 +380,6 @@ class RolloutEngine:
         for seq, seed in zip(seqs, seeds.tolist()):
             seq.seed = seed
 
-    def check_room(self, tokens: int, what: str) -> None:
-        """Refuse, before any work, a run whose longest sequence (``tokens``, a ``what``) could
-        not fit the cache even alone: the same ``OutOfBlocksError`` decoding would raise."""
-        block_size = self.manager.block_size
-        needed = -(-tokens // block_size)
-        if needed > self.num_blocks:
-            raise OutOfBlocksError(
-                f"out of KV blocks: {what} of {tokens} tokens needs {needed} blocks of "
-                f"{block_size} tokens and the engine has {self.num_blocks}; raise kv_blocks or "
-                "kv_memory_fraction"
-            )
-
     # ------------------------------------------------------------------ accounting
     @property
     def num_blocks(self) -> int:
@@ -423,6 +411,19 @@ class RolloutEngine:
     def _range(self, name: str):
         """A profiler range (and an NVTX range on CUDA, for Nsight timelines)."""
         return profile_range(name, self.device)
+
+
+def check_room(engine: RolloutEngine, tokens: int, what: str) -> None:
+    """Refuse, before any work, a run whose longest sequence (``tokens``, a ``what``) could not
+    fit ``engine``'s cache even alone: the same ``OutOfBlocksError`` decoding would raise."""
+    block_size = engine.manager.block_size
+    needed = -(-tokens // block_size)
+    if needed > engine.num_blocks:
+        raise OutOfBlocksError(
+            f"out of KV blocks: {what} of {tokens} tokens needs {needed} blocks of "
+            f"{block_size} tokens and the engine has {engine.num_blocks}; raise kv_blocks or "
+            "kv_memory_fraction"
+        )
 
 
 def reserve_written_blocks(

@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine.engine import check_room
 from rlvr_fast.engine.counters import SUMMED_COUNTERS
 from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
 from rlvr_fast.models.lora import apply_lora
@@ -146,7 +147,7 @@ class RLVRTrainer:
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
         # Before the run directory is touched: a cache that cannot hold one sequence.
         longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-        self.engine.check_room(longest + config.max_new_tokens, "the longest training sequence")
+        check_room(self.engine, longest + config.max_new_tokens, "the longest training sequence")
         policy.model.model.activation_checkpointing = config.activation_checkpointing
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
