@@ -42,10 +42,11 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def ensure_checkpoint(directory: Path) -> Path:
+def ensure_checkpoint(directory: Path, *, layers: int | None = None, tied: bool = False) -> Path:
     """The benchmark's checkpoint at ``directory``, written unless a config.json is there: each
     tensor drawn and written on its own (N(0, 0.02), norms 1), so writing takes one tensor of
-    memory, not the model."""
+    memory, not the model. Qwen3-0.6B-Base's shape, untied unless ``tied``, with ``layers``
+    decoder layers instead of its 28 when given."""
     if (directory / "config.json").is_file():
         return directory
     import torch
@@ -59,7 +60,9 @@ def ensure_checkpoint(directory: Path) -> Path:
     make_checkpoint = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_checkpoint)
     raw = json.loads(make_checkpoint.NAMED_CONFIGS["qwen3-0.6b"].read_text())
-    raw.update(tie_word_embeddings=False, torch_dtype="float32")
+    raw.update(tie_word_embeddings=tied, torch_dtype="float32")
+    if layers is not None:
+        raw["num_hidden_layers"] = layers
     config = ModelConfig.from_hf_dict(raw)
     shapes = {name: slot.shape for name, slot in hf_layout(empty_model(config)).items()}
     directory.mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,6 @@ SIDES = bench_trl.SIDES
 STATE_BYTES_PER_PARAMETER = 16
 
 
-def alternating_reward(completions, **kwargs):
-    return [float(i % 2) for i in range(len(completions))]
-
-
 def build(side: str, directory: Path, steps: int, out_dir: str):
     """The script body of ``benchmarks/bench_trl.py``, up to ``trainer.train()``, on the
     checkpoint at ``directory`` with checkpointing on and every group's rewards split."""
@@ -53,7 +49,7 @@ def build(side: str, directory: Path, steps: int, out_dir: str):
         steps,
         out_dir,
         model=directory,
-        reward=alternating_reward,
+        reward=bench_trl.alternating_reward,
         max_completion=MAX_COMPLETION,
         gradient_checkpointing=True,
     )
