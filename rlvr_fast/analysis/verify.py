@@ -157,6 +157,54 @@ def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
     return lines, not failed
 
 
+class UnverifiedRunError(ValueError):
+    """A run that ``compare``, ``report`` or ``sweep`` would read fails verify (or was recorded
+    under other package versions than the rest); the one line names it and the first failure."""
+
+
+def verified_runs(paths: list[Path], *, allow_unverified: bool = False) -> list[str]:
+    """Verify every run under ``paths`` before its figures are pooled: a run that fails, or
+    whose recorded rlvr_fast / torch versions differ from the first run's, is refused
+    (``UnverifiedRunError``) unless ``allow_unverified``; then returns one warning line per
+    such run, for the caller to print."""
+    found = find_run_dirs(paths)
+    warnings, first_versions = [], None
+    for path in found:
+        result = verify_run(path)
+        problems = [f"{c.name}: {c.failures[0]}" for c in result.checks if not c.ok]
+        versions = recorded_versions(path)
+        if first_versions is None:
+            first_versions = (path, versions)
+        elif versions != first_versions[1]:
+            problems.append(
+                f"recorded with {format_versions(versions)}, {first_versions[0]} with "
+                f"{format_versions(first_versions[1])}"
+            )
+        if not problems:
+            continue
+        line = f"{path}: fails verify ({problems[0]})"
+        if not allow_unverified:
+            raise UnverifiedRunError(
+                f"{line}; see rlvr-fast verify {path}, or pass --allow-unverified to include "
+                "it, marked"
+            )
+        warnings.append(f"rlvr-fast: warning: included unverified: {line}")
+    return warnings
+
+
+def recorded_versions(path: Path) -> dict:
+    try:
+        versions = Run.open(path).meta.get("versions")
+    except RunDirError:
+        return {}
+    versions = versions if isinstance(versions, dict) else {}
+    return {name: versions.get(name) for name in REQUIRED_VERSIONS}
+
+
+def format_versions(versions: dict) -> str:
+    return ", ".join(f"{name} {version}" for name, version in versions.items())
+
+
 def verify_run(path: Path) -> RunVerification:
     """All checks of one run directory; one whose config.json cannot be read (a FIFO, a list,
     invalid JSON) fails its config check."""

@@ -19,7 +19,7 @@ from rlvr_fast.cli.options import (
 from rlvr_fast.analysis.compare import compare_paths
 from rlvr_fast.analysis.shapley_report import shapley_report
 from rlvr_fast.analysis.tables import render
-from rlvr_fast.analysis.verify import verify_paths
+from rlvr_fast.analysis.verify import verified_runs, verify_paths
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.rollouts.evaluation import encode_prompts
@@ -192,7 +192,15 @@ def run_verify(args) -> bool:
     return ok
 
 
+def check_verified(args) -> None:
+    """compare and report pool only runs that pass verify (``--allow-unverified``: include the
+    others, with a warning line each on stderr)."""
+    for line in verified_runs(args.runs, allow_unverified=args.allow_unverified):
+        print(line, file=sys.stderr)
+
+
 def run_compare(args) -> None:
+    check_verified(args)
     comparison = compare_paths(args.runs, reference=args.reference)
     sys.stdout.write(render(comparison, args.format))
 
@@ -201,6 +209,7 @@ def run_report(args) -> None:
     # matplotlib loads only for the commands that draw.
     from rlvr_fast.analysis.report import write_report
 
+    check_verified(args)
     for path in write_report(args.runs, args.out, reference=args.reference):
         print(path)
 

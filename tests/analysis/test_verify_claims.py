@@ -95,3 +95,65 @@ def test_an_edited_figure_fails_verify_naming_it(fp16_run, tmp_path, edit):
     result = verify_run(run)
     assert not result.ok
     assert any(message in line for line in result.lines()), result.lines()
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("seeds")
+    problems = synthetic_problems("train", 2, seed=3)
+    held_out = {"t": synthetic_problems("test", 3, seed=8)}
+    for seed in (1, 2):
+        config = TrainConfig.from_arm(
+            "zg_flat", steps=1, seed=seed, max_new_tokens=8, eval_max_new_tokens=8
+        )
+        policy = load_policy("tiny")
+        out = root / f"s{seed}"
+        RLVRTrainer(policy, config, problems, held_out, out_dir=out, progress=False).train()
+    return root
+
+
+def flip_first_correct(run: Path) -> None:
+    path = run / "evals" / "t.jsonl"
+    items = [json.loads(line) for line in path.read_text().splitlines()]
+    items[0]["correct"] = not items[0]["correct"]
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+
+
+def drop_last_ledger_line(run: Path) -> None:
+    path = run / "ledger.jsonl"
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[:-1]))
+
+
+def other_torch_version(run: Path) -> None:
+    edit_json(run / "config.json", lambda meta: meta["versions"].update(torch="0.0.1"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (flip_first_correct, "fails verify (evals: evals/t.jsonl:1"),
+        (drop_last_ledger_line, "fails verify (steps:"),
+        (other_torch_version, "recorded with rlvr_fast"),
+    ],
+    ids=["eval item flipped", "ledger line missing", "other versions"],
+)
+def test_compare_refuses_a_run_verify_would_reject_unless_allowed(
+    two_seeds, tmp_path, capsys, damage, message
+):
+    """Regression: compare pooled an eval item's flipped `correct` (18.75% for 12.5%), a run
+    missing a ledger line, and runs recorded under other package versions, exit 0."""
+    from rlvr_fast.cli.main import main
+
+    runs = tmp_path / "runs"
+    shutil.copytree(two_seeds, runs)
+    assert main(["compare", str(runs)]) == 0
+    capsys.readouterr()
+    damage(runs / "s2")
+    assert main(["compare", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{runs / 's2'}: " in err and message in err, err
+    # Included, marked (compare's own checks still refuse a run whose ledger is short).
+    status = main(["compare", str(runs), "--allow-unverified"])
+    assert status == (2 if damage is drop_last_ledger_line else 0)
+    warning = capsys.readouterr().err.splitlines()[0]
+    assert warning.startswith(f"rlvr-fast: warning: included unverified: {runs / 's2'}")
