@@ -42,8 +42,10 @@ test: install
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark --benchmark-columns=min,mean,rounds
 
+# One OpenMP thread, as sweep-demo below (a second thread waiting for a busy core stalls every
+# operator of the embedded model on a shared 2-core machine); README's figures were measured so.
 demo: install
-	$(BIN)/python -m rlvr_fast.demo
+	OMP_NUM_THREADS=1 $(BIN)/python -m rlvr_fast.demo
 
 # Three flat arms (1, 2, 4) x two seeds on the embedded default with make demo's settings, then
 # compare + report (tables in runs/sweep-demo/compare.md, figures in runs/sweep-demo/report/).

@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> None:
         f"model {args.model}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"load average before: {os.getloadavg()[0]:.2f}"
     )
-    timer = step_floor.GemmTimer()
     for prompts in (int(p) for p in args.prompts.split(",")):
         for checkpointing in settings:
             record, wall = run_steps(args.model, prompts, checkpointing, args.steps)
-            rows = phase_rows(record, wall, shapes, checkpointing, timer)
+            # Timed again beside each step: the machine's load moves between them.
+            rows = phase_rows(record, wall, shapes, checkpointing, step_floor.GemmTimer())
             print(
                 f"\n{prompts} prompt(s) x G = {bench_trl.GROUP}, activation checkpointing "
                 f"{'on' if checkpointing else 'off'}, step {args.steps} of {args.steps}: "

@@ -10,7 +10,9 @@ a gradient (random weights never answer right, and a zero-variance group would l
 the backward). Each child reports its resident set after the imports, the peak (``VmHWM``)
 while the trainer is built (the model loaded) and the peak while ``train()`` runs; the figure the
 comparison is about is the training peak above the imports minus the weights, their gradients and
-AdamW's two moments (16 bytes per parameter in fp32).
+AdamW's two moments (16 bytes per parameter in fp32). The training peak is also split by phase
+(``benchmarks.harness.PhasePeaks``: the peak resident set between each change of phase, no
+sampling interval), so each transient beyond the state shows where it is held.
 
     flock /tmp/bigmem.lock python -m benchmarks.bench_trl_memory   # about 15 GB at peak
 """
@@ -18,6 +20,7 @@ AdamW's two moments (16 bytes per parameter in fp32).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -26,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import bench_trl
+from benchmarks.harness import PhasePeaks
 from benchmarks.bench_load_memory import (
     DEFAULT_CHECKPOINT,
     REPO,
@@ -37,6 +41,7 @@ from benchmarks.bench_load_memory import (
 
 MAX_COMPLETION = 32
 SIDES = bench_trl.SIDES
+PHASES = ("rollout", "reward", "forward", "backward", "optimizer", "other")
 # Weights, gradients and AdamW's exp_avg and exp_avg_sq, in float32.
 STATE_BYTES_PER_PARAMETER = 16
 
@@ -55,8 +60,42 @@ def build(side: str, directory: Path, steps: int, out_dir: str):
     )
 
 
+def label_phases(side: str, trainer, peaks: PhasePeaks) -> None:
+    """Each side's rollout, reward, forward, backward and optimizer step labelled in ``peaks``:
+    rlvr_fast's own step phases (``rlvr_fast.utils.phases.Phases``, which its ledger times);
+    TRL's generation and scoring (``_generate_and_score_completions``; the old and reference
+    log-probabilities it computes count as rollout), its reward functions
+    (``_calculate_rewards``), ``compute_loss``, the accelerator's ``backward``, and, on both
+    sides, every optimizer step (torch's global step hooks; gradient clipping before it is
+    "other" under TRL, rlvr_fast's "optimizer")."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    if side == "rlvr_fast":
+        from rlvr_fast.utils import phases
+
+        timed = phases.Phases.__call__
+
+        @contextlib.contextmanager
+        def labelled(self, name):
+            with peaks.phase(name), timed(self, name):
+                yield
+
+        phases.Phases.__call__ = labelled
+        return
+    peaks.label(trainer, "_generate_and_score_completions", "rollout")
+    peaks.label(trainer, "_calculate_rewards", "reward")
+    peaks.label(trainer, "compute_loss", "forward")
+    peaks.label(trainer.accelerator, "backward", "backward")
+    register_optimizer_step_pre_hook(lambda *args: peaks.enter("optimizer"))
+    register_optimizer_step_post_hook(lambda *args: peaks.leave())
+
+
 def child(side: str, directory: Path, steps: int) -> dict:
-    """Runs in the child: import, build the trainer, train; the resident set at each point."""
+    """Runs in the child: import, build the trainer, train; the resident set at each point and
+    the peak of each phase of training."""
     import torch
 
     bench_trl.classes(side)
@@ -69,9 +108,10 @@ def child(side: str, directory: Path, steps: int) -> dict:
         trainer = build(side, directory, steps, out_dir)
         built_peak = status_bytes("VmHWM")
         built = status_bytes("VmRSS")
-        reset_peak()
+        peaks = PhasePeaks()
+        label_phases(side, trainer, peaks)
         trainer.train()
-        trained_peak = status_bytes("VmHWM")
+        phase_peaks = peaks.close()
     params = sum(p.numel() for p in trainer.model.parameters())
     return {
         "side": side,
@@ -79,7 +119,8 @@ def child(side: str, directory: Path, steps: int) -> dict:
         "imported": imported,
         "built_peak": built_peak,
         "built": built,
-        "trained_peak": trained_peak,
+        "trained_peak": max(phase_peaks.values()),
+        "phase_peaks": phase_peaks,
     }
 
 
@@ -126,7 +167,27 @@ def report(rows: list[dict]) -> str:
         lines.append(
             f"\nrlvr_fast / trl, beyond the state: {beyond['rlvr_fast'] / beyond['trl']:.2f}"
         )
+    lines += ["", *phase_table(rows)]
     return "\n".join(lines)
+
+
+def phase_table(rows: list[dict]) -> list[str]:
+    """Per phase of training, each side's peak above the imports less the state, GB (the
+    state exists in full from the first optimizer step on; a phase of the first step can read
+    below it)."""
+    sides = [row["side"] for row in rows]
+    lines = [
+        "| phase | " + " | ".join(f"{side}: peak beyond the state GB" for side in sides) + " |",
+        "|---|" + "---:|" * len(sides),
+    ]
+    for phase in PHASES:
+        cells = []
+        for row in rows:
+            peak = row["phase_peaks"].get(phase)
+            state = STATE_BYTES_PER_PARAMETER * row["params"]
+            cells.append("-" if peak is None else gb(peak - row["imported"] - state))
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,10 +1,13 @@
 """Benchmark harness shared by every ``bench_<op>.py``: labels each benchmark as the eager
 reference or the fast path of a group (so the summary prints their ratio) and measures peak
 memory above what was live before the call; ``LiveBytes`` counts what operations allocate, storage
-by storage (on the meta device too: the memory plan's tests)."""
+by storage (on the meta device too: the memory plan's tests); ``PhasePeaks`` the peak resident
+set of each phase of a run."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -70,3 +73,53 @@ class LiveBytes(TorchDispatchMode):
                     self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
         self.peak = max(self.peak, self.live() - self.discount())
         return out
+
+
+class PhasePeaks:
+    """The peak resident set (bytes) of each labelled phase of a run: at every change of label
+    the kernel's peak since the previous change (``VmHWM``, restarted there through
+    /proc/self/clear_refs) goes to the label that was current, so no peak falls between two
+    samples. Labels nest (a phase inside another is its own; the outer one resumes after it);
+    what runs under no phase is ``base``."""
+
+    def __init__(self, base: str = "other") -> None:
+        self.stack = [base]
+        self.peaks: dict[str, int] = {}
+        PROC_CLEAR_REFS.write_text("5")
+
+    def switch(self) -> None:
+        label = self.stack[-1]
+        self.peaks[label] = max(self.peaks.get(label, 0), _status_kib("VmHWM") * 1024)
+        PROC_CLEAR_REFS.write_text("5")
+
+    def enter(self, name: str) -> None:
+        self.switch()
+        self.stack.append(name)
+
+    def leave(self) -> None:
+        self.switch()
+        self.stack.pop()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def label(self, owner, attribute: str, name: str) -> None:
+        """``owner.attribute`` (a method or function) runs as phase ``name`` from now on."""
+        function = getattr(owner, attribute)
+
+        @functools.wraps(function)
+        def labelled(*args, **kwargs):
+            with self.phase(name):
+                return function(*args, **kwargs)
+
+        setattr(owner, attribute, labelled)
+
+    def close(self) -> dict[str, int]:
+        """The peaks, the current phase's included."""
+        self.switch()
+        return self.peaks

@@ -74,6 +74,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from rlvr_fast.ops.loss_types import LOSS_TYPE_FIGURES
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.rollouts.pairs import TREE_CATEGORIES, PairCategory, TreePair
 
@@ -250,17 +251,12 @@ class MultiQuestionRecord(SeedFlops):
         return line
 
 
-# The policy figures of a step on TRL's loss types, TRL's metric names (rlvr_fast.train.policy).
+# The policy figures of a step on TRL's loss types, TRL's metric names (rlvr_fast.train.policy);
+# each loss type's own are its record's (rlvr_fast.ops.loss_types).
 POLICY_FIGURES = (
     "entropy",
     "kl",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_max",
-    "cispo_clip_ratio",
-    "vespo/phi_seq_mean",
+    *LOSS_TYPE_FIGURES,
     "entropy_coef",
     "policy_loss",
     # rlvr_fast's: the share of the step's tokens in the policy term (top_entropy_quantile < 1).

@@ -16,13 +16,13 @@ generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMM
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from rlvr_fast.ops import launch
+from rlvr_fast.ops.loss_types import loss_type, padded, unpadded
 from rlvr_fast.kernels.policy_loss import (
     policy_rows_grad_torch,
     policy_rows_grad_triton,
@@ -39,14 +39,13 @@ BACKENDS = {
     "torch": (policy_rows_stats_torch, policy_rows_grad_torch),
     "triton": (policy_rows_stats_triton, policy_rows_grad_triton),
 }
-CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-LOSS_TYPES = (*CLIPPED_LOSS_TYPES, "cispo", "sapo", "vespo")
 
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """TRL 1.16 GRPOConfig's loss fields, with its names and defaults. ``num_items_in_batch``
-    normalises dapo and cispo (TRL: the generation batch's completion tokens, rescaled to one
+    """TRL 1.16 GRPOConfig's loss fields, with its names and defaults; ``loss_type`` names a
+    fused record of ``rlvr_fast.ops.loss_types``. ``num_items_in_batch``
+    normalises dapo, cispo and vespo (TRL: the generation batch's completion tokens, rescaled to one
     accumulation window; default here: this call's tokens); ``max_completion_length`` normalises
     dr_grpo; ``gradient_accumulation_steps`` divides the other types, as TRL does in training."""
 
@@ -76,17 +75,15 @@ class PolicyLossSettings:
             raise ValueError(
                 f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
             )
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(
-                f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}"
-            )
+        loss = loss_type(self.loss_type, fused=True)
         if self.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(
                 "importance_sampling_level must be token or sequence, got "
                 f"{self.importance_sampling_level!r}"
             )
-        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
-            raise ValueError("loss_type dr_grpo needs max_completion_length")
+        for name in loss.requires:
+            if getattr(self, name) is None:
+                raise ValueError(f"loss_type {self.loss_type} needs {name}")
 
 
 class PolicyLossStats(NamedTuple):
@@ -100,16 +97,6 @@ class PolicyLossStats(NamedTuple):
     ratio: torch.Tensor
     kl: torch.Tensor
     entropy_mask: torch.Tensor | None = None
-
-
-def padded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """[N] tokens of sequences back to back -> TRL's zero-padded [S, max_len]."""
-    return torch.nn.utils.rnn.pad_sequence(list(values.split(lengths)), batch_first=True)
-
-
-def unpadded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """[S, max_len] -> [N], by the host's lengths (a boolean mask would sync with the device)."""
-    return torch.cat([row[:n] for row, n in zip(values, lengths)])
 
 
 def policy_objective(
@@ -146,11 +133,10 @@ def policy_objective(
         if settings.use_bias_correction_kl:
             per_token_kl = per_token_kl * coef_1
     advantages = advantages.float()[:, None]
-    if settings.loss_type == "vespo":
-        phi = gamma_weights(advantages, log_ratio, mask, settings)
-        per_token_loss = -phi * advantages * per_token_logps
-    else:
-        per_token_loss = _per_token_loss(coef_1, advantages, per_token_logps, settings)
+    loss_of = loss_type(settings.loss_type, fused=True)
+    per_token_loss = loss_of.objective(
+        coef_1, advantages, per_token_logps, log_ratio, mask, settings
+    )
     if settings.off_policy_mask_threshold is not None:
         per_token_loss = per_token_loss * off_policy_mask(
             advantages, log_ratio.detach(), mask, settings.off_policy_mask_threshold
@@ -162,7 +148,7 @@ def policy_objective(
         per_token_loss = per_token_loss * entropy_mask
     if settings.beta != 0.0:
         per_token_loss = per_token_loss + settings.beta * per_token_kl
-    loss = _aggregate(per_token_loss, mask, settings)
+    loss = loss_of.normaliser.aggregate(per_token_loss, mask, settings)
     if settings.entropy_coef != 0.0:
         # TRL's bonus: the mean entropy over the tokens of the policy term, scaled for
         # gradient accumulation only, whatever the loss type's normaliser.
@@ -193,56 +179,6 @@ def off_policy_mask(advantages, log_ratio, mask, threshold: float) -> torch.Tens
         min=1.0
     )
     return ((advantages >= 0) | (avg_seq_kl <= threshold)).to(mask.dtype)
-
-
-@torch.no_grad()
-def gamma_weights(advantages, log_ratio, mask, settings: PolicyLossSettings) -> torch.Tensor:
-    """VESPO's sequence weight [S, 1] (TRL's ``get_gamma_weights``, no sampler correction):
-    phi(w) = e^lambda w^k e^(-lambda w), phi(1) = 1, of w the sequence's ratio exp(sum of the
-    token log-ratios), in log space; k and lambda by the advantage's sign. Detached: it scales
-    the gradient of -A log p."""
-    lower = math.log(1e-8)
-    seq_log_ratio = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(dim=-1, keepdim=True)
-    log_w = torch.clamp(seq_log_ratio, lower, 20.0)
-    nonneg = advantages >= 0
-    k = torch.where(nonneg, settings.vespo_k_pos, settings.vespo_k_neg)
-    lam = torch.where(nonneg, settings.vespo_lambda_pos, settings.vespo_lambda_neg).clamp(min=1e-4)
-    log_phi = lam + k * log_w - lam * torch.exp(log_w)
-    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def _per_token_loss(coef_1, advantages, per_token_logps, settings) -> torch.Tensor:
-    epsilon_high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
-    if settings.loss_type == "cispo":
-        clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
-        return -clamped_ratios * advantages * per_token_logps
-    if settings.loss_type == "sapo":
-        temperatures = torch.where(
-            advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg
-        )
-        soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
-        return -soft_coef_1 * advantages
-    coef_2 = torch.clamp(coef_1, 1 - settings.epsilon, 1 + epsilon_high)
-    if settings.delta is not None:
-        coef_1 = torch.clamp(coef_1, max=settings.delta)
-    return -torch.min(coef_1 * advantages, coef_2 * advantages)
-
-
-def _aggregate(per_token_loss, mask, settings) -> torch.Tensor:
-    accumulation = settings.gradient_accumulation_steps
-    if settings.loss_type in ("grpo", "sapo"):
-        per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        return per_sequence.mean() / accumulation
-    if settings.loss_type == "bnpo":
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
-    if settings.loss_type == "dr_grpo":
-        size = per_token_loss.size(0) * settings.max_completion_length
-        return (per_token_loss * mask).sum() / size / accumulation
-    if settings.loss_type == "luspo":
-        return (per_token_loss * mask).sum(-1).mean() / accumulation
-    items = settings.num_items_in_batch
-    normalizer = mask.sum() if items is None else torch.tensor(float(items))
-    return (per_token_loss * mask).sum() / normalizer.clamp(min=1.0)
 
 
 class _FusedPolicyLoss(torch.autograd.Function):

@@ -56,7 +56,8 @@ from rlvr_fast.rollouts.limits import (
 from rlvr_fast.rollouts.parallel import AGGREGATORS
 from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
-from rlvr_fast.train.losses import LOSS_ORDERS, LOSS_TYPES
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_TYPE_NAMES, LossType, loss_type
+from rlvr_fast.train.losses import LOSS_ORDERS
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
@@ -180,9 +181,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     loss_type: str = setting(
         "sum",
         "the study's sum (-A_i sum_t log p, through weighted_token_nll), or one of TRL 1.16's "
-        "loss types (grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo: fused_policy_loss)",
-        one_of(LOSS_TYPES),
-        _valid("loss_type", LOSS_TYPES),
+        f"loss types ({', '.join(FUSED_LOSS_TYPE_NAMES)}: fused_policy_loss)",
+        one_of(LOSS_TYPE_NAMES),
+        _valid("loss_type", LOSS_TYPE_NAMES),
         only_for=FLAT_ONLY,
     )
     scale_rewards: bool = setting(
@@ -428,6 +429,11 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         }
 
     @property
+    def loss(self) -> LossType:
+        """The record of ``loss_type`` (``rlvr_fast.ops.loss_types``)."""
+        return loss_type(self.loss_type)
+
+    @property
     def updates_per_generation(self) -> int:
         """Optimizer steps on one generation: num_iterations x generation_steps."""
         return self.num_iterations * self.generation_steps
@@ -510,7 +516,7 @@ def _check_settings_of_other_samplers(self: TrainConfig) -> None:
 
 
 def _check_loss(self: TrainConfig) -> None:
-    if self.loss_type == "sum":
+    if not self.loss.fused:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
         if changed:
@@ -544,7 +550,7 @@ def _check_loss(self: TrainConfig) -> None:
         )
     _check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
-        self.loss_type != "sum" or self.tempered_logprobs or self.mask_truncated
+        self.loss.fused or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "

@@ -6,7 +6,7 @@
   prompt is packed once with every completion (``shared_prompt_batch``);
 - ``grpo_loss`` on eager per-token NLLs (``completion_token_nll``), both orders: the eager
   reference the fused losses are tested against;
-- ``policy_loss`` (TRL's loss types, ``POLICY_LOSS_TYPES``): through the fused
+- ``policy_loss`` (TRL's loss types, ``rlvr_fast.ops.loss_types``): through the fused
   ``fused_policy_loss`` op, with clipping against old log-probabilities, the KL term against a
   reference model's and each token's entropy from the same pass; ``completion_logprobs``, the
   log-probabilities of a model (the reference, or the policy before a generation's updates)
@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.ops import weighted_token_nll
 from rlvr_fast.ops.policy_loss import (
-    LOSS_TYPES as POLICY_LOSS_TYPES,
     PolicyLossSettings,
     PolicyLossStats,
     fused_policy_loss,
@@ -32,9 +31,6 @@ from rlvr_fast.ops.policy_loss import (
 from rlvr_fast.rollouts.parallel import ParallelRollout
 
 LOSS_ORDERS = ("sum_then_scale", "token_weighted")
-# The study's sum (``sequence_scales``, through weighted_token_nll) and TRL 1.16's loss types
-# (through fused_policy_loss).
-LOSS_TYPES = ("sum", *POLICY_LOSS_TYPES)
 
 
 def completion_batch(

@@ -18,43 +18,34 @@ TRL's, are taken once per generation, after sampling and before the generation's
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from rlvr_fast.models.lora import base_twin
-from rlvr_fast.train.policy_config import VESPO_SETTINGS
-from rlvr_fast.ops.policy_loss import (
-    CLIPPED_LOSS_TYPES,
-    PolicyLossSettings,
-    PolicyLossStats,
-    gamma_weights,
-    high_entropy_mask,
-    padded,
-)
+from rlvr_fast.ops.loss_types import loss_type, padded, token_mean
+from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats, high_entropy_mask
+
+
+# PolicyLossSettings' fields a run sets under other names (TrainConfig's beta is the tree bonus).
+RENAMED_SETTINGS = {"beta": "kl_beta", "max_completion_length": "max_new_tokens"}
 
 
 def policy_settings(config) -> PolicyLossSettings:
     """The fused policy loss's settings of a run: TRL's, on one question's group (its own tokens
     normalise dapo and cispo: ``rlvr_fast.train.steps.pooled_weights`` renormalises a step of
-    several questions)."""
-    return PolicyLossSettings(
-        loss_type=config.loss_type,
-        importance_sampling_level=config.importance_sampling_level,
-        epsilon=config.epsilon,
-        epsilon_high=config.epsilon_high,
-        delta=config.delta,
-        beta=config.kl_beta,
-        use_bias_correction_kl=config.use_bias_correction_kl,
-        sapo_temperature_pos=config.sapo_temperature_pos,
-        sapo_temperature_neg=config.sapo_temperature_neg,
-        **{name: getattr(config, name) for name in VESPO_SETTINGS},
-        max_completion_length=config.max_new_tokens,
-        top_entropy_quantile=config.top_entropy_quantile,
-        entropy_coef=config.entropy_coef,
-        off_policy_mask_threshold=config.off_policy_mask_threshold,
-    )
+    several questions). A field of ``PolicyLossSettings`` takes the run's setting of the same
+    name, or of its name in ``RENAMED_SETTINGS``; one the run has no setting for keeps its
+    default (the accumulation and the batch's tokens: one question's group)."""
+    names = {f.name for f in dataclasses.fields(config)}
+    values = {}
+    for f in dataclasses.fields(PolicyLossSettings):
+        ours = RENAMED_SETTINGS.get(f.name, f.name)
+        if ours in names:
+            values[f.name] = getattr(config, ours)
+    return PolicyLossSettings(**values)
 
 
 class EntropyControl:
@@ -240,71 +231,19 @@ def step_figures(
 
 def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dict[str, float]:
     """TRL's policy metrics of one micro-batch (``step_figures``)."""
-    values = {"entropy": _token_mean(figures.entropy)}
+    values = {"entropy": token_mean(figures.entropy)}
     if settings.beta != 0.0:
-        values["kl"] = _token_mean(figures.kl)
+        values["kl"] = token_mean(figures.kl)
     if settings.top_entropy_quantile < 1.0:  # rlvr_fast's figure: TRL logs no such metric
         values["high_entropy_fraction"] = high_entropy_fraction(
             figures.entropy, figures.lengths, settings
         )
-    per_token_adv = figures.advantages.repeat_interleave(torch.tensor(figures.lengths))
-    ratio, lengths = figures.ratio.cpu(), figures.lengths
-    level = settings.importance_sampling_level
-    high = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
-    if settings.loss_type in CLIPPED_LOSS_TYPES:
-        low = (ratio < 1 - settings.epsilon) & (per_token_adv < 0)
-        up = (ratio > 1 + high) & (per_token_adv > 0)
-        values.update(
-            {
-                "clip_ratio/low_mean": _clip_mean(low, lengths, level),
-                "clip_ratio/high_mean": _clip_mean(up, lengths, level),
-                "clip_ratio/region_mean": _clip_mean(low | up, lengths, level),
-                "clip_ratio/low_min": min(_sequence_means(low, lengths, level)),
-                "clip_ratio/high_max": max(_sequence_means(up, lengths, level)),
-            }
-        )
-    elif settings.loss_type == "cispo":
-        clipped = (ratio > high) & (per_token_adv > 0)
-        values["cispo_clip_ratio"] = _clip_mean(clipped, lengths, level)
-    elif settings.loss_type == "vespo":
-        # TRL's mean of the sequences' weights, from the token log-ratios log(ratio) (at
-        # sequence level each token holds the sequence's mean: their sum is the same).
-        log_ratio = padded(ratio.log(), lengths)
-        mask = padded(torch.ones_like(ratio), lengths)
-        phi = gamma_weights(figures.advantages.float()[:, None], log_ratio, mask, settings)
-        values["vespo/phi_seq_mean"] = float(phi.mean())
+    own = loss_type(settings.loss_type).figures  # clip ratios, cispo's, vespo's weight
+    values.update(own(figures.ratio.cpu(), figures.advantages, figures.lengths, settings))
     return values
-
-
-def _token_mean(values: torch.Tensor) -> float:
-    """TRL's masked mean: 0 over no tokens."""
-    return float(values.sum() / max(values.numel(), 1))
 
 
 def _nan_mean(values: list[float]) -> float:
     """The mean of the values that are not NaN, as TRL logs a metric (NaN: none are)."""
     valid = [v for v in values if not math.isnan(v)]
     return sum(valid) / len(valid) if valid else math.nan
-
-
-def _clip_mean(flags: torch.Tensor, lengths: list[int], level: str) -> float:
-    """TRL's mean of a clip flag: over tokens, or over sequences when the ratio is the
-    sequence's."""
-    if level == "token":
-        return _token_mean(flags.float())
-    per_sequence = _sequence_means(flags, lengths, "sequence")
-    return sum(per_sequence) / len(per_sequence)
-
-
-def _sequence_means(flags: torch.Tensor, lengths: list[int], level: str) -> list[float]:
-    """Each sequence's mean flag. A masked (empty) sequence: at token level 0/0, which TRL's
-    nanmin / nanmax leave out; at sequence level its ratio exp(0) = 1, never clipped."""
-    flat = flags.float()
-    means, start = [], 0
-    for n in lengths:
-        if n:
-            means.append(float(flat[start : start + n].mean()))
-        elif level == "sequence":
-            means.append(0.0)
-        start += n
-    return means or [float("nan")]

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
 
 IS_LEVELS = ("token", "sequence")
-VESPO_SETTINGS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 def vespo_setting(default: float, what: str):

@@ -37,6 +37,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import ARMS
 from rlvr_fast.trl_compat.fields import TRLFields, trl_field
 from rlvr_fast.trl_compat.support import UnsupportedFieldError, check_setting, plain
@@ -143,9 +144,10 @@ class GRPOConfig(TRLFields):
                 "num_generations, one process and steps_per_generation 1",
             ),
             (
-                self.loss_type != "bnpo" or self.gradient_accumulation_steps == 1,
-                "loss_type='bnpo' normalises each micro-batch after TRL's shuffle of the "
-                "generation batch; rlvr_fast takes it at gradient_accumulation_steps 1",
+                not loss_type(self.loss_type).normaliser.per_micro_batch
+                or self.gradient_accumulation_steps == 1,
+                f"loss_type={self.loss_type!r} normalises each micro-batch after TRL's shuffle of "
+                "the generation batch; rlvr_fast takes it at gradient_accumulation_steps 1",
             ),
             (
                 not (self.fused_zero_grad_step and plain(self.optim) != "adamw_torch"),

@@ -28,7 +28,7 @@ def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
     and the policy figures, as a ledger record holds them; the study's sum type: no loss (the
     metrics compute its surrogate)."""
     kind, config = rlvr.kind, rlvr.config
-    if config.loss_type == "sum":
+    if not config.loss.fused:
         return {"loss": None}
     rewards = [g.rewards.tolist() for g in groups]
     step_std = scored_std([r for q in rewards for r in q])

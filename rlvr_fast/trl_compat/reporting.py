@@ -23,18 +23,9 @@ from pathlib import Path
 import torch
 
 from rlvr_fast.credit.group import scored_std, standardised_advantages
-from rlvr_fast.ops.policy_loss import CLIPPED_LOSS_TYPES
 from rlvr_fast.train.losses import sequence_scales
 from rlvr_fast.train.steps import generation_order
 from rlvr_fast.trl_compat.rewards import ScoredGroup
-
-CLIP_RATIO_KEYS = (
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_max",
-)
 
 
 def group_advantages(groups: list[ScoredGroup], config) -> list[torch.Tensor]:
@@ -99,12 +90,8 @@ def policy_metrics(config, figures: dict) -> dict:
         values["policy_loss"] = figures.get("policy_loss")
         if "entropy_coef" in figures:  # at training steps only
             values["entropy_coef"] = figures["entropy_coef"]
-    if config.loss_type in ("sum", *CLIPPED_LOSS_TYPES):
-        values.update({key: figures.get(key, 0.0) for key in CLIP_RATIO_KEYS})
-    elif config.loss_type == "cispo":
-        values["cispo_clip_ratio"] = figures.get("cispo_clip_ratio", 0.0)
-    elif config.loss_type == "vespo":
-        values["vespo/phi_seq_mean"] = figures.get("vespo/phi_seq_mean")
+    # The loss type's own (rlvr_fast.ops.loss_types), each with what TRL logs without it.
+    values.update({key: figures.get(key, empty) for key, empty in config.loss.metrics.items()})
     return values
 
 
@@ -123,7 +110,7 @@ def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int, rec
     values = {
         "loss": (
             sum_type_loss(groups, advantages, truncated, config)
-            if config.loss_type == "sum"
+            if not config.loss.fused
             else record["loss"] or 0.0
         ),
         "num_tokens": float(num_tokens),

@@ -10,10 +10,12 @@ import logging
 
 import torch
 
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.policy_config import VESPO_SETTINGS
 from rlvr_fast.trl_compat.lora import lora_fields
+from rlvr_fast.trl_compat.mapping import mapped_settings
+from rlvr_fast.trl_compat.support import TRL_OPTIMIZERS
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +90,8 @@ def optimizer_settings(args) -> dict:
     adam_epsilon (its fused kernel for adamw_torch_fused), or Adafactor, which takes none of
     them (transformers passes it only the learning rate and weight decay)."""
     optim = args.strategy("optim")
-    if optim == "adafactor":
-        return dict(optimizer="adafactor")
+    if TRL_OPTIMIZERS[optim] != "adamw":
+        return dict(optimizer=TRL_OPTIMIZERS[optim])
     return dict(
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
@@ -117,30 +119,24 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss) and of a
     ``peft_config`` (LoRA: ``rlvr_fast.trl_compat.lora``)."""
     log_vllm_settings(args)
-    study_loss = args.loss_type == "sum"
+    study_loss = not loss_type(args.loss_type).fused
     # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
     # (step std + 1e-4) is the group-centred advantage over the step's std.
     step_std = args.scale_rewards == "batch" or args.multi_objective_aggregation != (
         "sum_then_normalize"
     )
     settings = dict(
+        mapped_settings(args),
         steps=max_steps,
-        seed=args.seed,
-        group_size=args.num_generations,
-        temperature=args.temperature,
         **sampler_settings(args),
-        max_new_tokens=args.max_completion_length,
-        lr=args.learning_rate,
         **optimizer_settings(args),
-        weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,
         loss_order="token_weighted",
-        loss_type=args.loss_type,
         scale_rewards=step_std or args.scale_rewards != "none",
         advantage_std="batch" if step_std else "group",
         tempered_logprobs=not study_loss,
-        mask_truncated=args.mask_truncated_completions,
-        skip_zero_var=args.skip_zero_variance_backward,
+        # TRL's default is True; it changes nothing without the KL term.
+        use_bias_correction_kl=args.use_bias_correction_kl and args.beta != 0.0,
         zero_var_step="zero_grad",
         fused_zero_grad_step=(
             args.strategy("optim") == "adamw_torch"
@@ -148,13 +144,9 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
             else args.fused_zero_grad_step
         ),
         eval_before=False,
-        allow_nonfinite=args.allow_nonfinite,
-        t_min=args.tree_t_min,
-        t_max=args.tree_t_max,
         questions_per_step=prompts_per_step,
-        activation_checkpointing=args.gradient_checkpointing,
+        checkpoint_every=args.num_iterations * args.generation_steps,
     )
-    settings.update(policy_loss_settings(args))
     if peft_config is not None:
         settings.update(lora_fields(peft_config))
     if prompts_per_step > 1:
@@ -199,36 +191,6 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.
     return TrainConfig(**settings)
-
-
-def policy_loss_settings(args) -> dict:
-    """TRL's policy-loss fields of a GRPOConfig as rlvr_fast's settings (beta is kl_beta)."""
-    return dict(
-        kl_beta=args.beta,
-        # TRL's default is True; it changes nothing without the KL term.
-        use_bias_correction_kl=args.use_bias_correction_kl and args.beta != 0.0,
-        sync_ref_model=args.sync_ref_model,
-        ref_model_sync_steps=args.ref_model_sync_steps,
-        ref_model_mixup_alpha=args.ref_model_mixup_alpha,
-        importance_sampling_level=args.importance_sampling_level,
-        epsilon=args.epsilon,
-        epsilon_high=args.epsilon_high,
-        delta=args.delta,
-        sapo_temperature_pos=args.sapo_temperature_pos,
-        sapo_temperature_neg=args.sapo_temperature_neg,
-        **{name: getattr(args, name) for name in VESPO_SETTINGS},
-        num_iterations=args.num_iterations,
-        generation_steps=args.generation_steps,
-        top_entropy_quantile=args.top_entropy_quantile,
-        entropy_coef=args.entropy_coef,
-        use_adaptive_entropy=args.use_adaptive_entropy,
-        entropy_target=args.entropy_target,
-        entropy_coef_min=args.entropy_coef_min,
-        entropy_coef_max=args.entropy_coef_max,
-        entropy_coef_delta=args.entropy_coef_delta,
-        off_policy_mask_threshold=args.off_policy_mask_threshold,
-        checkpoint_every=args.num_iterations * args.generation_steps,
-    )
 
 
 def model_card(trainer, model_name, dataset_name, tags) -> str:

@@ -16,8 +16,11 @@ from __future__ import annotations
 import json
 from enum import Enum
 
-OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adafactor")
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "luspo", "cispo", "sapo", "vespo", "sum")
+from rlvr_fast.ops.loss_types import LOSS_TYPE_NAMES
+
+# TRL's optim values rlvr_fast honours, each with the optimizer of rlvr_fast.train.stepping it
+# steps (the one list of optimizers: its OPTIMIZERS).
+TRL_OPTIMIZERS = {"adamw_torch_fused": "adamw", "adamw_torch": "adamw", "adafactor": "adafactor"}
 SCALE_REWARDS = ("group", "batch", "none", True, False)
 REPORTERS = ("tensorboard", "wandb")
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
@@ -241,8 +244,8 @@ REFUSED = {
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
 VALUE_LIMITS = {
     "optim": (
-        lambda v: str(v) in OPTIMIZERS,
-        f"rlvr_fast steps AdamW or Adafactor ({', '.join(OPTIMIZERS)})",
+        lambda v: str(v) in TRL_OPTIMIZERS,
+        f"rlvr_fast steps AdamW or Adafactor ({', '.join(TRL_OPTIMIZERS)})",
     ),
     "lr_scheduler_type": (
         lambda v: str(v) not in METRIC_SCHEDULERS,
@@ -250,8 +253,8 @@ VALUE_LIMITS = {
     ),
     "save_strategy": (lambda v: str(v) != "best", "picking a checkpoint by a metric"),
     "loss_type": (
-        lambda v: v in LOSS_TYPES,
-        f"rlvr_fast trains the loss types {', '.join(map(str, LOSS_TYPES))}",
+        lambda v: v in LOSS_TYPE_NAMES,
+        f"rlvr_fast trains the loss types {', '.join(LOSS_TYPE_NAMES)}",
     ),
     "scale_rewards": (lambda v: v in SCALE_REWARDS, "group, batch, none, True or False"),
     "multi_objective_aggregation": (

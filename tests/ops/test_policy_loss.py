@@ -13,12 +13,8 @@ from rlvr_fast.kernels.policy_loss import (
     policy_rows_stats_triton,
     token_stats_reference,
 )
-from rlvr_fast.ops.policy_loss import (
-    LOSS_TYPES,
-    PolicyLossSettings,
-    fused_policy_loss,
-    policy_objective,
-)
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES
+from rlvr_fast.ops.policy_loss import PolicyLossSettings, fused_policy_loss, policy_objective
 
 BACKENDS = ["torch", "triton"] if DEVICE == "cpu" else ["triton"]
 ROW_STATS = {"torch": policy_rows_stats_torch, "triton": policy_rows_stats_triton}
@@ -77,7 +73,8 @@ def test_row_stats_match_the_reference(backend, rows, vocab, temperature):
 
 
 SETTINGS = [
-    PolicyLossSettings(loss_type=loss_type, max_completion_length=12) for loss_type in LOSS_TYPES
+    PolicyLossSettings(loss_type=loss_type, max_completion_length=12)
+    for loss_type in FUSED_LOSS_TYPE_NAMES
 ] + [
     PolicyLossSettings(importance_sampling_level="sequence", loss_type="grpo"),
     PolicyLossSettings(epsilon=0.1, epsilon_high=0.28, beta=0.04, loss_type="bnpo"),

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr_fast.ops.policy_loss import PolicyLossSettings, fused_policy_loss, padded
+from rlvr_fast.ops.loss_types import padded
+from rlvr_fast.ops.policy_loss import PolicyLossSettings, fused_policy_loss
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_utils = pytest.importorskip("trl.trainer.utils")

@@ -75,13 +75,6 @@ class QuestionCredit:
     share_policy: PolicyTerms | None = None  # the terms of the step's share, when it has one
 
 
-# Loss types normalised by the tokens of the step (TRL: dapo, cispo and vespo by the generation
-# batch's, bnpo by the micro-batch's).
-TOKEN_NORMALISED = ("dapo", "bnpo", "cispo", "vespo")
-# Those TRL normalises by the generation batch's tokens, rescaled to one optimizer step.
-GENERATION_NORMALISED = ("dapo", "cispo", "vespo")
-
-
 class FlatKind:
     name: ClassVar[str] = "flat"
     category: ClassVar[PairCategory] = PairCategory.FLAT
@@ -92,7 +85,8 @@ class FlatKind:
         self.sampling = SamplingParams(
             config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
         )
-        self.policy_loss = config.loss_type != "sum"
+        self.normaliser = config.loss.normaliser
+        self.policy_loss = config.loss.fused
         self.policy_settings = policy_settings(config) if self.policy_loss else None
         self.reference = None
         if config.kl_beta > 0:
@@ -210,23 +204,24 @@ class FlatKind:
 
     def loss_count(self, question: Question, whole: bool = False) -> int:
         """What the question's loss is an average over, which a pooled multi-question step
-        re-normalises over the whole step (``rlvr_fast.train.steps.pooled_weights``): under
-        dapo its tokens (those of truncated completions left out with ``mask_truncated``), else
-        its completions; those of its ``share`` of the step, unless ``whole``."""
+        re-normalises over the whole step (``rlvr_fast.train.steps.pooled_weights``): its tokens
+        when the loss type's normaliser counts tokens (dapo's; those of truncated completions
+        left out with ``mask_truncated``), else its completions; those of its ``share`` of the
+        step, unless ``whole``."""
         completions = question.rollouts.completions
         picked = range(len(completions))
         if question.share is not None and not whole:
             picked = question.share
-        if self.config.loss_type not in TOKEN_NORMALISED:
+        if not self.normaliser.counts_tokens:
             return len(picked)
         cut = self.truncated(question) if self.config.mask_truncated else [False] * len(completions)
         return sum(len(completions[i]) for i in picked if not cut[i])
 
     def step_normaliser(self, questions: list[Question]) -> float:
         """The sum a pooled step on ``questions`` normalises by (of this rank): their loss
-        counts; on shares of their generation, under dapo and cispo the generation's tokens
-        over generation_steps."""
-        if questions[0].share is not None and self.config.loss_type in GENERATION_NORMALISED:
+        counts; on shares of their generation, under a normaliser over the generation's tokens
+        (dapo's) the generation's tokens over generation_steps."""
+        if questions[0].share is not None and self.normaliser.over_generation:
             tokens = sum(self.loss_count(q, whole=True) for q in questions)
             return tokens / self.config.generation_steps
         return sum(self.loss_count(q) for q in questions)
