@@ -92,6 +92,14 @@ OPTIMIZER_HELP = (
 OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
 
 
+# A billion steps is past any run (a 401-digit --steps would train forever).
+STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
+
+
+def valid_steps(value: int) -> bool:
+    return 1 <= value <= 10**9
+
+
 @dataclass
 class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     arm: str = setting(
@@ -100,9 +108,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         one_of(tuple(ARMS)),
         f"unknown arm {{value!r}} (valid: {', '.join(ARMS)})",
     )
-    steps: int = setting(
-        50, "optimizer steps of the run", lambda v: v >= 1, "steps must be >= 1, got {value}"
-    )
+    steps: int = setting(50, "optimizer steps of the run", valid_steps, STEPS_ERROR)
     seed: int = setting(
         42,
         "seed of the run's generator: every rollout, and Monte-Carlo Shapley, draw from it",

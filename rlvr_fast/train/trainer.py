@@ -61,7 +61,12 @@ from rlvr_fast.run.checkpoint import (
     GlobalRNGState,
     checkpoint_identity,
 )
-from rlvr_fast.run.directory import check_eval_name, run_signature, settings_sha256
+from rlvr_fast.run.directory import (
+    check_eval_name,
+    run_signature,
+    settings_sha256,
+    starts_with_problems,
+)
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.provenance import run_meta
 from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
@@ -386,9 +391,14 @@ class RLVRTrainer:
         every rank reads the checkpoint and the ledger's active steps."""
         config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
-        # A run directory's checkpoints also name the model, dtype, device and eval sets.
+        # A run directory's checkpoints also name the model, dtype, device, eval sets and data.
         for key in ("model_sha256", "dtype", "device", "eval_data"):
             self.checkpointer.identity[key] = signature[key]
+        # Its problems: those it was written with, which this run's begin with.
+        self.checkpointer.identity["train_data"] = signature["train_data"]
+        self.checkpointer.accepts["train_data"] = functools.partial(
+            starts_with_problems, self.train_data
+        )
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
