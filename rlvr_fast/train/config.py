@@ -92,12 +92,11 @@ OPTIMIZER_HELP = (
 OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
 
 
-# A billion steps is past any run (a 401-digit --steps would train forever).
 STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
 
 
 def valid_steps(value: int) -> bool:
-    return 1 <= value <= 10**9
+    return 1 <= value <= 10**9  # past any run: a 401-digit --steps would train forever
 
 
 @dataclass
