@@ -139,11 +139,29 @@ def confined(limit_bytes: int, max_batch: int, rows: int, tokens: int) -> str:
     return done.stdout.strip()
 
 
+IMPORTS = """
+import torch
+from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.models.policy import load_policy
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize")))
+"""
+
+
+def address_space_of_the_imports() -> int:
+    """Bytes of address space a process has once it imported torch and the engine: 0.8 GB with
+    a CPU build of torch, 3.3 GB with a CUDA build (torch 2.11 from PyPI, the GPU machine's),
+    whose libraries map far more than they use."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout) * 1024
+
+
 def test_under_a_2_5_gb_address_limit_a_group_runs_and_a_huge_batch_is_one_line():
     """Regression: under a 2.5 GB address-space limit the run ended in an allocator traceback;
     with max_batch=65536 too. Now a group runs, and 65,536 rows (a 4 GiB cache of 2**17 blocks
-    allowed) stop at the growth that finds no memory, with one line naming the settings."""
-    limit = 2_500_000_000
+    allowed) stop at the growth that finds no memory, with one line naming the settings. The
+    limit is 1.7 GB past the imports' address space (2.5 GB in all with a CPU build of torch)."""
+    limit = address_space_of_the_imports() + 1_700_000_000
     assert confined(limit, 65536, 8, 64).startswith("ran ")
     message = confined(limit, 65536, 65536, 4000)
     assert message.startswith("refused KV cache: no memory for ")
