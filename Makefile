@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install test bench demo sweep-demo tiny-model clean
+.PHONY: install test test-compat bench demo sweep-demo tiny-model clean
 
 $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,9 @@ install: $(STAMP)
 # parametrisation; their bodies run in `make bench`, and the CPU cases of the fused ops and of
 # decode run in the GPU suite's dry run); then, side by side, the C++ extension built without its
 # AVX2 path (what aarch64 compiles) and checked against the installed one, and the GPU suite's
-# dry run (every stage on the CPU at tiny sizes). A fresh clone's make test stays under 15 minutes
-# on a 2-core machine: the benchmark bodies (about 3 minutes) are what no longer fits.
+# dry run (every stage on the CPU at tiny sizes), then that of its first-lease part (--first).
+# A fresh clone's make test stays under 15 minutes on a 2-core machine: the benchmark bodies
+# (about 3 minutes) are what no longer fits.
 TEST_WORKERS ?= auto
 test: install
 	$(BIN)/ruff check .
@@ -37,7 +38,14 @@ test: install
 	$(BIN)/python -m pytest -q --collect-only benchmarks > /dev/null
 	$(BIN)/python scripts/check_scalar_build.py & scalar=$$!; \
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --dry-run; dry_run=$$?; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/gpu/check.sh --first --dry-run || dry_run=1; \
 	wait $$scalar && exit $$dry_run
+
+# The whole suite again under the GPU machine's versions (torch 2.11, triton 3.6, transformers
+# 5.17) in a side virtualenv, deleted afterwards (scripts/test_compat.sh; not part of make test:
+# its install alone downloads gigabytes). The result goes to benchmarks/results/.
+test-compat:
+	bash scripts/test_compat.sh
 
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark --benchmark-columns=min,mean,rounds

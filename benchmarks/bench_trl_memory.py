@@ -112,6 +112,7 @@ def child(side: str, directory: Path, steps: int) -> dict:
         label_phases(side, trainer, peaks)
         trainer.train()
         phase_peaks = peaks.close()
+        phase_rises = peaks.rises
     params = sum(p.numel() for p in trainer.model.parameters())
     return {
         "side": side,
@@ -121,6 +122,7 @@ def child(side: str, directory: Path, steps: int) -> dict:
         "built": built,
         "trained_peak": max(phase_peaks.values()),
         "phase_peaks": phase_peaks,
+        "phase_rises": phase_rises,
     }
 
 
@@ -172,13 +174,16 @@ def report(rows: list[dict]) -> str:
 
 
 def phase_table(rows: list[dict]) -> list[str]:
-    """Per phase of training, each side's peak above the imports less the state, GB (the
-    state exists in full from the first optimizer step on; a phase of the first step can read
-    below it)."""
+    """Per phase of training, each side's peak above the imports less the state (the state
+    exists in full from the first optimizer step on, so a phase of the first step can read
+    below it; freed memory stays resident, so a phase after a larger one reads that one's
+    peak) and the most the phase rose above the resident set it started from, GB."""
     sides = [row["side"] for row in rows]
     lines = [
-        "| phase | " + " | ".join(f"{side}: peak beyond the state GB" for side in sides) + " |",
-        "|---|" + "---:|" * len(sides),
+        "| phase | "
+        + " | ".join(f"{side}: peak beyond the state | {side}: rise in the phase" for side in sides)
+        + " |",
+        "|---|" + "---:|---:|" * len(sides),
     ]
     for phase in PHASES:
         cells = []
@@ -186,6 +191,8 @@ def phase_table(rows: list[dict]) -> list[str]:
             peak = row["phase_peaks"].get(phase)
             state = STATE_BYTES_PER_PARAMETER * row["params"]
             cells.append("-" if peak is None else gb(peak - row["imported"] - state))
+            rise = row.get("phase_rises", {}).get(phase)
+            cells.append("-" if rise is None else gb(rise))
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     return lines
 

@@ -79,18 +79,24 @@ class PhasePeaks:
     """The peak resident set (bytes) of each labelled phase of a run: at every change of label
     the kernel's peak since the previous change (``VmHWM``, restarted there through
     /proc/self/clear_refs) goes to the label that was current, so no peak falls between two
-    samples. Labels nest (a phase inside another is its own; the outer one resumes after it);
-    what runs under no phase is ``base``."""
+    samples; ``rises`` holds the most each phase's peak rose above the resident set it started
+    from (the allocator keeps freed pages resident, so a phase after a larger one shows that
+    one's peak; its rise is its own). Labels nest (a phase inside another is its own; the outer
+    one resumes after it); what runs under no phase is ``base``."""
 
     def __init__(self, base: str = "other") -> None:
         self.stack = [base]
         self.peaks: dict[str, int] = {}
+        self.rises: dict[str, int] = {}
+        self.started = _status_kib("VmRSS") * 1024
         PROC_CLEAR_REFS.write_text("5")
 
     def switch(self) -> None:
-        label = self.stack[-1]
-        self.peaks[label] = max(self.peaks.get(label, 0), _status_kib("VmHWM") * 1024)
+        label, peak = self.stack[-1], _status_kib("VmHWM") * 1024
+        self.peaks[label] = max(self.peaks.get(label, 0), peak)
+        self.rises[label] = max(self.rises.get(label, 0), peak - self.started)
         PROC_CLEAR_REFS.write_text("5")
+        self.started = _status_kib("VmRSS") * 1024
 
     def enter(self, name: str) -> None:
         self.switch()

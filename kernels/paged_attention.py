@@ -21,8 +21,9 @@ online-softmax max, normaliser and weighted sum in fp32 per query head, so no ga
 the sequence's KV is ever made. With one split the program writes the output; with more, each
 split writes its (max, normaliser, weighted sum) and a second kernel combines them exactly.
 The switch is ``decode_splits``: one split once B x KV heads fills the GPU twice over (every
-batch of 33 or more rows of Qwen3-0.6B's 8 KV heads), else as many as fill it, at most one per
-tile of the block table's width. Splits past a short row's length are empty and exit at once.
+batch of 33 or more rows of Qwen3-0.6B's 8 KV heads), else as many as fill it (B counted as its
+next power of two; the block table's width plays no part, so graph and eager decode split
+alike). Splits past a short row's length are empty and exit at once.
 block_size and head_dim must be powers of two.
 """
 
@@ -267,13 +268,16 @@ TILE_TOKENS = 32
 MAX_SPLITS = 16
 
 
-def decode_splits(batch: int, kv_heads: int, capacity: int) -> int:
+def decode_splits(batch: int, kv_heads: int) -> int:
     """Splits of the context per (row, KV head): 1 when batch x KV heads fills the GPU, else
-    enough to, at most one per tile of ``capacity`` tokens (the block table's width) and at
-    most ``MAX_SPLITS``. Shapes only: a CUDA graph captures one choice."""
-    programs = max(1, batch * kv_heads)
-    tiles = max(1, -(-capacity // TILE_TOKENS))
-    return max(1, min(-(-TARGET_PROGRAMS // programs), tiles, MAX_SPLITS))
+    enough to, at most ``MAX_SPLITS``. The batch counts as the next power of two and the block
+    table's width not at all, so a decode step splits each row alike whether eager decode runs
+    it (B rows, tables as wide as the longest row needs) or a CUDA graph replays it (B padded to
+    its bucket, the smallest bucket >= B, whose next power of two is B's; tables of the fixed
+    width of max_model_len): a row's split bounds come from its own length and the split
+    count, so its logits are the same bits either way."""
+    programs = max(1, (1 << (max(1, batch) - 1).bit_length()) * kv_heads)
+    return max(1, min(-(-TARGET_PROGRAMS // programs), MAX_SPLITS))
 
 
 def _attention_launch(q, k_cache, v_cache, block_tables, seq_lens, out, partials, splits):
@@ -369,7 +373,7 @@ def paged_attention_triton(
     Every sequence needs seq_len >= 1; blocks past a sequence's length are never read.
     ``splits``: the context splits (default ``decode_splits``)."""
     _, block_size, kv_heads, _ = k_cache.shape
-    splits = splits or decode_splits(q.shape[0], kv_heads, block_tables.shape[1] * block_size)
+    splits = splits or decode_splits(q.shape[0], kv_heads)
     if splits == 1:
         return paged_attention_one_split(q, k_cache, v_cache, block_tables, seq_lens)
     partials = paged_attention_splits(q, k_cache, v_cache, block_tables, seq_lens, splits)

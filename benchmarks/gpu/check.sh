@@ -2,7 +2,15 @@
 # The GPU suite: one budgeted command that proves every CUDA path of rlvr_fast on one GPU and times
 # it at Qwen3-0.6B scale, whatever fails.
 #
-#   bash benchmarks/gpu/check.sh [--dry-run] [RESULTS_DIR]
+#   bash benchmarks/gpu/check.sh [--first] [--dry-run] [RESULTS_DIR]
+#   bash benchmarks/gpu/check.sh [--first] --list    # the stages and their caps, then exit
+#
+# --first: what a first lease runs first, within FIRST_BUDGET_SECONDS (240 s) including the
+# install, so that the machine's start, this and a rerun fit a 15-minute lease with the full
+# suite's stages still to choose from: 0 environment, install, build and checkpoint; 1 every
+# CUDA test; 2 one CUDA-graph capture and replay against eager decode (first_contact.py graphs);
+# 3 end to end: 3-step bf16-mixed runs of baseline and stopped_tree; 4 one decode step's time
+# (first_contact.py decode).
 #
 # Stages, in order of value, each under its own time limit, all within 400 s: 0 environment,
 # install and a Qwen3-0.6B-shaped checkpoint; 1 every CUDA test (pytest -m cuda); 2 end to end:
@@ -38,9 +46,17 @@ STAGES=(env tests e2e decode ops profile)
 declare -A TITLE=([env]="environment, install, checkpoint" [tests]="CUDA tests (pytest -m cuda)"
                   [e2e]="end to end: baseline and stopped_tree"
                   [decode]="decode at Qwen3-0.6B shape: engine vs generate"
-                  [ops]="fused ops vs eager" [profile]="Nsight Systems profile, 3 steps")
+                  [ops]="fused ops vs eager" [profile]="Nsight Systems profile, 3 steps"
+                  [graphs]="one CUDA-graph capture and replay vs eager decode"
+                  [decode_step]="one decode step's time at 64 rows")
 # Their sum plus RESERVE_SECONDS stays within BUDGET_SECONDS, so every stage gets its whole cap.
 declare -A CAP_SECONDS=([env]=70 [tests]=60 [e2e]=120 [decode]=65 [ops]=40 [profile]=30)
+# --first: its stages and caps (their sum plus RESERVE_SECONDS within FIRST_BUDGET_SECONDS).
+FIRST_BUDGET_SECONDS=240
+FIRST_STAGES=(env tests graphs e2e decode_step)
+declare -A FIRST_CAP_SECONDS=([env]=70 [tests]=45 [graphs]=25 [e2e]=60 [decode_step]=25)
+FIRST_E2E_STEPS=3
+FIRST_E2E_ARM_SECONDS=(32 28)
 # baseline, stopped_tree: start-up (imports, loading, KV cache, graph captures, ~25 s) and
 # E2E_STEPS steps each; their sum stays within CAP_SECONDS[e2e].
 E2E_ARM_SECONDS=(65 50)
@@ -60,6 +76,18 @@ configure() {
     DEVICE=cuda DTYPE=bf16 STEPS=$E2E_STEPS CHECKPOINT_CONFIG=qwen3-0.6b PIP_DRY_RUN= SLACK=1
     DECODE_SELECT=decode_cuda OPS_SELECT="not cpu"
     TINY_ROLLOUTS=()
+  fi
+  if (( FIRST )); then
+    STEPS=$FIRST_E2E_STEPS E2E_ARM_SECONDS=("${FIRST_E2E_ARM_SECONDS[@]}")
+    BUDGET_SECONDS=$FIRST_BUDGET_SECONDS STAGES=("${FIRST_STAGES[@]}")
+    for name in "${!FIRST_CAP_SECONDS[@]}"; do CAP_SECONDS[$name]=${FIRST_CAP_SECONDS[$name]}; done
+  elif ! command -v nsys > /dev/null; then
+    # No Nsight Systems: the profile stage has nothing to run, so its time goes to end to end.
+    CAP_SECONDS[e2e]=$(( CAP_SECONDS[e2e] + CAP_SECONDS[profile] ))
+    E2E_ARM_SECONDS[0]=$(( E2E_ARM_SECONDS[0] + CAP_SECONDS[profile] / 2 ))
+    E2E_ARM_SECONDS[1]=$(( E2E_ARM_SECONDS[1] + CAP_SECONDS[profile] - CAP_SECONDS[profile] / 2 ))
+    CAP_SECONDS[profile]=0
+    STAGES=("${STAGES[@]/profile}")
   fi
   MODEL=$WORK/model
   export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -177,6 +205,22 @@ bench_stage() {  # PYTEST ARGS...: benchmarks beside their eager references, tim
   return "$rc"
 }
 
+stage_graphs() {
+  run python3 benchmarks/gpu/first_contact.py graphs --model "$MODEL" --device "$DEVICE" \
+    --dtype "$DTYPE" 2>&1 | tee "$WORK/graphs.out"
+  local rc=${PIPESTATUS[0]}
+  headline "$(tail -n 1 "$WORK/graphs.out")"
+  return "$rc"
+}
+
+stage_decode_step() {
+  run python3 benchmarks/gpu/first_contact.py decode --model "$MODEL" --device "$DEVICE" \
+    --dtype "$DTYPE" 2>&1 | tee "$WORK/decode_step.out"
+  local rc=${PIPESTATUS[0]}
+  headline "$(tail -n 1 "$WORK/decode_step.out")"
+  return "$rc"
+}
+
 stage_decode() {
   bench_stage benchmarks/bench_engine.py -k "$DECODE_SELECT"
 }
@@ -260,9 +304,28 @@ pathlib.Path(sys.argv[1]).write_text(json.dumps(merged, indent=1))
 PYTHON
 }
 
+list_stages() {  # the stages this mode runs, each with its cap, then the budget
+  local index=0 name
+  for name in "${STAGES[@]}"; do
+    [[ -n $name ]] || continue
+    echo "$index $name ${CAP_SECONDS[$name]} s: ${TITLE[$name]}"
+    index=$(( index + 1 ))
+  done
+  echo "budget ${BUDGET_SECONDS} s (reserve ${RESERVE_SECONDS} s)"
+}
+
 main() {
-  DRY_RUN=0
-  if [[ ${1:-} == --dry-run ]]; then DRY_RUN=1; shift; fi
+  DRY_RUN=0 FIRST=0 LIST=0
+  while [[ ${1:-} == --* ]]; do
+    case $1 in
+      --dry-run) DRY_RUN=1 ;;
+      --first) FIRST=1 ;;
+      --list) LIST=1 ;;
+      *) echo "check.sh: unknown option $1 (--first, --dry-run, --list)" >&2; exit 2 ;;
+    esac
+    shift
+  done
+  if (( LIST )); then WORK=${TMPDIR:-/tmp}; configure; list_stages; exit 0; fi
   if (( DRY_RUN )); then RESULTS=${1:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-dry-run.XXXXXX")}
   else RESULTS=${1:-${OUT:-benchmarks/results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}}; fi
   mkdir -p "$RESULTS" || exit 2
@@ -272,7 +335,7 @@ main() {
   FAILURES=0
   configure
   DEADLINE=$(( $(date +%s) + BUDGET_SECONDS * SLACK ))
-  export DRY_RUN WORK DEADLINE
+  export DRY_RUN FIRST WORK DEADLINE
   local gpu commit
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
   commit=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo "unknown (no .git here)")}
@@ -288,6 +351,7 @@ main() {
   echo "|---|---|---|---|---|" >> "$WORK/summary"
   local index=0
   for name in "${STAGES[@]}"; do
+    [[ -n $name ]] || continue
     run_stage "$index" "$name"
     [[ $name == decode || $name == ops ]] && merge_benchmark_json
     index=$(( index + 1 ))

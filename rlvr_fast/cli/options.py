@@ -13,6 +13,7 @@ from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.run.directory import check_eval_name
 from rlvr_fast.train import distributed
 from rlvr_fast.train.precision import COMPUTE_DTYPES, PRECISIONS
+from rlvr_fast.train.sharding import SHARDINGS
 
 
 # Every error a user's input can cause is a ValueError naming the input (DataError,
@@ -22,7 +23,13 @@ USER_ERRORS = (ValueError, OSError)
 
 
 # Settings with their own option: --set may not give them a second value.
-OPTION_SETTINGS = {"steps": "--steps", "seed": "--seed", "arm": "--arm", "precision": "--precision"}
+OPTION_SETTINGS = {
+    "steps": "--steps",
+    "seed": "--seed",
+    "arm": "--arm",
+    "precision": "--precision",
+    "shard": "--shard",
+}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -178,6 +185,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         help="fp32, bf16-mixed (fp32 master weights, gradients and moments; the default on "
         "CUDA) or bf16-true (the study's bf16 weights); --dtype bf16 alone means bf16-mixed",
     )
+    parser.add_argument(
+        "--shard",
+        choices=SHARDINGS,
+        help="fsdp: shard weights, gradients and optimizer state over the --nproc ranks "
+        "(FSDP2); the rollout engine keeps a full copy, gathered from the shards after each step",
+    )
     add_device_arguments(parser)
 
 
@@ -196,6 +209,8 @@ def training_overrides(args) -> dict:
         overrides["cuda_graphs"] = False
     if args.active_steps is not None:
         overrides["active_steps"] = args.active_steps
+    if args.shard is not None:
+        overrides["shard"] = args.shard
     precision = training_precision(args.precision, args.dtype)
     if precision is not None:
         overrides["precision"] = precision

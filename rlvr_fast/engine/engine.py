@@ -1,8 +1,9 @@
 """``RolloutEngine``: the only place tokens are produced.
 
 It owns, for the life of a run, one paged KV storage and one C++ ``BlockManager`` (at most
-``kv_blocks`` blocks, or what ``kv_memory_fraction`` of free device memory on CUDA and of
-available memory on the CPU holds; on CUDA the storage takes them all at once, on the CPU it
+``kv_blocks`` blocks, or what ``kv_memory_fraction`` of the memory left by the engine's own
+plan holds (``rlvr_fast.engine.memory``: free device memory on CUDA, available memory on the
+CPU, less the engine's working sets); on CUDA the storage takes them all at once, on the CPU it
 grows with the run's need: ``kv_storage``), a scheduler with
 continuous batching, the model runner and, on CUDA, the decode CUDA graphs. Planners (flat
 groups, evaluation, trees, parallel paths) build on three verbs and one loop:
@@ -37,7 +38,13 @@ import torch
 
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.engine.cuda_graphs import DecodeGraphs
-from rlvr_fast.engine.kv_storage import PagedKVStorage, check_fits_device, plan_num_blocks
+from rlvr_fast.engine.kv_storage import (
+    PagedKVStorage,
+    bytes_per_block,
+    check_fits_device,
+    free_memory,
+)
+from rlvr_fast.engine.memory import plan_engine
 from rlvr_fast.engine.model_runner import ModelRunner
 from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler
 from rlvr_fast.engine.sequence import (
@@ -96,14 +103,24 @@ class RolloutEngine:
         blocks_per_sequence = -(-max_model_len // block_size)
         if kv_blocks is not None:
             check_fits_device(config, kv_blocks, block_size, self.dtype, self.device)
-        num_blocks = kv_blocks or plan_num_blocks(
-            config,
-            block_size=block_size,
-            dtype=self.dtype,
-            device=self.device,
-            fraction=kv_memory_fraction,
-            most=max_batch * (blocks_per_sequence + 1),
-        )
+        # Without kv_blocks, the engine's own plan (rlvr_fast.engine.memory): its working sets
+        # first, then kv_memory_fraction of what is left.
+        self.plan = None
+        if kv_blocks is None:
+            self.plan = plan_engine(
+                config,
+                element=weight.element_size(),
+                device_type=self.device.type,
+                memory=free_memory(self.device),
+                block_bytes=bytes_per_block(config, block_size, self.dtype),
+                fraction=kv_memory_fraction,
+                most=max_batch * (blocks_per_sequence + 1),
+                max_batch=max_batch,
+                max_prefill_tokens=max_prefill_tokens,
+                max_model_len=max_model_len,
+                cuda_graphs=cuda_graphs,
+            )
+        num_blocks = kv_blocks or self.plan.kv_blocks
         self.storage = PagedKVStorage(
             config,
             num_blocks,

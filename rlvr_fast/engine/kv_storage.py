@@ -39,14 +39,12 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
     )
 
 
-def memory_budget(device: torch.device, fraction: float) -> int:
-    """Bytes the KV cache may take: ``fraction`` of the device's free memory on CUDA, of the
-    machine's available memory on CPU (where pages are only committed as blocks are used)."""
+def free_memory(device: torch.device) -> int:
+    """Bytes free for the engine: the device's free memory on CUDA, the machine's available
+    memory on a CPU (where pages are only committed as blocks are used)."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * fraction)
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(available * fraction)
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def device_memory(device: torch.device) -> int:
@@ -69,25 +67,6 @@ def check_fits_device(
             f"kv_blocks={kv_blocks:,} needs {need / 2**30:,.1f} GiB of KV cache, more than the "
             f"{have / 2**30:,.1f} GiB of memory on {device}"
         )
-
-
-def plan_num_blocks(
-    config: ModelConfig,
-    *,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    fraction: float,
-    most: int,
-) -> int:
-    """Blocks that fit the budget, at most ``most`` (what the engine could ever hold at once)."""
-    fits = memory_budget(device, fraction) // bytes_per_block(config, block_size, dtype)
-    if fits < 1:
-        raise OutOfBlocksError(
-            f"no room for a single KV block on {device} (kv_memory_fraction "
-            f"{fraction}); free memory or pass kv_blocks"
-        )
-    return int(min(fits, most))
 
 
 class PagedKVStorage:

@@ -32,6 +32,14 @@ class Policy:
     path: Path
     # LoRA adapters on the model (rlvr_fast.models.lora.apply_lora), or None.
     adapters: LoraAdapters | None = None
+    # Under shard=fsdp, the sharded copy the optimizer trains (rlvr_fast.train.sharding); the
+    # model above is then the engine's full copy, refreshed from it after every step.
+    sharded: torch.nn.Module | None = None
+
+    @property
+    def trained_model(self) -> torch.nn.Module:
+        """The model a loss with gradients runs through: the sharded copy, or the model."""
+        return self.model if self.sharded is None else self.sharded
 
     @property
     def decoder(self) -> Qwen3ForCausalLM:

@@ -17,6 +17,8 @@ Entry points:
 recomputes the layer's activations there (``torch.utils.checkpoint``, non-reentrant), in training
 forwards only: a pass with autograd recording and no KV cache. Gradients are unchanged; the
 memory saved for backward drops from every layer's activations to one hidden state per layer.
+``model.model.checkpointed_layers = k`` checkpoints the first k layers only (what
+``activation_checkpointing="auto"`` sets from the memory plan).
 
 Numerics follow the Hugging Face implementation: RMSNorm in fp32 (``rlvr_fast.ops.rms_norm``), RoPE
 cos/sin computed in fp32 and cast to the activation dtype, rotate-half RoPE with the config's
@@ -229,16 +231,23 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings
         )
-        self.activation_checkpointing = False
+        # The first this many layers recompute in backward (0: none; all: checkpointing on).
+        self.checkpointed_layers = 0
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return self.checkpointed_layers > 0
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, enabled: bool) -> None:
+        self.checkpointed_layers = len(self.layers) if enabled else 0
 
     def forward(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(context.positions, x.dtype)
-        recompute = (
-            self.activation_checkpointing and torch.is_grad_enabled() and context.kv_cache is None
-        )
-        for layer in self.layers:
-            if recompute:
+        recompute = torch.is_grad_enabled() and context.kv_cache is None
+        for index, layer in enumerate(self.layers):
+            if recompute and index < self.checkpointed_layers:
                 x = checkpoint(layer, x, cos, sin, context, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, context)
@@ -299,6 +308,12 @@ class Qwen3ForCausalLM(nn.Module):
             )
         hidden = self.model(input_ids, context)
         return hidden if return_hidden else self.lm_head(hidden)
+
+    def run_pass(self, compute):
+        """``compute()``, a pass that reads this model's modules and weights directly (a fused
+        loss: the decoder, then the LM head's weight), as a forward of this model: a sharded
+        model (FSDP2's register_fsdp_forward_method) gathers its root weights around it."""
+        return compute()
 
     def infer(self, input_ids: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         """One rollout-engine pass over input_ids [R, T]: logits [R, V] of each row's last real

@@ -77,8 +77,7 @@ def _(acc, top, norm, dtype):
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens):
     """The Triton kernel, one launch per custom op: unsplit, or splits then their combine."""
-    _, block_size, kv_heads, _ = k_cache.shape
-    splits = decode_splits(q.shape[0], kv_heads, block_tables.shape[1] * block_size)
+    splits = decode_splits(q.shape[0], k_cache.shape[2])
     if splits == 1:
         return paged_attention_op(q, k_cache, v_cache, block_tables, seq_lens)
     partials = paged_attention_splits_op(q, k_cache, v_cache, block_tables, seq_lens, splits)

@@ -61,9 +61,20 @@ def _runs_foreach(group: dict) -> bool:
     if group.get("foreach") is not None:
         return bool(group["foreach"])
     return all(
-        p.device.type == "cuda" and type(p) in (torch.Tensor, torch.nn.Parameter)
+        p.device.type == "cuda" and (type(p) in (torch.Tensor, torch.nn.Parameter) or _sharded(p))
         for p in group["params"]
     )
+
+
+def _sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's sharded parameters and their moments), told without importing it."""
+    return hasattr(tensor, "to_local")
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (a view of its storage): the update is elementwise, so
+    each rank folds its own shard without communicating; any other tensor as it is."""
+    return tensor.to_local() if _sharded(tensor) else tensor
 
 
 def _check_optimizer(optimizer, steps: int, lrs) -> None:
@@ -146,9 +157,9 @@ def _fold_cpu(state: dict, param: torch.Tensor, group: dict, lrs: list[float]) -
     decay, denom_scale, neg_step = zip(*_step_scalars(state, group, lrs))
     with torch.no_grad():
         _C.zero_grad_adamw_(
-            param,
-            state["exp_avg"],
-            state["exp_avg_sq"],
+            _local(param),
+            _local(state["exp_avg"]),
+            _local(state["exp_avg_sq"]),
             1 - beta1,
             beta2,
             group["eps"],
@@ -178,9 +189,9 @@ def _fold_foreach(
     )
     with torch.no_grad(), launch.on_device(members[0][0]):
         fold(
-            [param for param, _, _ in members],
-            [state["exp_avg"] for state in states],
-            [state["exp_avg_sq"] for state in states],
+            [_local(param) for param, _, _ in members],
+            [_local(state["exp_avg"]) for state in states],
+            [_local(state["exp_avg_sq"]) for state in states],
             table,
         )
         for state, (_, _, lrs) in zip(states, members):

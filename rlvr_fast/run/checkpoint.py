@@ -78,13 +78,21 @@ class Checkpointer:
         # problems, which an extended run may add to): key -> accepts(recorded value).
         self.accepts: dict[str, Callable[[object], bool]] = {}
 
-    def save(self, path: Path, next_step: int, world_size: int) -> None:
+    def state(self, next_step: int, world_size: int, *, sharded: bool = False) -> dict:
+        """Every component's state (a sharded run's ranks all take it: its tensors are
+        gathered), with the step to continue from, the world size and the run's identity."""
         state = {"next_step": next_step, "world_size": world_size, IDENTITY_KEY: self.identity}
+        if sharded:
+            state["sharded"] = True
         for name, component in self.components.items():
             state[name] = component.state_dict() if component is not None else None
-        save_state(path, state)
+        return state
 
-    def load(self, path: Path, check_world_size: Callable[[int, Path], None]) -> int:
+    def save(self, path: Path, next_step: int, world_size: int, state: dict | None = None) -> None:
+        """The checkpoint at ``path``: ``state``, or (None) the components' state now."""
+        save_state(path, state if state is not None else self.state(next_step, world_size))
+
+    def load(self, path: Path, check_world_size: Callable[[int, Path, bool], None]) -> int:
         """Restore the checkpoint at ``path``; returns the step to continue from. State files
         load onto the CPU: Generator.set_state and torch.set_rng_state take CPU byte tensors (a
         CUDA generator's state too); load_state_dict copies weights and moments onto the
@@ -98,7 +106,8 @@ class Checkpointer:
                 "(state format 1); resuming without checking it",
                 file=sys.stderr,
             )
-        check_world_size(state.get("world_size", 1), path)
+        # A sharded run's file (whole tensors) may resume on another number of ranks.
+        check_world_size(state.get("world_size", 1), path, state.get("sharded") is True)
         try:
             next_step = state["next_step"]
             if (

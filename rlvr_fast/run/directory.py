@@ -54,7 +54,8 @@ from rlvr_fast.utils.locks import LOCK_NAME, DirectoryLock, DirectoryLockedError
 RUN_KEY = "rlvr_fast_run"
 RUN_FORMAT = 1
 # Settings a resume may change: neither alters what the steps already taken computed.
-RESUME_MAY_CHANGE = ("steps", "allow_nonfinite")
+# shard: a sharded run resumes unsharded and back (its checkpoint holds whole tensors).
+RESUME_MAY_CHANGE = ("steps", "allow_nonfinite", "shard")
 EVAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Size caps of a run's files, checked before reading: config.json is a few KB; a step log line
 # is at most a few MB (a group's texts), and a 1 GiB log is thousands of steps past the study.

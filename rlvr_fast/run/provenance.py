@@ -72,14 +72,16 @@ def run_meta(
             meta[REWARDS_KEY] = REWARDS_RECORDED
         return meta
     change = {
-        name: [recorded["config"].get(name), config[name]]
+        name: [recorded["config"].get(name), config.get(name)]
         for name in RESUME_MAY_CHANGE
-        if recorded["config"].get(name) != config[name]
+        if recorded["config"].get(name) != config.get(name)
     }
-    return {
-        **recorded,
-        "rlvr_fast_run": signature,
-        "config": config,
-        "precision": precision,
-        "changes": [*recorded.get("changes", []), {"at_step": at_step, **change}],
-    }
+    resumed = {**recorded, "rlvr_fast_run": signature, "config": config, "precision": precision}
+    # A sharded run's checkpoint resumes on another number of ranks.
+    if recorded.get("world_size", 1) != world_size:
+        change["world_size"] = [recorded.get("world_size", 1), world_size]
+    resumed.pop("world_size", None)
+    if world_size > 1:
+        resumed["world_size"] = world_size
+    resumed["changes"] = [*recorded.get("changes", []), {"at_step": at_step, **change}]
+    return resumed

@@ -62,9 +62,11 @@ class RunRecorder:
         self.check_lock()
         append_line(self.layout.rollouts, json.dumps(line))
 
-    def save_checkpoint(self, checkpointer: Checkpointer, next_step: int, world_size: int) -> None:
+    def save_checkpoint(
+        self, checkpointer: Checkpointer, next_step: int, world_size: int, state=None
+    ) -> None:
         self.check_lock()
-        checkpointer.save(self.layout.checkpoint, next_step, world_size)
+        checkpointer.save(self.layout.checkpoint, next_step, world_size, state)
 
     def save_model(self, policy, *, polyak: bool = False, weights=None) -> None:
         self.check_lock()

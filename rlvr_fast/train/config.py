@@ -64,9 +64,11 @@ from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
+from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
 
 
 SAMPLERS = tuple(KINDS)
@@ -346,11 +348,8 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     precision: str | None = setting(
         None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
     )
-    activation_checkpointing: bool = setting(
-        False,
-        "recompute each decoder layer in backward instead of saving its activations (about "
-        "1/layers of the activation memory for one more forward)",
-        written_when_set=True,
+    activation_checkpointing: bool | str = setting(
+        False, CHECKPOINTING_HELP, is_checkpointing, CHECKPOINTING_ERROR, written_when_set=True
     )
     kv_memory_fraction: float = setting(
         0.5,
@@ -373,6 +372,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         lambda v: v is None or v >= 1,
         "max_model_len must be >= 1 or None, got {value}",
         written_when_set=True,
+    )
+    shard: str | None = setting(
+        None, SHARD_HELP, lambda v: v is None or v in SHARDINGS, SHARD_ERROR, **WHEN_SET
     )
     combine_questions: str = setting(
         "unit_norm",

@@ -174,6 +174,15 @@ def sum_over_ranks(value: int) -> int:
     return int(tensor.item())
 
 
+def max_over_ranks(value: int) -> int:
+    """The largest of an integer over the ranks (an all_reduce)."""
+    if world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    _guarded("the step's all_reduce of passes", dist.all_reduce, tensor, dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def all_reduce_gradients(params: Sequence[torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> None:
     """p.grad summed over the ranks, in place, through flat buckets of about ``bucket_bytes``
     (consecutive parameters of one dtype): one all_reduce per bucket, not per tensor."""

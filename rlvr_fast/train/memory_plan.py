@@ -20,7 +20,12 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   by storage, flash attention's q, k, v, output and log-sum-exp as CUDA saves them), plus the
   final norm and each token's cos / sin rows, plus backward's working set
   (``backward_bytes_per_token``); with activation checkpointing one hidden state per layer
-  instead, plus one layer recomputed.
+  instead, plus one layer recomputed (checkpointing the first k layers: those k hold a hidden
+  state, the others all they save; ``activation_checkpointing="auto"`` takes the fewest k that
+  leave the KV cache room for every row of a step, ``rlvr_fast.train.checkpointing``). In fp32 on
+  CUDA, SDPA's math path also keeps each layer's attention softmax [G, Hq, T, T] and backward
+  forms two more (CUDA's flash kernel takes bf16 / fp16 only, its memory-efficient one no
+  grouped-query attention; ``attention_scores_term``).
   Verified on the meta device at Qwen3 shapes (tests/train/test_memory_plan.py);
 - the fused loss (every loss order the trainer runs): dW accumulated in fp32 [V, H] by the GEMM,
   the hidden states and their gradient [N, H], then the larger of the forward's [chunk, V]
@@ -59,25 +64,30 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlvr_fast.engine.memory import (
+    SAMPLER_BYTES_PER_ROW,
+    flash_attention_takes,
+    math_attention_bytes,
+    sampler_bytes,
+)
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters
 from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.train.memory_terms import (
     ADAMW_STEPS,
     PRECISIONS,
-    SAMPLER_BYTES_PER_ROW,
     activation_bytes,
     adamw_step_bytes,
     adafactor_state_elements,
     adafactor_step_bytes,
     adapter_saved_bytes_per_token,
+    checkpointed_layers,
     eager_loss_bytes,
     fused_loss_bytes,
     kv_block_bytes,
     largest_parameter,
     merged_twin_parameters,
     rope_table_bytes,
-    sampler_bytes,
     saved_bytes_per_token_layer,
 )
 
@@ -115,6 +125,7 @@ class MemoryPlan:
     rows_wanted: int
     header: str = ""
     notes: list[str] = field(default_factory=list)
+    checkpointed_layers: int = 0  # the decoder layers that recompute in backward
 
     def phase_bytes(self, phase: str) -> int:
         return phase_bytes(self.terms, phase)
@@ -230,7 +241,7 @@ class RunShape:
     prompt_tokens: int = 200
     max_new_tokens: int = 512
     max_batch: int = 256
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | int = False  # every layer, none, or the first that many
     kv_memory_fraction: float = 0.9
     kv_blocks: int | None = None
     max_model_len: int | None = None
@@ -243,6 +254,8 @@ class RunShape:
     lora: LoraSettings | None = None
     adamw_step: str = "foreach"
     optimizer: str = "adamw"
+    shard: str | None = None  # "fsdp": one rank of world_size (rlvr_fast.train.memory_sharded)
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         checks = [
@@ -250,6 +263,7 @@ class RunShape:
             (self.adamw_step in ADAMW_STEPS, f"adamw_step must be one of {', '.join(ADAMW_STEPS)}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.group_size >= 1, "group_size must be >= 1"),
+            (self.shard is None or self.world_size >= 2, "shard fsdp needs --nproc N >= 2"),
             (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
             (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
@@ -298,6 +312,10 @@ def plan_memory(
     precision = PRECISIONS[run.precision]
     e = precision.compute
     terms = training_terms(config, run) + engine_terms(config, run)
+    if run.shard is not None:
+        from rlvr_fast.train.memory_sharded import sharded_terms  # which imports Term
+
+        terms = sharded_terms(config, run, terms)
     if judge is not None:
         terms.append(
             Term(
@@ -323,6 +341,7 @@ def plan_memory(
         row_blocks,
         run.group_size * run.questions_per_step,
         header=_header(config, run, device_memory),
+        checkpointed_layers=checkpointed_layers(config, run.activation_checkpointing),
     )
     return plan
 
@@ -413,32 +432,65 @@ def lora_terms(config: ModelConfig, run: RunShape) -> list[Term]:
 
 
 def activation_terms(config: ModelConfig, run: RunShape) -> list[Term]:
-    """The activations with and without checkpointing; the one the run uses is counted."""
+    """The activations of the checkpointing the run takes (counted), then those of checkpointing
+    no layer and every layer (shown)."""
+    layers = config.num_hidden_layers
+    chosen = checkpointed_layers(config, run.activation_checkpointing)
+    alternatives = [chosen] + [k for k in (0, layers) if k != chosen]
+    terms = [activation_term(config, run, k, counted=k == chosen) for k in alternatives]
+    if not flash_attention_takes(PRECISIONS[run.precision].compute, "cuda"):
+        terms.append(attention_scores_term(config, run, chosen))
+    return terms
+
+
+def activation_term(config: ModelConfig, run: RunShape, checkpointed: int, counted: bool) -> Term:
+    """The activations of the largest backward with the first ``checkpointed`` layers
+    recomputed."""
     e = PRECISIONS[run.precision].compute
-    tokens = run.backward_tokens
-    how = (
-        f"{run.group_size} x {run.row_tokens} tokens x {config.num_hidden_layers} layers, "
-        f"{saved_bytes_per_token_layer(config, e) / 1024:.1f} KiB per token per layer"
-    )
+    tokens, layers = run.backward_tokens, config.num_hidden_layers
+    rows = f"{run.group_size} x {run.row_tokens} tokens"
     adapters = 0
     if run.lora is not None:
-        adapters = tokens * adapter_saved_bytes_per_token(config, run.lora, e)
-    with_ckpt = Term(
-        "activations, largest backward (checkpointing)",
-        activation_bytes(config, e, tokens, True) + adapters // config.num_hidden_layers,
-        f"{run.group_size} x {run.row_tokens} tokens: one hidden state per layer, one layer "
-        "recomputed",
-        counted=run.activation_checkpointing,
+        # What the adapted projections keep, in the layers that keep it (one recomputed).
+        kept_layers = layers - checkpointed + (1 if checkpointed else 0)
+        adapters = tokens * adapter_saved_bytes_per_token(config, run.lora, e) * kept_layers
+        adapters //= layers
+    if checkpointed == layers:
+        name = "activations, largest backward (checkpointing)"
+        how = f"{rows}: one hidden state per layer, one layer recomputed"
+    elif checkpointed == 0:
+        name = "activations, largest backward (no checkpointing)"
+        how = (
+            f"{rows} x {layers} layers, "
+            f"{saved_bytes_per_token_layer(config, e) / 1024:.1f} KiB per token per layer"
+        )
+    else:
+        name = f"activations, largest backward (checkpointing {checkpointed} of {layers} layers)"
+        how = (
+            f"{rows}: one hidden state in each of the first {checkpointed} layers, one of them "
+            f"recomputed; the other {layers - checkpointed} keep their activations"
+        )
+    size = activation_bytes(config, e, tokens, checkpointed) + adapters
+    return Term(name, size, how, counted=counted, phase=BACKWARD)
+
+
+def attention_scores_term(config: ModelConfig, run: RunShape, checkpointed: int) -> Term:
+    """fp32 on CUDA: SDPA's math path (``rlvr_fast.engine.memory``) keeps for backward each
+    layer's softmax [G, Hq, T, T] and its keys and values expanded to the query heads (in the
+    layers that keep their activations, and the one recomputed), and backward forms the gradients of the scores and
+    of their softmax, two more [G, Hq, T, T] (an upper bound with checkpointing, where the
+    recomputed layer's MLP can be the larger; measured on the meta device)."""
+    rows, tokens = run.group_size, run.row_tokens
+    layers = config.num_hidden_layers - checkpointed + (1 if checkpointed else 0)
+    scores = math_attention_bytes(config, rows, tokens) // 2
+    expanded = 2 * 4 * rows * tokens * config.num_attention_heads * config.head_dim
+    return Term(
+        "attention scores (fp32: SDPA's math path)",
+        layers * (scores + expanded) + 2 * scores,
+        f"{layers} layer(s) x ({rows} x {config.num_attention_heads} heads x {tokens:,}^2 "
+        "scores + expanded keys and values) + 2 x the scores in backward, x 4 B",
         phase=BACKWARD,
     )
-    without = Term(
-        "activations, largest backward (no checkpointing)",
-        activation_bytes(config, e, tokens, False) + adapters,
-        how,
-        counted=not run.activation_checkpointing,
-        phase=BACKWARD,
-    )
-    return [with_ckpt, without] if run.activation_checkpointing else [without, with_ckpt]
 
 
 def loss_term(config: ModelConfig, run: RunShape) -> Term:
@@ -505,7 +557,7 @@ def _header(config: ModelConfig, run: RunShape, device_memory: int) -> str:
         f"{config.hidden_size}, {_count(config, run.untied)} parameters, {run.precision}, "
         f"G = {run.group_size} x Q = {run.questions_per_step}, {run.prompt_tokens} + "
         f"{run.max_new_tokens} tokens, max_batch {run.max_batch}, on "
-        f"{gib(device_memory)} GiB"
+        f"{gib(device_memory)} GiB" + (f", one of {run.world_size} fsdp ranks" if run.shard else "")
     )
 
 
@@ -514,7 +566,10 @@ def plan_for_training(
 ) -> MemoryPlan:
     """The plan of a run of ``config`` (a ``TrainConfig``, read by its field names) in
     ``precision``, whose longest prompt has ``prompt_tokens`` tokens, on ``device_memory``
-    bytes: what the trainer checks on CUDA before the engine is made."""
+    bytes: what the trainer checks on CUDA before the engine is made. Under
+    ``activation_checkpointing="auto"`` the plan picks how many layers checkpoint
+    (``auto_checkpointing_plan``; ``plan.checkpointed_layers``)."""
+    auto = config.activation_checkpointing == "auto"
     run = RunShape(
         precision=precision,
         group_size=config.group_size,
@@ -522,7 +577,7 @@ def plan_for_training(
         prompt_tokens=prompt_tokens,
         max_new_tokens=config.max_new_tokens,
         max_batch=config.max_batch,
-        activation_checkpointing=config.activation_checkpointing,
+        activation_checkpointing=False if auto else config.activation_checkpointing,
         kv_memory_fraction=config.kv_memory_fraction,
         kv_blocks=config.kv_blocks,
         max_model_len=config.max_model_len,
@@ -533,4 +588,8 @@ def plan_for_training(
         adamw_step="fused" if config.adamw_fused else "foreach",  # torch's choices on CUDA
         optimizer=config.optimizer,
     )
+    if auto:
+        from rlvr_fast.train.checkpointing import auto_checkpointing_plan  # it plans through here
+
+        return auto_checkpointing_plan(model_config, device_memory, run)
     return plan_memory(model_config, device_memory, run)

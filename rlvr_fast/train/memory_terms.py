@@ -1,6 +1,7 @@
 """The memory plan's formulas (``rlvr_fast.train.memory_plan`` adds them into terms): bytes per
 parameter of each copy a precision keeps, per token of each activation a decoder layer keeps, of
-the fused loss, the optimizer step, the decode working set and the KV cache; and LoRA's (``rlvr_fast.models.lora``):
+the fused loss, the optimizer step and the KV cache (the decode working set and SDPA's math-path
+scores are the engine's, ``rlvr_fast.engine.memory``); and LoRA's (``rlvr_fast.models.lora``):
 the adapters' parameters, the engine's merged twin of each adapted projection and what an adapted
 projection keeps for backward per token; Adafactor's factored state."""
 
@@ -17,11 +18,6 @@ from rlvr_fast.models.lora import (
     in_features,
     part_rows,
 )
-
-# Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
-# (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
-# and the int64 token. Measured on the meta device with the launches left out (tests check it).
-SAMPLER_BYTES_PER_ROW = 34_832
 
 
 @dataclass(frozen=True)
@@ -92,15 +88,26 @@ def backward_bytes_per_token(config: ModelConfig, e: int) -> int:
     return e * 3 * config.intermediate_size + (4 - e) * config.hidden_size
 
 
-def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool) -> int:
-    """Peak activation memory of one forward + backward over ``tokens`` tokens."""
+def activation_bytes(config: ModelConfig, e: int, tokens: int, checkpointing: bool | int) -> int:
+    """Peak activation memory of one forward + backward over ``tokens`` tokens, ``checkpointing``
+    every layer (True), none (False) or the first that many: a checkpointed layer keeps its
+    input, the others all they save, and the recompute adds one layer's."""
+    checkpointed = checkpointed_layers(config, checkpointing)
     layer = saved_bytes_per_token_layer(config, e)
     per_token = tail_bytes_per_token(config, e) + backward_bytes_per_token(config, e)
-    if checkpointing:
-        per_token += config.num_hidden_layers * e * config.hidden_size + layer
-    else:
-        per_token += config.num_hidden_layers * layer
+    per_token += (
+        checkpointed * e * config.hidden_size + (config.num_hidden_layers - checkpointed) * layer
+    )
+    if checkpointed:
+        per_token += layer
     return tokens * per_token
+
+
+def checkpointed_layers(config: ModelConfig, checkpointing: bool | int) -> int:
+    """How many decoder layers recompute: all (True), none (False) or that many."""
+    if isinstance(checkpointing, bool):
+        return config.num_hidden_layers if checkpointing else 0
+    return min(checkpointing, config.num_hidden_layers)
 
 
 def fused_loss_bytes(
@@ -166,11 +173,6 @@ def eager_loss_bytes(config: ModelConfig, e: int, tokens: int) -> int:
     """Logits [N, V], their fp32 copy, log-softmax kept for backward, and in backward the
     gradients of both."""
     return tokens * config.vocab_size * (2 * e + 12)
-
-
-def sampler_bytes(config: ModelConfig, e: int, rows: int) -> int:
-    """``rows`` rows of logits [V] in the compute dtype and the sampler's buffers per row."""
-    return rows * (config.vocab_size * e + SAMPLER_BYTES_PER_ROW)
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, e: int) -> int:

@@ -143,21 +143,33 @@ class PolicyTerms:
         )
 
 
+def reference_dtype(parameter: torch.Tensor) -> torch.dtype:
+    """The reference copy's dtype: bf16 on CUDA (half the memory; the study's runs are bf16),
+    the policy's own elsewhere."""
+    return torch.bfloat16 if parameter.is_cuda else parameter.dtype
+
+
 class ReferenceModel(torch.nn.Module):
     """A frozen copy of ``model`` (module docstring), or with ``adapters`` (LoRA) the frozen
     base they adapt; ``sync_steps`` None: never mixed into."""
 
     def __init__(
-        self, model: torch.nn.Module, sync_steps: int | None, alpha: float, adapters=None
+        self,
+        model: torch.nn.Module,
+        sync_steps: int | None,
+        alpha: float,
+        adapters=None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """``dtype``: the copy's (default ``reference_dtype``: bf16 on CUDA; tests pass bf16 to
+        build CUDA's pairing of an fp32 policy with a bf16 reference on the CPU)."""
         super().__init__()
         self.owns_weights = adapters is None
         if adapters is not None:  # TrainConfig refuses sync_ref_model with lora_r
             self.model = base_twin(adapters.model, adapters.layers)
         else:
             self.model = copy.deepcopy(model).eval().requires_grad_(False)
-            if next(model.parameters()).is_cuda:
-                self.model.to(torch.bfloat16)
+            self.model.to(dtype or reference_dtype(next(model.parameters())))
         self.sync_steps, self.alpha = sync_steps, alpha
 
     def after_step(self, steps_done: int, model: torch.nn.Module) -> None:
@@ -238,7 +250,7 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
         values["high_entropy_fraction"] = high_entropy_fraction(
             figures.entropy, figures.lengths, settings
         )
-    own = loss_type(settings.loss_type).figures  # clip ratios, cispo's, vespo's weight
+    own = loss_type(settings.loss_type).figures  # the loss type's own (clip ratios, ...)
     values.update(own(figures.ratio.cpu(), figures.advantages, figures.lengths, settings))
     return values
 

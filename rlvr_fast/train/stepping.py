@@ -28,6 +28,7 @@ from rlvr_fast.train.adafactor import Adafactor, check_adafactor_state
 from rlvr_fast.train.decision import StepDecision
 from rlvr_fast.train.loss_scale import LossScaler
 from rlvr_fast.train.precision import COMPUTE_DTYPES, MIXED, MasterWeights
+from rlvr_fast.train.sharding import ShardedModel, full_optimizer_state, load_full_optimizer_state
 from rlvr_fast.utils.phases import Phases
 
 
@@ -58,14 +59,26 @@ class OptimizerStepping:
     merged weights refreshed)."""
 
     def __init__(
-        self, model: torch.nn.Module, config, precision: str = "fp32", after_publish=None
+        self,
+        model: torch.nn.Module,
+        config,
+        precision: str = "fp32",
+        after_publish=None,
+        *,
+        sharded: ShardedModel | None = None,
     ) -> None:
+        # Sharded (rlvr_fast.train.sharding): the optimizer steps the shards, which under a
+        # mixed precision are the fp32 masters themselves (FSDP2 casts them for each pass).
+        self.sharded = sharded
+        if sharded is not None:
+            model = sharded.module
         self.model = model
         self.precision = precision
         self.after_publish = after_publish
-        self.masters = MasterWeights(model) if precision in MIXED else None
+        self.masters = MasterWeights(model) if precision in MIXED and sharded is None else None
         self.scaler = LossScaler() if precision == "fp16-mixed" else None
-        model.to(COMPUTE_DTYPES[precision])
+        if sharded is None:
+            model.to(COMPUTE_DTYPES[precision])
         self.params = [p for p in model.parameters() if p.requires_grad]
         # What the optimizer steps and the gradient norm, all-reduce and clipping read.
         self.stepped = self.masters.parameters() if self.masters is not None else self.params
@@ -100,6 +113,9 @@ class OptimizerStepping:
         scale = self.scaler.scale if self.scaler is not None else None
         if decision.active:
             self.model.train()
+            # Sharded: the passes of the rank with the most, counted before any pass (FSDP2's
+            # all-gathers and reduce-scatters are collectives inside each pass).
+            passes = distributed.max_over_ranks(len(loss_fns)) if self.sharded else 0
             if combination == "unit_norm":
                 update = self.accumulate_unit_gradients(phase, loss_fns, decision.contributing)
             elif combination == "pooled":
@@ -107,7 +123,9 @@ class OptimizerStepping:
             else:
                 (loss_fn,) = loss_fns
                 update.loss = self.backward(phase, loss_fn)
-            if distributed.world_size() > 1:
+            if self.sharded is not None:
+                self.zero_passes(phase, passes - len(loss_fns))
+            elif distributed.world_size() > 1:
                 with phase("all_reduce"):
                     distributed.all_reduce_gradients(self.stepped)
             finite = self.scaler is None or self.scaler.unscale_(self.stepped)
@@ -127,6 +145,19 @@ class OptimizerStepping:
         self.optimizer.zero_grad(set_to_none=True)
         return update
 
+    def zero_passes(self, phase: Phases, count: int) -> None:
+        """Sharded: ``count`` passes of zero loss, which level this rank's passes with those of
+        the rank with the most."""
+        for _ in range(count):
+            with phase("forward"):
+                loss = self.model.run_pass(self.sharded.zero_pass)
+            with phase("backward"):
+                loss.backward()
+
+    def run_loss(self, loss_fn) -> torch.Tensor:
+        """``loss_fn()``, through the sharded model's root gathering when sharded."""
+        return self.model.run_pass(loss_fn) if self.sharded is not None else loss_fn()
+
     def publish(self) -> None:
         """Under bf16-mixed, the stepped masters rounded into the model's weights; then
         ``after_publish``."""
@@ -138,7 +169,7 @@ class OptimizerStepping:
     def backward(self, phase: Phases, loss_fn) -> float:
         """Forward (``loss_fn``) and backward into the parameters' .grad; the loss."""
         with phase("forward"):
-            loss = loss_fn()
+            loss = self.run_loss(loss_fn)
         with phase("backward"):
             self.scaled(loss).backward()
             if self.masters is not None:
@@ -185,7 +216,7 @@ class OptimizerStepping:
         update = Update(loss=0.0)
         for loss_fn, weight in zip(loss_fns, weights, strict=True):
             with phase("forward"):
-                loss = loss_fn()
+                loss = self.run_loss(loss_fn)
             with phase("backward"):
                 self.scaled(loss * weight).backward()
                 if self.masters is not None:  # summed in fp32, not in the bf16 .grad
@@ -203,6 +234,8 @@ class OptimizerStepping:
         """Total gradient norm before clipping (clipping only when max_grad_norm is set)."""
         max_norm = self.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(self.stepped, max_norm if max_norm else float("inf"))
+        if self.sharded is not None:  # the norm of the shards' norms, a DTensor
+            norm = norm.full_tensor()
         return float(norm)
 
     def zero_grad_step(self) -> None:
@@ -217,6 +250,8 @@ class OptimizerStepping:
         self.optimizer.step()
 
     def state_dict(self) -> dict:
+        if self.sharded is not None:
+            return full_optimizer_state(self.optimizer)
         return self.optimizer.state_dict()
 
     def check_state(self, state: dict) -> None:
@@ -226,7 +261,10 @@ class OptimizerStepping:
             check_optimizer_state(state, self.stepped)
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+        if self.sharded is not None:
+            load_full_optimizer_state(self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
 
 
 def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:

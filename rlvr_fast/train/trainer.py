@@ -75,10 +75,12 @@ from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import decide_step
 from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
+from rlvr_fast.train.checkpointing import host_memory
 from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
+from rlvr_fast.train.sharding import check_sharding, shard_policy, world_size_check
 from rlvr_fast.train.steps import (
     StepResult,
     multi_question_step,
@@ -113,6 +115,7 @@ class RLVRTrainer:
         add_adapters(policy, config)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
+        check_sharding(config)
         if config.generation_steps > 1 and distributed.world_size() > 1:
             raise ValueError(
                 "generation_steps > 1 runs on one process: the shuffle of a generation over "
@@ -141,19 +144,28 @@ class RLVRTrainer:
         self.precision = resolve_precision(config.precision, policy.device)
         plan = None
         if policy.device.type == "cuda":
-            longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-            plan = self.check_memory(longest)
+            plan = check_memory(
+                policy, config, self.precision, self.longest_prompt(), self.progress
+            )
+        self.sharded = shard_policy(policy, self.precision) if config.shard else None
+        # Sharded (LoRA is not): the engine's copy gathered from the shards after a step.
+        publish = self.sharded.refresh if self.sharded else policy.refresh_decoder
         self.stepping = OptimizerStepping(
-            policy.model, config, self.precision, after_publish=policy.refresh_decoder
+            policy.model, config, self.precision, after_publish=publish, sharded=self.sharded
         )
         self.num_params = self.stepping.num_params
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
         # Before the run directory is touched: a cache that cannot hold one sequence.
-        longest = max(len(self.task.prompt_ids(p)) for p in self.train_data)
-        check_room(self.engine, longest + config.max_new_tokens, "the longest training sequence")
-        policy.model.model.activation_checkpointing = config.activation_checkpointing
+        check_room(
+            self.engine,
+            self.longest_prompt() + config.max_new_tokens,
+            "the longest training sequence",
+        )
+        policy.trained_model.model.checkpointed_layers = checkpointed_layers(
+            policy.config, config, self.precision, plan, self.longest_prompt, self.progress
+        )
         self.kind = kind(config, policy, self.engine, self.task, self.generator, self.num_params)
         self.evaluator = Evaluator(
             policy,
@@ -172,6 +184,7 @@ class RLVRTrainer:
             "torch_rng": GlobalRNGState(),
             "polyak": self.polyak,
             "eval_before": self.evaluator,
+            **(self.sharded.components(self.precision) if self.sharded else {}),
         }
         if self.stepping.masters is not None:
             components["masters"] = self.stepping.masters
@@ -194,24 +207,15 @@ class RLVRTrainer:
         self.finished_summary = None
         if self.layout is not None:
             self._open_run_dir(resume)
-        distributed.broadcast_parameters(policy.model, self.stepping.masters)
+        if self.sharded is None:  # (sharded: shard_policy broadcast the weights)
+            distributed.broadcast_parameters(policy.model, self.stepping.masters)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.stepping.optimizer
 
-    def check_memory(self, prompt_tokens: int) -> MemoryPlan:
-        """The memory plan of this run on the policy's GPU (``rlvr_fast.train.memory_plan``),
-        printed by rank 0; PlanError, naming the largest term, when the run cannot fit."""
-        device = self.policy.device
-        free, _ = torch.cuda.mem_get_info(device)
-        usable = free + torch.cuda.memory_allocated(device)  # the weights already loaded count
-        plan = plan_for_training(
-            self.policy.config, self.config, self.precision, prompt_tokens, usable
-        )
-        if self.progress:
-            print(plan.render())
-        return plan.check()
+    def longest_prompt(self) -> int:
+        return max(len(self.task.prompt_ids(p)) for p in self.train_data)
 
     @property
     def trained_weights(self):
@@ -221,7 +225,10 @@ class RLVRTrainer:
 
     def saved_weights(self) -> dict | None:
         """What model/ holds in place of the model's weights: under bf16-mixed the fp32 masters
-        the optimizer steps (the checkpoint's precision), not their bf16 rounding."""
+        the optimizer steps (the checkpoint's precision), not their bf16 rounding (sharded:
+        gathered whole, one tensor at a time; every rank calls this)."""
+        if self.sharded is not None:
+            return self.sharded.saved_weights(self.precision)
         masters = self.stepping.masters
         return masters.state_dict() if masters is not None else None
 
@@ -258,7 +265,8 @@ class RLVRTrainer:
                 bar.update()
                 if self.polyak is not None and step >= config.polyak_start:
                     self.polyak.add(self.trained_weights)
-                if self.recorder is not None and (
+                # (sharded, every rank gathers the checkpoint's tensors; rank 0 writes it)
+                if (self.recorder or (self.sharded and self.layout)) and (
                     step % config.checkpoint_every == 0
                     or step == config.steps
                     or self.reached_active_steps()
@@ -269,8 +277,9 @@ class RLVRTrainer:
         summary["totals_this_run"] = totals
         if self.eval_data:
             summary["eval_after"] = self.evaluator.run("after")
+        weights = self.saved_weights() if self.layout is not None else None
         if self.recorder is not None:
-            self.recorder.save_model(self.policy, weights=self.saved_weights())
+            self.recorder.save_model(self.policy, weights=weights)
         if self.polyak is not None:
             summary.update(self.finish_polyak())
         if self.recorder is not None:
@@ -432,14 +441,33 @@ class RLVRTrainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Every component's state after ``next_step`` steps, in one safetensors file written
-        atomically (no pickle), with the world size."""
-        self.recorder.save_checkpoint(self.checkpointer, next_step, distributed.world_size())
+        atomically (no pickle) by rank 0, with the world size (sharded, every rank gathers)."""
+        world_size = distributed.world_size()
+        state = self.sharded and self.checkpointer.state(next_step, world_size, sharded=True)
+        if self.recorder is not None:
+            self.recorder.save_checkpoint(self.checkpointer, next_step, world_size, state)
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""
-        step = self.checkpointer.load(path, distributed.check_world_size)
+        step = self.checkpointer.load(path, world_size_check(self.sharded is not None))
+        if self.sharded is not None:
+            self.sharded.after_load(self.precision)
         self.policy.refresh_decoder()
         return step
+
+
+def check_memory(
+    policy, config: TrainConfig, precision: str, prompt_tokens: int, progress: bool
+) -> MemoryPlan:
+    """The memory plan of a run on the policy's GPU (``rlvr_fast.train.memory_plan``), printed
+    when ``progress``; PlanError, naming the largest term, when the run cannot fit."""
+    device = policy.device
+    free, _ = torch.cuda.mem_get_info(device)
+    usable = free + torch.cuda.memory_allocated(device)  # the weights already loaded count
+    plan = plan_for_training(policy.config, config, precision, prompt_tokens, usable)
+    if progress:
+        print(plan.render())
+    return plan.check()
 
 
 def add_adapters(policy, config: TrainConfig) -> None:
@@ -475,3 +503,19 @@ def add_to_totals(totals: dict[str, float], record: dict) -> None:
         totals[key] = totals.get(key, 0) + record[key]
     for phase, seconds in record["seconds"].items():
         totals[f"seconds_{phase}"] = totals.get(f"seconds_{phase}", 0.0) + seconds
+
+
+def checkpointed_layers(
+    model_config, config: TrainConfig, precision: str, plan, longest_prompt, progress: bool
+) -> int:
+    """The decoder layers that recompute in backward: all or none as activation_checkpointing
+    says; under "auto" as many as the memory plan picks, on the GPU's memory (``plan``) or,
+    without a device plan, on the host's available memory and what this process holds."""
+    setting, layers = config.activation_checkpointing, model_config.num_hidden_layers
+    if setting != "auto":
+        return layers if setting else 0
+    if plan is None:
+        plan = plan_for_training(model_config, config, precision, longest_prompt(), host_memory())
+        if progress:
+            print(plan.notes[-1])
+    return plan.checkpointed_layers

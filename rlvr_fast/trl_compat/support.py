@@ -337,6 +337,14 @@ def check_setting(name: str, value, default) -> None:
             )
 
 
+# TrainingArguments fields that transformers 5.17 (the GPU machine's) does not have yet, so
+# neither has TRL's GRPOConfig there: classified above all the same (rlvr_fast's GRPOConfig keeps
+# them, with no effect, on every version).
+LATER_TRANSFORMERS_FIELDS = frozenset(
+    {"activation_checkpointing", "activation_checkpointing_kwargs"}
+)
+
+
 def classification(name: str) -> str | None:
     """ "honoured", "no effect", "refused", or None for a field none of the tables holds."""
     for table, label in ((HONOURED, "honoured"), (NO_EFFECT, "no effect"), (REFUSED, "refused")):

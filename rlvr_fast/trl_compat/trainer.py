@@ -73,6 +73,81 @@ def completion_end_ids(tokenizer) -> set[int]:
     return set(tokenizer.eos_token_ids) | {tokenizer.pad_token_id}
 
 
+def resolved_args(model, args: GRPOConfig | None) -> GRPOConfig:
+    """``args``, or TRL's default GRPOConfig named after the model (``NAME-GRPO``)."""
+    if args is None:
+        name = str(model) if isinstance(model, (str, Path)) else model.config._name_or_path
+        args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+    if not isinstance(args, GRPOConfig):
+        raise TypeError(f"args must be rlvr_fast's GRPOConfig, got {type(args).__name__}")
+    return args
+
+
+def reward_functions(reward_funcs, processing_classes, args, device) -> list:
+    """The reward functions as TRL takes them: callables, and models (a path or a transformers
+    model, with its processing class) scored as ``RewardModel``; one weight each."""
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    processors = processing_classes
+    processors = processors if isinstance(processors, list) else [processors] * len(funcs)
+    functions = [
+        f if callable(f) and not is_transformers_model(f) else RewardModel(f, p, device)
+        for f, p in zip(funcs, processors)
+    ]
+    if not functions or reward_funcs is None:
+        raise ValueError("reward_funcs is required: a callable, a model path, or a list")
+    weights = args.reward_weights or [1.0] * len(functions)
+    if len(weights) != len(functions):
+        raise ValueError(
+            f"number of reward weights ({len(weights)}) must match number of "
+            f"reward functions ({len(functions)})"
+        )
+    return functions
+
+
+def steps_per_epoch(args, rows: int) -> int:
+    """Optimizer steps per pass over ``rows`` prompts, as TRL's sampler repeats each generation
+    batch and its buffer splits it."""
+    steps = rows // args.prompts_per_step * args.updates_per_generation
+    if steps == 0:
+        raise ValueError(
+            f"train_dataset has {rows} prompts, fewer than one step's "
+            f"{args.prompts_per_step} (generation_batch_size / num_generations)"
+        )
+    return steps
+
+
+def trainer_state(args, epoch_steps: int):
+    """transformers' TrainerState at the start: max_steps (from num_train_epochs when
+    max_steps <= 0) and the logging, evaluation and saving intervals in steps."""
+    from transformers import TrainerState
+
+    max_steps = args.max_steps
+    if max_steps <= 0:
+        max_steps = math.ceil(args.num_train_epochs * epoch_steps)
+    return TrainerState(
+        max_steps=max_steps,
+        num_train_epochs=math.ceil(max_steps / epoch_steps),
+        train_batch_size=args.per_device_train_batch_size,
+        logging_steps=args.resolve_steps(args.logging_steps, max_steps),
+        eval_steps=args.resolve_steps(args.eval_steps or args.logging_steps, max_steps),
+        save_steps=args.resolve_steps(args.save_steps, max_steps),
+        is_world_process_zero=distributed.is_main(),
+        is_local_process_zero=distributed.is_main(),
+    )
+
+
+def completions_log(args, names: list[str]) -> CompletionsLog | None:
+    """TRL's completions log under ``output_dir/completions`` (None: log_completions off)."""
+    if not args.log_completions:
+        return None
+    return CompletionsLog(
+        Path(args.output_dir) / "completions",
+        names,
+        args.num_completions_to_print,
+        args.log_unique_prompts,
+    )
+
+
 class GRPOTrainer(SavingAndSurface):
     """TRL 1.16's ``GRPOTrainer`` on rlvr_fast (see the module docstring)."""
 
@@ -93,7 +168,7 @@ class GRPOTrainer(SavingAndSurface):
         rollout_func=None,
         environment_factory=None,
     ) -> None:
-        from transformers import TrainerControl, TrainerState
+        from transformers import TrainerControl
 
         refuse_unsupported_arguments(
             optimizers=optimizers,
@@ -102,11 +177,7 @@ class GRPOTrainer(SavingAndSurface):
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
-        if args is None:
-            name = str(model) if isinstance(model, (str, Path)) else model.config._name_or_path
-            args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
-        if not isinstance(args, GRPOConfig):
-            raise TypeError(f"args must be rlvr_fast's GRPOConfig, got {type(args).__name__}")
+        args = resolved_args(model, args)
         self.args, self.hub_model_id = args, args.hub_model_id
         device = training_device(args)
         self.accelerator = Accelerator(device)
@@ -115,49 +186,19 @@ class GRPOTrainer(SavingAndSurface):
             model, self.processing_class, device=device, dtype=policy_dtype(args)
         )
         self.model_dir = model_directory(model)
-        self.model = model if is_transformers_model(model) else None
-        if self.model is None:
-            self.model = meta_transformers_model(self.model_dir)
+        # The model the trainer reports: the one given, or a meta-device stand-in for a path.
+        self.model = (
+            model if is_transformers_model(model) else meta_transformers_model(self.model_dir)
+        )
 
-        funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        processors = reward_processing_classes
-        processors = processors if isinstance(processors, list) else [processors] * len(funcs)
-        self.reward_funcs = [
-            f if callable(f) and not is_transformers_model(f) else RewardModel(f, p, device)
-            for f, p in zip(funcs, processors)
-        ]
-        if not self.reward_funcs or reward_funcs is None:
-            raise ValueError("reward_funcs is required: a callable, a model path, or a list")
-        weights = args.reward_weights or [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"number of reward weights ({len(weights)}) must match number of "
-                f"reward functions ({len(self.reward_funcs)})"
-            )
+        self.reward_funcs = reward_functions(reward_funcs, reward_processing_classes, args, device)
         self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
 
         self.rows = dataset_rows(train_dataset, args.remove_unused_columns, "train_dataset")
         self.prompts_per_step = args.prompts_per_step
-        # Optimizer steps per generation batch, as TRL's sampler repeats it and its buffer splits it.
-        self.steps_per_epoch = len(self.rows) // self.prompts_per_step * args.updates_per_generation
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"train_dataset has {len(self.rows)} prompts, fewer than one step's "
-                f"{self.prompts_per_step} (generation_batch_size / num_generations)"
-            )
-        max_steps = args.max_steps
-        if max_steps <= 0:
-            max_steps = math.ceil(args.num_train_epochs * self.steps_per_epoch)
-        self.state = TrainerState(
-            max_steps=max_steps,
-            num_train_epochs=math.ceil(max_steps / self.steps_per_epoch),
-            train_batch_size=args.per_device_train_batch_size,
-            logging_steps=args.resolve_steps(args.logging_steps, max_steps),
-            eval_steps=args.resolve_steps(args.eval_steps or args.logging_steps, max_steps),
-            save_steps=args.resolve_steps(args.save_steps, max_steps),
-            is_world_process_zero=distributed.is_main(),
-            is_local_process_zero=distributed.is_main(),
-        )
+        self.steps_per_epoch = steps_per_epoch(args, len(self.rows))
+        self.state = trainer_state(args, self.steps_per_epoch)
+        max_steps = self.state.max_steps
         self.control = TrainerControl()
         self._metrics: dict[str, list] = {}
         # checkpoint-N directories this run wrote (recorded in each one's manifest): the only
@@ -165,12 +206,7 @@ class GRPOTrainer(SavingAndSurface):
         self._checkpoints_written: list[str] = []
         config = train_config(args, max_steps, self.prompts_per_step, peft_config)
         self.task = self._task(self.rows, config.gate_min_chars)
-        self.eval_tasks = {
-            name: (self._task(rows, config.gate_min_chars), len(rows))
-            for name, rows in eval_datasets(eval_dataset, args.remove_unused_columns).items()
-        }
-        if args.strategy("eval_strategy") != "no" and not self.eval_tasks:
-            raise ValueError(f"eval_strategy={args.strategy('eval_strategy')!r} needs eval_dataset")
+        self.eval_tasks = self._eval_tasks(eval_dataset, config.gate_min_chars)
         # The ledger is a run directory of its own, which save_model never writes into.
         ledger_dir = Path(args.output_dir) / "ledger" if args.ledger else None
         self.trainer = RLVRTrainer(
@@ -183,18 +219,20 @@ class GRPOTrainer(SavingAndSurface):
         )
         self.optimizer = self.trainer.optimizer
         self.lr_scheduler = self._scheduler(max_steps)
-        self.completions_log = (
-            CompletionsLog(
-                Path(args.output_dir) / "completions",
-                self.reward_func_names,
-                args.num_completions_to_print,
-                args.log_unique_prompts,
-            )
-            if args.log_completions
-            else None
-        )
+        self.completions_log = completions_log(args, self.reward_func_names)
         self.callback_handler = self._callback_handler(callbacks)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+
+    def _eval_tasks(self, eval_dataset, gate_min_chars) -> dict:
+        """Each eval dataset's task and prompt count, by name ("" for a single dataset)."""
+        args = self.args
+        tasks = {
+            name: (self._task(rows, gate_min_chars), len(rows))
+            for name, rows in eval_datasets(eval_dataset, args.remove_unused_columns).items()
+        }
+        if args.strategy("eval_strategy") != "no" and not tasks:
+            raise ValueError(f"eval_strategy={args.strategy('eval_strategy')!r} needs eval_dataset")
+        return tasks
 
     def _task(self, rows: list[dict], gate_min_chars) -> RewardFunctionsTask:
         return RewardFunctionsTask(

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from rlvr_fast.engine import RolloutEngine, SamplingParams
+from rlvr_fast.engine import OutOfBlocksError, RolloutEngine, SamplingParams
+from rlvr_fast.engine import engine as engine_module
 from rlvr_fast.engine import kv_storage
+from rlvr_fast.engine.kv_storage import bytes_per_block
+from rlvr_fast.engine.memory import plan_engine
+from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.policy import load_policy
 
 PROMPT = list(range(1, 30))
+CONFIGS = Path(engine_module.__file__).parents[1] / "assets" / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +60,56 @@ def test_a_cache_that_grows_mid_run_samples_what_a_full_one_samples(tiny, monkey
     assert 1 < growing.storage.capacity <= 512
 
 
+def test_an_engine_made_without_kv_blocks_is_sized_by_its_plan(tiny, monkeypatch):
+    """Every engine, in the trainer or not, takes its KV cache from its own plan: its working
+    sets come off the free memory first, then kv_memory_fraction of the rest; too little is one
+    line naming the largest term."""
+    monkeypatch.setattr(engine_module, "free_memory", lambda device: 64 << 20)
+    engine = RolloutEngine.for_policy(tiny, max_batch=16, kv_memory_fraction=0.5)
+    plan = engine.plan
+    assert [term.name for term in plan.terms] == ["prefill pass"], "CPU: no graphs, flash fp32"
+    block = engine.storage.block_bytes
+    assert plan.left == (64 << 20) - plan.fixed_bytes
+    assert engine.manager.num_blocks == min(int(plan.left * 0.5) // block, 16 * (64 + 1))
+    monkeypatch.setattr(engine_module, "free_memory", lambda device: plan.fixed_bytes + block)
+    with pytest.raises(OutOfBlocksError, match="the largest is prefill pass") as err:
+        RolloutEngine.for_policy(tiny, max_batch=16, kv_memory_fraction=0.5)
+    assert "\n" not in str(err.value)
+
+
+def test_the_engine_plan_on_a_gpu_counts_the_graph_pool_and_fp32_attention_scores():
+    """Qwen3-0.6B on an 80 GB card's free memory: bf16 takes the flash kernel, fp32 falls back to
+    SDPA's math path, whose scores for one 8,192-token prefill row (2 x 16 heads x 8,192^2 x 4 B,
+    8.6 GB) come off the KV cache's share."""
+    config = ModelConfig.from_file(CONFIGS / "qwen3-0.6b-base.json")
+    common = dict(
+        device_type="cuda",
+        memory=80 << 30,
+        fraction=0.5,
+        most=10**9,
+        max_batch=256,
+        max_prefill_tokens=8192,
+        max_model_len=16384,
+        cuda_graphs=True,
+    )
+    plans = {
+        e: plan_engine(config, element=e, block_bytes=bytes_per_block(config, 16, dtype), **common)
+        for e, dtype in ((2, torch.bfloat16), (4, torch.float32))
+    }
+    names = {e: [term.name for term in plan.terms] for e, plan in plans.items()}
+    assert names[2] == [
+        "decode working set (CUDA-graph pool)",
+        "prefill pass",
+        "CUDA context, workspaces, allocator slack",
+    ]
+    scores = next(t for t in plans[4].terms if t.name.startswith("prefill attention scores"))
+    assert scores.bytes == 2 * 16 * 8192**2 * 4
+    for e, plan in plans.items():
+        assert plan.kv_blocks == int((80 << 30) - plan.fixed_bytes) // 2 // (
+            bytes_per_block(config, 16, torch.bfloat16 if e == 2 else torch.float32)
+        )
+
+
 CONFINED = """
 import resource, sys, torch
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
@@ -83,11 +139,29 @@ def confined(limit_bytes: int, max_batch: int, rows: int, tokens: int) -> str:
     return done.stdout.strip()
 
 
+IMPORTS = """
+import torch
+from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.models.policy import load_policy
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize")))
+"""
+
+
+def address_space_of_the_imports() -> int:
+    """Bytes of address space a process has once it imported torch and the engine: 0.8 GB with
+    a CPU build of torch, 3.3 GB with a CUDA build (torch 2.11 from PyPI, the GPU machine's),
+    whose libraries map far more than they use."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout) * 1024
+
+
 def test_under_a_2_5_gb_address_limit_a_group_runs_and_a_huge_batch_is_one_line():
     """Regression: under a 2.5 GB address-space limit the run ended in an allocator traceback;
     with max_batch=65536 too. Now a group runs, and 65,536 rows (a 4 GiB cache of 2**17 blocks
-    allowed) stop at the growth that finds no memory, with one line naming the settings."""
-    limit = 2_500_000_000
+    allowed) stop at the growth that finds no memory, with one line naming the settings. The
+    limit is 1.7 GB past the imports' address space (2.5 GB in all with a CPU build of torch)."""
+    limit = address_space_of_the_imports() + 1_700_000_000
     assert confined(limit, 65536, 8, 64).startswith("ran ")
     message = confined(limit, 65536, 65536, 4000)
     assert message.startswith("refused KV cache: no memory for ")

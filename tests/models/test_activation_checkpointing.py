@@ -15,8 +15,13 @@ def model(hf_qwen3):
     return load_model(hf_qwen3[1])
 
 
-def loss_and_grads(model, ids, checkpointing: bool):
-    model.activation_checkpointing = checkpointing
+def loss_and_grads(model, ids, checkpointing: bool | int):
+    """Loss, gradients and bytes autograd saved, checkpointing every layer (True), none
+    (False) or the first that many."""
+    if isinstance(checkpointing, bool):
+        model.activation_checkpointing = checkpointing
+    else:
+        model.model.checkpointed_layers = checkpointing
     model.zero_grad(set_to_none=True)
     saved: dict[int, int] = {}
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -51,6 +56,25 @@ def test_checkpointing_keeps_the_gradients_and_saves_less(model):
     layers = model.config.num_hidden_layers
     # Outside the recomputed layers only the final norm, RoPE tables and logits remain.
     assert saved_ckpt < saved / layers, (saved, saved_ckpt)
+
+
+def test_checkpointing_the_first_layers_saves_in_between(model):
+    """The first k layers recompute: the same loss and gradients, and what autograd saves lies
+    between checkpointing every layer and none, falling as k grows."""
+    ids = torch.randint(
+        1, model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(2)
+    )
+    loss, grads, saved = loss_and_grads(model, ids, False)
+    loss_all, _, saved_all = loss_and_grads(model, ids, True)
+    layers = model.config.num_hidden_layers
+    partial = [loss_and_grads(model, ids, k) for k in range(1, layers)]
+    for loss_k, grads_k, _ in partial:
+        assert torch.equal(loss, loss_k)
+        for name in grads:
+            assert torch.equal(grads[name], grads_k[name]), name
+    sizes = [saved] + [s for _, _, s in partial] + [saved_all]
+    assert all(a > b for a, b in zip(sizes, sizes[1:])), sizes
+    assert model.model.checkpointed_layers == 0
 
 
 def test_forwards_without_autograd_run_as_before(model):

@@ -125,12 +125,92 @@ def test_triton_split_context_matches_contiguous(splits, block_size):
 
 
 def test_the_split_switch():
-    """One split once rows x KV heads fill the GPU twice over; else enough to, bounded by the
-    tiles of the block table and by 16; shapes alone decide (a CUDA graph captures one)."""
-    assert decode_splits(64, 8, 16384) == 1
-    assert decode_splits(8, 8, 16384) == 5
-    assert decode_splits(1, 8, 16384) == 16
-    assert decode_splits(1, 8, 100) == 4, "a 100-token table holds four 32-token tiles"
+    """One split once rows x KV heads fill the GPU twice over; else enough to, at most 16; the
+    batch counts as its next power of two and the table's width not at all (a CUDA graph
+    captures one choice for a bucket and a fixed width, which eager decode must make too)."""
+    assert decode_splits(64, 8) == 1
+    assert decode_splits(8, 8) == 5
+    assert decode_splits(1, 8) == 16
+    assert decode_splits(5, 8) == decode_splits(8, 8) == 5
+    assert [decode_splits(b, 2) for b in (9, 12, 16)] == [9, 9, 9]
+
+
+def graph_shaped(q, tables, lengths, bucket: int, width: int, scratch_block: int):
+    """What a CUDA graph's replay hands the kernel for these rows: the batch padded to its
+    bucket with rows of length 1 on the scratch block, every table padded to ``width``."""
+    rows = q.shape[0]
+    padded_q = torch.cat([q, q.new_zeros((bucket - rows, *q.shape[1:]))])
+    padded_tables = torch.full((bucket, width), scratch_block, dtype=torch.int32, device=DEVICE)
+    padded_tables[:rows, : tables.shape[1]] = tables
+    padded_lengths = torch.cat([lengths, lengths.new_ones(bucket - rows)])
+    return padded_q, padded_tables, padded_lengths
+
+
+@on_device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,bucket", [(1, 1), (3, 4), (5, 8), (7, 8), (9, 12)])
+def test_graph_and_eager_shapes_give_the_same_bits(rows, bucket, dtype):
+    """Eager decode's inputs (B rows, tables only as wide as the longest row needs, not padded)
+    and a graph's (B padded to its bucket, the graphs' last one being max_batch = 12 here, and
+    tables padded to max_model_len's 32 blocks): every real row's output is the same bits,
+    because both take the same split count and a row's split bounds depend on its own length.
+    (The split count used to follow the table's width: at 3 rows in fp32, 4 splits eager and 8
+    in the graph, and the outputs differed.)"""
+    generator = torch.Generator().manual_seed(rows)
+    q_heads, kv_heads, head_dim, block_size, width = 4, 2, 32, 8, 32
+    lengths = torch.randint(40, 120, (rows,), generator=generator)
+    blocks_needed = [-(-int(n) // block_size) for n in lengths]
+    shape = (sum(blocks_needed) + 1, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(DEVICE, dtype)
+    v_cache = torch.randn(shape, generator=generator).to(DEVICE, dtype)
+    tables = torch.zeros((rows, max(blocks_needed)), dtype=torch.int32)
+    first = 1  # block 0 is the graphs' scratch block
+    for row, count in enumerate(blocks_needed):
+        tables[row, :count] = torch.arange(first, first + count, dtype=torch.int32)
+        first += count
+    q = torch.randn(rows, q_heads, head_dim, generator=generator).to(DEVICE, dtype)
+    tables, lengths = tables.to(DEVICE), lengths.to(DEVICE)
+    assert tables.shape[1] < width, "eager tables narrower than the graphs'"
+    eager = paged_attention_triton(q, k_cache, v_cache, tables, lengths)
+    padded_q, padded_tables, padded_lengths = graph_shaped(q, tables, lengths, bucket, width, 0)
+    graphed = paged_attention_triton(padded_q, k_cache, v_cache, padded_tables, padded_lengths)
+    assert decode_splits(rows, kv_heads) == decode_splits(bucket, kv_heads) > 1
+    assert torch.equal(graphed[:rows], eager)
+
+
+@pytest.mark.skipif(CUDA, reason="forces the compiled loop into the interpreter")
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_pipelined_loop_computes_what_the_interpreters_loop_does(monkeypatch, splits):
+    """Compiled, the kernel walks a row's tiles in a software-pipelined ``tl.range`` whose
+    bounds are loaded at run time; the interpreter cannot take a loaded bound (its ``range``
+    gets a one-element array), so it runs a while loop over the same step. Here the pipelined
+    branch runs in the interpreter (its ``range`` given the loaded bound's value) and gives the
+    while loop's bits, on rows of 1 to 4 tiles, some splits empty."""
+    import builtins
+
+    import triton.runtime.interpreter as interpreter
+
+    from rlvr_fast.kernels import paged_attention as kernel
+
+    counted_loops = []
+
+    def scalar_range(*args):
+        if any(hasattr(a, "handle") for a in args):
+            counted_loops.append(args)
+        return builtins.range(*(a.handle.data.item() if hasattr(a, "handle") else a for a in args))
+
+    generator = torch.Generator().manual_seed(splits)
+    q = torch.randn(3, 4, 32, generator=generator)
+    k_cache = torch.randn(16, 8, 2, 32, generator=generator)
+    v_cache = torch.randn(16, 8, 2, 32, generator=generator)
+    tables = torch.randperm(16, generator=generator)[:15].view(3, 5).to(torch.int32)
+    lengths = torch.tensor([1, 33, 40])
+    looped = paged_attention_triton(q, k_cache, v_cache, tables, lengths, splits=splits)
+    monkeypatch.setattr(interpreter, "range", scalar_range, raising=False)
+    monkeypatch.setattr(kernel, "INTERPRETED", False)
+    pipelined = paged_attention_triton(q, k_cache, v_cache, tables, lengths, splits=splits)
+    assert len(counted_loops) == 3 * 2 * splits, "the pipelined branch ran in every program"
+    assert torch.equal(pipelined, looped)
 
 
 @on_device

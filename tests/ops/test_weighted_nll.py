@@ -105,6 +105,7 @@ def test_gradient_for_hidden_only_and_no_grad_mode():
         (lambda a: (a[0].double(), *a[1:]), "one floating dtype"),
         (lambda a: (a[0], a[1], a[2].int(), a[3]), "targets must be int64"),
         (lambda a: (a[0], a[1], a[2] + 1000, a[3]), "targets must lie in"),
+        (lambda a: (a[0], a[1], a[2] - 1000, a[3]), "targets must lie in"),
         (lambda a: (*a[:3], a[3][:-1]), "weights must be float"),
     ],
 )

@@ -102,7 +102,7 @@ def test_the_adafactor_state_is_checkpointed_and_a_resumed_run_continues_bit_for
     checkpointer.save(path, next_step=2, world_size=1)
     step(stepping, model, (ACTIVE, ACTIVE))
     resumed_model, resumed, resumed_checkpointer = run()
-    assert resumed_checkpointer.load(path, lambda size, path: None) == 2
+    assert resumed_checkpointer.load(path, lambda size, path, sharded: None) == 2
     step(resumed, resumed_model, (ACTIVE, ACTIVE))
     theirs = dict(resumed_model.named_parameters())
     assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())

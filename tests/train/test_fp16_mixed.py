@@ -146,7 +146,7 @@ def test_the_scale_is_checkpointed_and_a_resumed_fp16_run_continues_bit_for_bit(
     checkpointer.save(path, next_step=2, world_size=1)
     step(stepping, model, next_token_loss)
     resumed_model, resumed, resumed_checkpointer = run()
-    assert resumed_checkpointer.load(path, lambda size, path: None) == 2
+    assert resumed_checkpointer.load(path, lambda size, path, sharded: None) == 2
     assert (resumed.scaler.scale, resumed.scaler.growth_tracker) == (INIT_SCALE / 2, 1)
     step(resumed, resumed_model, next_token_loss)
     theirs = dict(resumed.masters.named_parameters())

@@ -33,6 +33,7 @@ from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.lora import LoraSettings, adapter_parameters, apply_lora
 from rlvr_fast.ops.weighted_nll import default_chunk_size
 from rlvr_fast.models.policy import TINY_MODEL_DIR, load_policy
+from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.train import memory_plan
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.trainer import engine_settings
@@ -52,6 +53,7 @@ from rlvr_fast.train.memory_terms import (
     adafactor_step_bytes,
     adamw_step_bytes,
     adapter_saved_bytes_per_token,
+    checkpointed_layers,
     largest_parameter,
     tail_bytes_per_token,
 )
@@ -74,14 +76,17 @@ def flash_attention(q, k, v, mask):
     return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
 
 
-def measure_backward(monkeypatch, name: str, dtype, checkpointing: bool) -> tuple[int, int]:
+def measure_backward(
+    monkeypatch, name: str, dtype, checkpointing: bool | int, attention=flash_attention
+) -> tuple[int, int]:
     """(bytes kept after the forward, peak bytes net of gradients) of one forward + backward of
-    ROWS x ROW_TOKENS tokens on the meta device."""
+    ROWS x ROW_TOKENS tokens on the meta device, checkpointing every layer, none or the first
+    that many, attending with ``attention``."""
     # The decoder's own name for SDPA: it imports dense_attention from rlvr_fast.models.attention.
-    monkeypatch.setattr(qwen3, "dense_attention", flash_attention)
+    monkeypatch.setattr(qwen3, "dense_attention", attention)
     with torch.device("meta"):
         model = qwen3.Qwen3ForCausalLM(config(name)).to(dtype)
-    model.activation_checkpointing = checkpointing
+    model.model.checkpointed_layers = checkpointed_layers(model.config, checkpointing)
     model.model.embed_tokens.weight.requires_grad_(False)
     params = list(model.parameters())
 
@@ -97,7 +102,7 @@ def measure_backward(monkeypatch, name: str, dtype, checkpointing: bool) -> tupl
     return kept, tracker.peak
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True, 5])
 @pytest.mark.parametrize(
     "name, dtype", [(name, torch.bfloat16) for name in MODELS] + [("0.6b", torch.float32)]
 )
@@ -105,12 +110,67 @@ def test_activations_match_a_meta_device_measurement(monkeypatch, name, dtype, c
     cfg, e = config(name), dtype.itemsize
     tokens = ROWS * ROW_TOKENS
     kept, peak = measure_backward(monkeypatch, name, dtype, checkpointing)
-    per_layer = e * cfg.hidden_size if checkpointing else saved_bytes_per_token_layer(cfg, e)
+    recomputed = checkpointed_layers(cfg, checkpointing)
+    layers = recomputed * e * cfg.hidden_size
+    layers += (cfg.num_hidden_layers - recomputed) * saved_bytes_per_token_layer(cfg, e)
     tables = rope_table_bytes(cfg, e)
-    planned_kept = tokens * (cfg.num_hidden_layers * per_layer + tail_bytes_per_token(cfg, e))
+    planned_kept = tokens * (layers + tail_bytes_per_token(cfg, e))
     assert planned_kept + tables == pytest.approx(kept, rel=0.01)
     planned_peak = activation_bytes(cfg, e, tokens, checkpointing) + tables
     assert peak <= planned_peak <= 1.08 * peak, (peak / tokens, planned_peak / tokens)
+
+
+def math_attention(q, k, v, mask):
+    """What SDPA runs on CUDA for causal fp32 rows with grouped-query attention: its math path
+    (the flash kernel takes bf16 / fp16 only, the memory-efficient one no enable_gqa)."""
+    assert mask is None
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, None, 0.0, True, enable_gqa=q.shape[1] != k.shape[1]
+    )[0]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fp32_attention_scores_are_planned_as_the_math_path_keeps_them(monkeypatch, checkpointing):
+    """fp32 on CUDA stores T^2 attention scores the flash-attention activations leave out: the
+    plan's fp32 activations plus its attention-scores term bound a meta-device forward +
+    backward through SDPA's math path (0.6B, 8 x 712 tokens: 27 GB without checkpointing), and
+    no bf16 plan counts the term."""
+    cfg, tokens = config("0.6b"), ROWS * ROW_TOKENS
+    _, peak = measure_backward(monkeypatch, "0.6b", torch.float32, checkpointing, math_attention)
+    shape = RunShape(
+        precision="fp32",
+        group_size=ROWS,
+        prompt_tokens=200,
+        max_new_tokens=ROW_TOKENS - 200,
+        activation_checkpointing=checkpointing,
+    )
+    scores = memory_plan.attention_scores_term(cfg, shape, 28 if checkpointing else 0).bytes
+    planned = activation_bytes(cfg, 4, tokens, checkpointing) + rope_table_bytes(cfg, 4) + scores
+    assert peak <= planned <= (1.35 if checkpointing else 1.08) * peak, (peak, planned)
+    fp32_plan = plan_memory(cfg, CARDS["141GB"], shape)
+    assert scores in {t.bytes for t in fp32_plan.terms if t.name.startswith("attention scores")}
+    bf16_plan = plan_memory(cfg, CARDS["141GB"], RunShape(precision="bf16-mixed"))
+    assert not [t for t in bf16_plan.terms if t.name.startswith("attention scores")]
+
+
+@pytest.mark.cuda
+def test_on_cuda_fp32_grouped_query_attention_has_only_the_math_path():
+    """The premise of the fp32 attention-scores terms, checked where it can be: at Qwen3-0.6B's
+    heads (16 query, 8 key/value) causal SDPA finds no flash or memory-efficient kernel for fp32
+    rows, and finds the flash kernel for bf16 ones."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(dtype):
+        q = torch.randn(2, 16, 64, 128, device="cuda", dtype=dtype)
+        kv = torch.randn(2, 8, 64, 128, device="cuda", dtype=dtype)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, kv, kv, is_causal=True, enable_gqa=True
+        )
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        with pytest.raises(RuntimeError):
+            attend(torch.float32)
+        assert attend(torch.bfloat16).dtype == torch.bfloat16
 
 
 class NoLaunch:
@@ -312,6 +372,67 @@ def test_the_trainer_plans_from_its_settings():
     arm_one_plan = plan_for_training(config, arm_one, "bf16-mixed", 200, CARDS["24GB"])
     assert arm_one.loss_order == "sum_then_scale"
     assert [t.name for t in arm_one_plan.terms if "loss" in t.name] == ["fused loss"]
+
+
+def test_auto_checkpoints_the_fewest_layers_that_leave_every_row_its_room():
+    """activation_checkpointing="auto" on Qwen3-0.6B, G = 16 rows of 200 + 2,048 tokens in fp32:
+    none on a card with room to spare, all where only that fits, and in between the fewest
+    layers whose plan keeps G full-length rows in the KV cache (one layer fewer does not); an
+    explicit true or false is the plan's as given."""
+    cfg = config("0.6b")
+    settings = dict(group_size=16, max_new_tokens=2048)
+
+    def auto(memory: int):
+        return plan_for_training(
+            cfg, TrainConfig(activation_checkpointing="auto", **settings), "fp32", 200, memory
+        )
+
+    assert auto(1 << 40).checkpointed_layers == 0
+    assert "0 of 28 layers checkpointed" in auto(1 << 40).render()
+    assert auto(CARDS["24GB"]).checkpointed_layers == 28
+    chosen = auto(CARDS["80GB"])
+    k = chosen.checkpointed_layers
+    assert 0 < k < 28 and chosen.rows_at_full_length >= chosen.rows_wanted == 16
+    fewer = plan_memory(
+        cfg,
+        CARDS["80GB"],
+        RunShape(
+            precision="fp32",
+            group_size=16,
+            prompt_tokens=200,
+            max_new_tokens=2048,
+            max_batch=TrainConfig().max_batch,
+            activation_checkpointing=k - 1,
+            kv_memory_fraction=TrainConfig().kv_memory_fraction,
+            adamw_step="foreach",
+        ),
+    )
+    assert fewer.rows_at_full_length < 16
+    names = [t.name for t in chosen.summed_terms if t.name.startswith("activations")]
+    assert names == [f"activations, largest backward (checkpointing {k} of 28 layers)"]
+    for explicit, layers in ((True, 28), (False, 0)):
+        given = TrainConfig(activation_checkpointing=explicit, **settings)
+        assert plan_for_training(cfg, given, "fp32", 200, 1 << 40).checkpointed_layers == layers
+    with pytest.raises(ValueError, match='activation_checkpointing must be true, false or "auto"'):
+        TrainConfig(activation_checkpointing="yes")
+
+
+def test_auto_on_the_cpu_plans_on_the_hosts_memory(monkeypatch):
+    """A CPU run under "auto" checkpoints what the plan on the host's memory says: none with
+    room to spare, every layer when nothing fits (1 GiB: the plan's runtime allowance alone)."""
+    from rlvr_fast.train import trainer as trainer_module
+
+    def trainer(memory: int):
+        monkeypatch.setattr(trainer_module, "host_memory", lambda: memory)
+        config = TrainConfig.from_arm(
+            "baseline", steps=1, max_new_tokens=8, activation_checkpointing="auto"
+        )
+        problems = synthetic_problems("train", 1)
+        return trainer_module.RLVRTrainer(load_policy("tiny"), config, problems, progress=False)
+
+    roomy, tight = trainer(1 << 40), trainer(1 << 30)
+    assert roomy.policy.model.model.checkpointed_layers == 0
+    assert tight.policy.model.model.checkpointed_layers == 4
 
 
 def test_the_engine_takes_the_plans_kv_cache():

@@ -17,8 +17,8 @@ from rlvr_fast.models.lora import LoraSettings, apply_lora
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats
 from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.losses import policy_loss
-from rlvr_fast.train.policy import PolicyTerms, ReferenceModel, step_figures
+from rlvr_fast.train.losses import completion_logprobs, policy_loss
+from rlvr_fast.train.policy import PolicyTerms, ReferenceModel, reference_dtype, step_figures
 from rlvr_fast.train.steps import generation_shares
 from rlvr_fast.train.trainer import RLVRTrainer
 
@@ -115,6 +115,30 @@ def test_the_reference_sync_is_trls():
     for ours, theirs in zip(reference.model.parameters(), expected.parameters()):
         assert torch.equal(ours, theirs)
         assert not ours.requires_grad
+
+
+def test_cudas_bf16_reference_beside_an_fp32_policy_on_the_cpu():
+    """On CUDA the reference is a bf16 copy whatever the policy's dtype (``reference_dtype``);
+    that pairing, built here on the CPU: its log-probabilities of a group's completions are the
+    fp32 policy's within bf16 rounding and come back fp32, and a TRL sync mixes the fp32
+    policy's weights into the bf16 copy."""
+    policy = load_policy("tiny")
+    assert reference_dtype(next(policy.model.parameters())) == torch.float32
+    reference = ReferenceModel(policy.model, sync_steps=1, alpha=0.5, dtype=torch.bfloat16)
+    assert {p.dtype for p in reference.model.parameters()} == {torch.bfloat16}
+    prompt, completions = [5, 6, 7, 8], [[9, 10, 11], [12, 13], [14]]
+    ours = completion_logprobs(reference.model, prompt, completions, 0.9)
+    full = completion_logprobs(policy.model, prompt, completions, 0.9)
+    assert ours.dtype == full.dtype == torch.float32 and ours.shape == (6,)
+    torch.testing.assert_close(ours, full, rtol=0.05, atol=0.05)
+    before = [p.clone() for p in reference.model.parameters()]
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.add_(0.01)
+    reference.after_step(1, policy.model)
+    for old, new, param in zip(before, reference.model.parameters(), policy.model.parameters()):
+        expected = old.mul(0.5).add_(param.to(torch.bfloat16), alpha=0.5)
+        assert new.dtype == torch.bfloat16 and torch.equal(new, expected)
 
 
 def test_under_lora_the_reference_is_the_frozen_base_sharing_its_tensors():

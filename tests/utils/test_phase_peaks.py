@@ -31,6 +31,9 @@ def test_each_phase_gets_its_own_peak():
     # big's 160 MB came and went before small started: small never saw them
     assert result["big"] - result["small"] > 100 * MB
     assert result["inner"] - result["small"] > 50 * MB
+    # each phase's rise is its own, whatever stayed resident before it
+    assert peaks.rises["big"] > 150 * MB and peaks.rises["inner"] > 75 * MB
+    assert peaks.rises["small"] < 50 * MB
 
 
 def test_a_labelled_method_runs_as_its_phase():

@@ -159,7 +159,7 @@ class ParallelKind:
     def loss(self, question: Question) -> torch.Tensor:
         step_credit: PathStepCredit = question.credit
         return parallel_grpo_loss(
-            self.policy.model,
+            self.policy.trained_model,
             question.prompt_ids,
             question.rollouts,
             step_credit.path_weights,

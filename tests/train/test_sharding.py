@@ -1,0 +1,175 @@
+"""Sharded training (``--shard fsdp``, FSDP2 over gloo): ranks whose shards are stepped against
+one process taking every question, and checkpoints that resume on another number of ranks.
+
+One run of one process (3 steps) is the reference. A 2-rank sharded run stops after 2 steps; its
+checkpoint (whole tensors) is resumed unsharded on one process and sharded on 4 ranks, and both
+finish the 3 steps as the reference did: the same ledger (but timings and the KV peaks, which
+are per rank), the same rollouts, weights within 1e-6 of the largest (the sums of the gradients
+are reduced in another order)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rlvr_fast
+from rlvr_fast.analysis.verify import verify_run
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.train.memory_plan import RunShape, plan_memory
+from rlvr_fast.cli.main import main
+from rlvr_fast.train import distributed
+from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.sharding import check_sharding
+
+from tests.train.test_distributed import cli, read_jsonl, rounded_floats
+
+# Four questions a step, pooled (TRL's several prompts per step): on the first 12 synthetic
+# questions step 0 is homogeneous everywhere, step 1 has a contributing question on both halves
+# of the step and step 2 on its first half only (asserted below).
+RUN = [
+    "--arm",
+    "ra_flat",
+    "--set",
+    "questions_per_step=4",
+    "--set",
+    "combine_questions=pooled",
+    "--set",
+    "max_new_tokens=32",
+    "--set",
+    "gate_min_chars=null",
+    "--set",
+    "lr=1e-4",
+    "--set",
+    "eval_before=false",
+    "--quiet",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(one process, 3 steps; two sharded ranks, 2 steps)."""
+    base = tmp_path_factory.mktemp("sharded")
+    one, two = base / "one", base / "two"
+    assert main(["train", *RUN, "--steps", "3", "--out", str(one)]) == 0
+    done = cli("train", "--nproc", "2", "--shard", "fsdp", *RUN, "--steps", "2", "--out", str(two))
+    assert done.returncode == 0, done.stderr
+    return one, two
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def assert_same_run(one: Path, other: Path) -> None:
+    """``other`` ran ``one``'s steps: ledger lines equal but timings and KV peaks, losses and
+    gradient norms to 1e-5, rollouts equal, weights within 1e-6 of each tensor's largest."""
+    for a, b in zip(
+        read_jsonl(one / "ledger.jsonl"), read_jsonl(other / "ledger.jsonl"), strict=True
+    ):
+        for name in ("seconds", "peak_kv_blocks"):
+            a.pop(name), b.pop(name)
+        x, y = rounded_floats(a), rounded_floats(b)
+        assert [v is None for v in x] == [v is None for v in y]
+        assert [v for v in y if v is not None] == pytest.approx(
+            [v for v in x if v is not None], rel=1e-5
+        )
+        assert a == b
+    assert (one / "rollouts.jsonl").read_text() == (other / "rollouts.jsonl").read_text()
+    expected, got = weights(one), weights(other)
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        scale = tensor.abs().max()
+        assert (got[name] - tensor).abs().max() <= 1e-6 * scale, name
+    assert verify_run(other).ok
+
+
+def test_the_run_covers_a_rank_with_no_loss(runs):
+    one, _ = runs
+    active = [[q["active"] for q in line["questions"]] for line in read_jsonl(one / "ledger.jsonl")]
+    assert active[0] == [False] * 4, "a zero-gradient step: no pass, no collective"
+    assert any(active[1][:2]) and any(active[1][2:]), "both ranks of two run losses"
+    assert any(active[2][:2]) and not any(active[2][2:]), "rank 1 of two runs zero passes"
+
+
+def test_two_sharded_ranks_resumed_on_one_process_finish_the_run(runs, tmp_path):
+    one, two = runs
+    resumed = tmp_path / "run"
+    shutil.copytree(two, resumed)
+    assert main(["train", *RUN, "--steps", "3", "--out", str(resumed), "--resume"]) == 0
+    assert_same_run(one, resumed)
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_resumed_on_four_sharded_ranks_finish_the_run(runs, tmp_path):
+    one, two = runs
+    resumed = tmp_path / "run"
+    shutil.copytree(two, resumed)
+    done = cli(
+        "train", "--nproc", "4", "--shard", "fsdp", *RUN, "--steps", "3",
+        "--out", str(resumed), "--resume",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, resumed)
+
+
+def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--shard", "fsdp", *RUN, "--steps", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlvr-fast: error: shard=fsdp needs several ranks") and "\n" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"combine_questions": "unit_norm"}, "combine_questions unit_norm is not built"),
+        ({"combine_questions": "pooled", "lora_r": 4}, "LoRA adapters is not built"),
+        (
+            {"combine_questions": "pooled", "precision": "fp16-mixed"},
+            "fp16-mixed's loss scale is not built",
+        ),
+    ],
+)
+def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    config = TrainConfig.from_arm("ra_flat", shard="fsdp", questions_per_step=4, **settings)
+    with pytest.raises(ValueError, match=message):
+        check_sharding(config)
+
+
+CONFIGS = Path(rlvr_fast.__file__).parent / "assets" / "configs"
+
+
+def test_the_sharded_plan_divides_what_is_sharded_and_keeps_the_engine_copy():
+    config = ModelConfig.from_file(CONFIGS / "qwen3-8b-base.json")
+    run = RunShape(questions_per_step=8, activation_checkpointing=True)
+    whole = plan_memory(config, 80 * 10**9, run)
+    sharded = plan_memory(config, 80 * 10**9, dataclasses.replace(run, shard="fsdp", world_size=8))
+    before, after = ({t.name: t for t in plan.terms} for plan in (whole, sharded))
+    for name in ("fp32 master weights", "AdamW moments (fp32)", "gradients (fp32)"):
+        assert after[f"{name}, 1/8"].bytes == -(-before[name].bytes // 8)
+    assert after["engine's full copy, weights (bf16)"].bytes == before["weights (bf16)"].bytes
+    assert "unit-gradient sum" in before and "unit-gradient sum" not in after
+    # The root (embedding, untied head, norm) is the largest group: 2 x 151,936 x 4,096 + 4,096.
+    root = 2 * 151_936 * 4_096 + 4_096
+    assert after["gather transient"].bytes == root * (2 + 4)
+    assert after["reduce-scatter buckets"].bytes == root * 4
+    assert not whole.fits and sharded.fits
+
+
+def test_plan_refuses_a_sharded_plan_of_one_rank_and_one_that_does_not_fit(capsys):
+    model = str(CONFIGS / "qwen3-8b-base.json")
+    assert main(["plan", "--model", model, "--device-memory", "80GB", "--shard", "fsdp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "rlvr-fast plan: memory plan: shard fsdp needs --nproc N >= 2"
+    args = ["--device-memory", "24GB", "--shard", "fsdp", "--nproc", "8"]
+    assert main(["plan", "--model", model, *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "\n" not in captured.err.strip()
+    assert "does not fit in 22.35 GiB" in captured.err and "the largest term is" in captured.err
