@@ -92,13 +92,8 @@ OPTIMIZER_HELP = (
     "moment: rlvr_fast.train.adafactor)"
 )
 OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
-
-
+# 10^9 steps is past any run (a 401-digit --steps trained forever).
 STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
-
-
-def valid_steps(value: int) -> bool:
-    return 1 <= value <= 10**9  # past any run: a 401-digit --steps would train forever
 
 
 @dataclass
@@ -109,7 +104,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         one_of(tuple(ARMS)),
         f"unknown arm {{value!r}} (valid: {', '.join(ARMS)})",
     )
-    steps: int = setting(50, "optimizer steps of the run", valid_steps, STEPS_ERROR)
+    steps: int = setting(50, "optimizer steps of the run", lambda v: 1 <= v <= 10**9, STEPS_ERROR)
     seed: int = setting(
         42,
         "seed of the run's generator: every rollout, and Monte-Carlo Shapley, draw from it",

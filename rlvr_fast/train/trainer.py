@@ -158,11 +158,7 @@ class RLVRTrainer:
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
         # Before the run directory is touched: a cache that cannot hold one sequence.
-        check_room(
-            self.engine,
-            self.longest_prompt() + config.max_new_tokens,
-            "the longest training sequence",
-        )
+        check_room(self.engine, self.longest_prompt() + config.max_new_tokens)
         policy.trained_model.model.checkpointed_layers = checkpointed_layers(
             policy.config, config, self.precision, plan, self.longest_prompt, self.progress
         )
@@ -400,14 +396,7 @@ class RLVRTrainer:
         every rank reads the checkpoint and the ledger's active steps."""
         config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
-        # A run directory's checkpoints also name the model, dtype, device, eval sets and data.
-        for key in ("model_sha256", "dtype", "device", "eval_data"):
-            self.checkpointer.identity[key] = signature[key]
-        # Its problems: those it was written with, which this run's begin with.
-        self.checkpointer.identity["train_data"] = signature["train_data"]
-        self.checkpointer.accepts["train_data"] = functools.partial(
-            starts_with_problems, self.train_data
-        )
+        identify_run_directory(self.checkpointer, signature, self.train_data)
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
@@ -468,6 +457,14 @@ def check_memory(
     if progress:
         print(plan.render())
     return plan.check()
+
+
+def identify_run_directory(checkpointer: Checkpointer, signature: dict, train_data) -> None:
+    """A run directory's checkpoints also name the model, dtype, device and eval sets, and the
+    training problems, which a resume accepts when its own begin with them (an extended run)."""
+    for key in ("model_sha256", "dtype", "device", "eval_data", "train_data"):
+        checkpointer.identity[key] = signature[key]
+    checkpointer.accepts["train_data"] = functools.partial(starts_with_problems, train_data)
 
 
 def add_adapters(policy, config: TrainConfig) -> None:

@@ -46,7 +46,7 @@ def test_a_kv_cache_too_small_for_one_sequence_is_refused_before_the_run_directo
     (and the rerun then said "already holds a run")."""
     out = tmp_path / "run"
     err = refused(train(out, "--train-data", "synthetic:train:2", "--set", "kv_blocks=1"), capsys)
-    assert "out of KV blocks: the longest training sequence" in err
+    assert "out of KV blocks: the longest sequence (prompt and max_new_tokens)" in err
     assert not out.exists()
 
 
