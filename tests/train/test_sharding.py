@@ -136,6 +136,10 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
             {"combine_questions": "pooled", "precision": "fp16-mixed"},
             "fp16-mixed's loss scale is not built",
         ),
+        (
+            {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
+            "polyak_start under a mixed precision is not built",
+        ),
     ],
 )
 def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
