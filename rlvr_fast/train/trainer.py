@@ -115,7 +115,6 @@ class RLVRTrainer:
         add_adapters(policy, config)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
-        check_sharding(config)
         if config.generation_steps > 1 and distributed.world_size() > 1:
             raise ValueError(
                 "generation_steps > 1 runs on one process: the shuffle of a generation over "
@@ -142,6 +141,7 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         # Before the engine: the stepping casts the model to the precision's compute dtype.
         self.precision = resolve_precision(config.precision, policy.device)
+        check_sharding(config, self.precision)
         plan = None
         if policy.device.type == "cuda":
             plan = check_memory(
