@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine.engine import check_room
 from rlvr_fast.engine.counters import SUMMED_COUNTERS
 from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
 from rlvr_fast.models.lora import apply_lora
@@ -60,7 +61,12 @@ from rlvr_fast.run.checkpoint import (
     GlobalRNGState,
     checkpoint_identity,
 )
-from rlvr_fast.run.directory import check_eval_name, run_signature, settings_sha256
+from rlvr_fast.run.directory import (
+    check_eval_name,
+    run_signature,
+    settings_sha256,
+    starts_with_problems,
+)
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.provenance import run_meta
 from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
@@ -151,6 +157,8 @@ class RLVRTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
+        # Before the run directory is touched: a cache that cannot hold one sequence.
+        check_room(self.engine, self.longest_prompt() + config.max_new_tokens)
         policy.trained_model.model.checkpointed_layers = checkpointed_layers(
             policy.config, config, self.precision, plan, self.longest_prompt, self.progress
         )
@@ -388,9 +396,7 @@ class RLVRTrainer:
         every rank reads the checkpoint and the ledger's active steps."""
         config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
-        # A run directory's checkpoints also name the model, dtype, device and eval sets.
-        for key in ("model_sha256", "dtype", "device", "eval_data"):
-            self.checkpointer.identity[key] = signature[key]
+        identify_run_directory(self.checkpointer, signature, self.train_data)
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
@@ -451,6 +457,14 @@ def check_memory(
     if progress:
         print(plan.render())
     return plan.check()
+
+
+def identify_run_directory(checkpointer: Checkpointer, signature: dict, train_data) -> None:
+    """A run directory's checkpoints also name the model, dtype, device and eval sets, and the
+    training problems, which a resume accepts when its own begin with them (an extended run)."""
+    for key in ("model_sha256", "dtype", "device", "eval_data", "train_data"):
+        checkpointer.identity[key] = signature[key]
+    checkpointer.accepts["train_data"] = functools.partial(starts_with_problems, train_data)
 
 
 def add_adapters(policy, config: TrainConfig) -> None:
