@@ -8,8 +8,10 @@ After ``--steps`` steps the last step's ledger line gives the phases' seconds (r
 forward, backward, optimizer) and token counts, and ``benchmarks/step_floor.py`` turns those into
 the FLOPs of the ledger's own accounting and the work the step executes, whose GEMMs are then
 timed in this process at the model's own matrix shapes (same threads, same machine load): each
-phase's floor and its efficiency, floor / measured seconds. The step's wall time is timed by a
-callback around the step; what no phase labels is printed as "outside the phases".
+phase's floor and its efficiency, floor / the phase's CPU seconds (one thread: on a shared
+machine the wall time adds the waits for a core, so floor / wall seconds is printed beside it).
+The step's wall and CPU time are timed by a callback around the step; what no phase labels is
+printed as "outside the phases".
 
 Models (``benchmarks.bench_trl.MODELS``): ``tiny`` (the embedded checkpoint, completions up to
 256 tokens), ``0.6b-4-layers`` (Qwen3-0.6B-Base's widths, tied head, 4 decoder layers) and
@@ -26,6 +28,7 @@ and small GEMMs then take milliseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -36,23 +39,51 @@ from transformers import PrinterCallback, TrainerCallback
 
 from benchmarks import bench_trl, step_floor
 from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.utils import phases
 
 
 class StepClock(TrainerCallback):
-    """Wall seconds of each optimizer step, on_step_begin to on_step_end."""
+    """Wall and CPU seconds of each optimizer step (on_step_begin to on_step_end) and the CPU
+    seconds of each of its phases (``rlvr_fast.utils.phases.Phases``, wrapped while the clock
+    is ``installed``): at one thread on a shared machine a phase's CPU time is its work's, its
+    wall time the work's and the waits for a core."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.cpu: list[dict[str, float]] = []
+        self.phase_cpu: dict[str, float] = {}
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
+        self.phase_cpu = {}
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.seconds.append(time.perf_counter() - self.started)
+        self.cpu.append(dict(self.phase_cpu, step=time.process_time() - self.cpu_started))
+
+    @contextlib.contextmanager
+    def installed(self):
+        timed, clock = phases.Phases.__call__, self
+
+        @contextlib.contextmanager
+        def with_cpu(phase, name):
+            started = time.process_time()
+            with timed(phase, name):
+                yield
+            spent = time.process_time() - started
+            clock.phase_cpu[name] = clock.phase_cpu.get(name, 0.0) + spent
+
+        phases.Phases.__call__ = with_cpu
+        try:
+            yield
+        finally:
+            phases.Phases.__call__ = timed
 
 
-def run_steps(model: str, prompts: int, checkpointing: bool, steps: int) -> tuple[dict, float]:
-    """The last step's ledger line and wall seconds."""
+def run_steps(
+    model: str, prompts: int, checkpointing: bool, steps: int
+) -> tuple[dict, float, dict[str, float]]:
+    """The last step's ledger line, wall seconds and CPU seconds (by phase, and "step")."""
     cap = bench_trl.MODELS[model][2]
     with tempfile.TemporaryDirectory() as out_dir:
         trainer = bench_trl.build(
@@ -69,14 +100,17 @@ def run_steps(model: str, prompts: int, checkpointing: bool, steps: int) -> tupl
         clock = StepClock()
         trainer.add_callback(clock)
         trainer.remove_callback(PrinterCallback)  # the per-step log lines
-        trainer.train()
+        with clock.installed():
+            trainer.train()
         lines = (Path(out_dir) / "ledger" / "ledger.jsonl").read_text().splitlines()
-    return json.loads(lines[-1]), clock.seconds[-1]
+    return json.loads(lines[-1]), clock.seconds[-1], clock.cpu[-1]
 
 
-def phase_rows(record: dict, wall: float, shapes, checkpointing: bool, timer) -> list[dict]:
-    """One row per phase (and one for the whole step): seconds, executed GFLOP, the ledger's
-    GFLOP, floor seconds, efficiency, GEMM rate."""
+def phase_rows(
+    record: dict, wall: float, shapes, checkpointing: bool, timer, cpu: dict[str, float]
+) -> list[dict]:
+    """One row per phase (and one for the whole step): wall and CPU seconds, executed GFLOP,
+    the ledger's GFLOP, floor seconds, GEMM rate."""
     work = step_floor.executed_work(record, shapes, bench_trl.GROUP, checkpointing)
     ledger = step_floor.ledger_flops(record)
     ledger_by_phase = {
@@ -86,25 +120,28 @@ def phase_rows(record: dict, wall: float, shapes, checkpointing: bool, timer) ->
     }
     rows = []
     for phase in step_floor.PHASES:
-        seconds = record["seconds"].get(phase, 0.0)
         phase_work = work.get(phase)
-        floor = timer.floor(phase_work) if phase_work is not None else None
         rows.append(
             dict(
                 phase=phase,
-                seconds=seconds,
+                seconds=record["seconds"].get(phase, 0.0),
+                cpu=cpu.get(phase, 0.0),
                 executed=phase_work.flops if phase_work is not None else 0,
                 ledger=ledger_by_phase.get(phase, 0),
-                floor=floor,
+                floor=timer.floor(phase_work) if phase_work is not None else None,
                 rate=timer.rate(phase_work) if phase_work is not None else None,
             )
         )
     outside = wall - sum(record["seconds"].values())
-    rows.append(dict(phase="outside the phases", seconds=outside, executed=0, ledger=0))
+    outside_cpu = cpu["step"] - sum(row["cpu"] for row in rows)
+    rows.append(
+        dict(phase="outside the phases", seconds=outside, cpu=outside_cpu, executed=0, ledger=0)
+    )
     rows.append(
         dict(
             phase="step",
             seconds=wall,
+            cpu=cpu["step"],
             executed=sum(w.flops for w in work.values()),
             ledger=record["flops_full"],
             floor=sum(r.get("floor") or 0.0 for r in rows),
@@ -115,19 +152,23 @@ def phase_rows(record: dict, wall: float, shapes, checkpointing: bool, timer) ->
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        "| phase | seconds | share of step | executed GFLOP | ledger GFLOP | GEMM rate here "
-        "GFLOP/s | floor s | efficiency (floor / seconds) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| phase | wall s | CPU s | share of step (CPU) | executed GFLOP | ledger GFLOP | GEMM "
+        "rate here GFLOP/s | floor s | efficiency (floor / CPU s) | floor / wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    wall = rows[-1]["seconds"]
+    step_cpu = rows[-1]["cpu"]
+
+    def ratio(floor, seconds):
+        return f"{floor / seconds:.2f}" if floor and seconds > 0 else "-"
+
     for row in rows:
         floor, rate = row.get("floor"), row.get("rate")
-        efficiency = f"{floor / row['seconds']:.2f}" if floor and row["seconds"] > 0 else "-"
         lines.append(
-            f"| {row['phase']} | {row['seconds']:.3f} | {row['seconds'] / wall:.2f} | "
-            f"{row['executed'] / 1e9:,.1f} | {row['ledger'] / 1e9:,.1f} | "
-            f"{f'{rate / 1e9:,.0f}' if rate else '-'} | "
-            f"{f'{floor:.3f}' if floor is not None else '-'} | {efficiency} |"
+            f"| {row['phase']} | {row['seconds']:.3f} | {row['cpu']:.3f} | "
+            f"{row['cpu'] / step_cpu:.2f} | {row['executed'] / 1e9:,.1f} | "
+            f"{row['ledger'] / 1e9:,.1f} | {f'{rate / 1e9:,.0f}' if rate else '-'} | "
+            f"{f'{floor:.3f}' if floor is not None else '-'} | {ratio(floor, row['cpu'])} | "
+            f"{ratio(floor, row['seconds'])} |"
         )
     return lines
 
@@ -150,9 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     for prompts in (int(p) for p in args.prompts.split(",")):
         for checkpointing in settings:
-            record, wall = run_steps(args.model, prompts, checkpointing, args.steps)
+            record, wall, cpu = run_steps(args.model, prompts, checkpointing, args.steps)
             # Timed again beside each step: the machine's load moves between them.
-            rows = phase_rows(record, wall, shapes, checkpointing, step_floor.GemmTimer())
+            timer = step_floor.GemmTimer()
+            rows = phase_rows(record, wall, shapes, checkpointing, timer, cpu)
             print(
                 f"\n{prompts} prompt(s) x G = {bench_trl.GROUP}, activation checkpointing "
                 f"{'on' if checkpointing else 'off'}, step {args.steps} of {args.steps}: "

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.analysis.compare import compare_runs
 from rlvr_fast.analysis.report import publish_report
+from rlvr_fast.analysis.verify import UnverifiedRunError, verified_runs
 from rlvr_fast.run.reader import Run, RunDirError, is_run_dir, load_runs
 from rlvr_fast.analysis.tables import FORMATS, render
 from rlvr_fast.data.problems import Problem
@@ -177,6 +178,11 @@ def run_sweep(
             trainer.train()
             bar.write(f"{run.path}: trained in {time.perf_counter() - started:.0f} s")
             bar.update()
+    # The sweep's own runs pass verify before their tables are written.
+    try:
+        verified_runs([run.path for run in plan])
+    except UnverifiedRunError as err:
+        raise SweepError(str(err).split("; see rlvr-fast verify")[0]) from None
     runs = load_runs([run.path for run in plan])
     comparison = compare_runs(runs, reference=reference)
     for fmt in FORMATS:

@@ -21,11 +21,15 @@ spirit of the study's verify_supplement.py. Checks per run directory:
               (decode rows, prefill tokens run, KV blocks)
   entropy     (an entropy bonus) each step's entropy_coef: the run's, or the adaptive control's
               coefficients re-run on the recorded policy_term_entropy of each step
+  claims      the figures beyond the steps' re-derivation (``rlvr_fast.analysis.claims``): the
+              config against its signature, no non-finite loss or grad_norm unless allowed,
+              fp16-mixed's loss-scale law, summary.json's totals, no unknown ledger keys
   evals       every saved eval item re-graded from its response text (extracted answer, grade,
               derivation gate, a cap hit only at the cap), the Polyak average's too;
               summary.json's counts agree
 Not re-derived: token lengths from texts (decoding then encoding is not the identity), timings,
-losses and gradient norms.
+losses and gradient norms (checked finite only), the engine's executed counts (bounded by the
+laws only).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from rlvr_fast.analysis import claims
 from rlvr_fast.run.provenance import REWARDS_KEY, REWARDS_RECORDED
 from rlvr_fast.run.reader import Run, RunDirError, find_run_dirs
 from rlvr_fast.grading import extract_boxed, grade_many, passes_gate
@@ -152,6 +157,54 @@ def verify_paths(paths: list[Path]) -> tuple[list[str], bool]:
     return lines, not failed
 
 
+class UnverifiedRunError(ValueError):
+    """A run that ``compare``, ``report`` or ``sweep`` would read fails verify (or was recorded
+    under other package versions than the rest); the one line names it and the first failure."""
+
+
+def verified_runs(paths: list[Path], *, allow_unverified: bool = False) -> list[str]:
+    """Verify every run under ``paths`` before its figures are pooled: a run that fails, or
+    whose recorded rlvr_fast / torch versions differ from the first run's, is refused
+    (``UnverifiedRunError``) unless ``allow_unverified``; then returns one warning line per
+    such run, for the caller to print."""
+    found = find_run_dirs(paths)
+    warnings, first_versions = [], None
+    for path in found:
+        result = verify_run(path)
+        problems = [f"{c.name}: {c.failures[0]}" for c in result.checks if not c.ok]
+        versions = recorded_versions(path)
+        if first_versions is None:
+            first_versions = (path, versions)
+        elif versions != first_versions[1]:
+            problems.append(
+                f"recorded with {format_versions(versions)}, {first_versions[0]} with "
+                f"{format_versions(first_versions[1])}"
+            )
+        if not problems:
+            continue
+        line = f"{path}: fails verify ({problems[0]})"
+        if not allow_unverified:
+            raise UnverifiedRunError(
+                f"{line}; see rlvr-fast verify {path}, or pass --allow-unverified to include "
+                "it, marked"
+            )
+        warnings.append(f"rlvr-fast: warning: included unverified: {line}")
+    return warnings
+
+
+def recorded_versions(path: Path) -> dict:
+    try:
+        versions = Run.open(path).meta.get("versions")
+    except RunDirError:
+        return {}
+    versions = versions if isinstance(versions, dict) else {}
+    return {name: versions.get(name) for name in REQUIRED_VERSIONS}
+
+
+def format_versions(versions: dict) -> str:
+    return ", ".join(f"{name} {version}" for name, version in versions.items())
+
+
 def verify_run(path: Path) -> RunVerification:
     """All checks of one run directory; one whose config.json cannot be read (a FIFO, a list,
     invalid JSON) fails its config check."""
@@ -168,6 +221,7 @@ def verify_run(path: Path) -> RunVerification:
             _guarded("steps", check_steps, run, config),
             _guarded("re-derived", check_rederived, run, config, params),
             _guarded("laws", check_laws, run),
+            _guarded("claims", check_claims, run, config),
             _guarded("evals", check_evals, run, config),
         ]
         if config.entropy_bonus:
@@ -175,12 +229,19 @@ def verify_run(path: Path) -> RunVerification:
     return RunVerification(path, checks, time.perf_counter() - started)
 
 
+# What a check may raise on a hand-edited line (a field of the wrong type or shape).
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, AssertionError)
+
+
 def _guarded(name: str, check, *args) -> Check:
-    """A file that does not parse fails the check that reads it, not the whole command."""
+    """A file that does not parse, or a line of the wrong shape, fails the check that reads it,
+    not the whole command."""
     try:
         return check(*args)
     except RunDirError as err:
         return Check(name, failures=[str(err)])
+    except MALFORMED as err:
+        return Check(name, failures=[f"cannot check ({_describe(err)})"])
 
 
 def check_config(run: Run) -> tuple[Check, TrainConfig | None]:
@@ -363,6 +424,22 @@ def check_laws(run: Run) -> Check:
             categories[pair[6]] = categories.get(pair[6], 0) + 1
     check.detail = f"{len(run.ledger)} lines conserve tokens; pairs: " + ", ".join(
         f"{n} {c}" for c, n in sorted(categories.items())
+    )
+    return check
+
+
+def check_claims(run: Run, config: TrainConfig) -> Check:
+    check = Check("claims")
+    check.failures = [
+        *claims.signature_failures(run),
+        *claims.nonfinite_failures(run, config),
+        *claims.loss_scale_failures(run, run.meta.get("precision")),
+        *claims.totals_failures(run),
+        *claims.unknown_key_failures(run),
+    ]
+    check.detail = (
+        "signature, finite loss and grad_norm, loss-scale law, summary totals, known keys "
+        "(engine counts: bounded by the laws only)"
     )
     return check
 

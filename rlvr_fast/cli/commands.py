@@ -19,13 +19,14 @@ from rlvr_fast.cli.options import (
 from rlvr_fast.analysis.compare import compare_paths
 from rlvr_fast.analysis.shapley_report import shapley_report
 from rlvr_fast.analysis.tables import render
-from rlvr_fast.analysis.verify import verify_paths
+from rlvr_fast.analysis.verify import verified_runs, verify_paths
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.rollouts.evaluation import encode_prompts
 from rlvr_fast.rollouts.limits import MAX_BATCH, MAX_NEW_TOKENS
 from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_data
 from rlvr_fast.run.eval_output import EvalOutput
+from rlvr_fast.run.directory import read_run_meta
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
@@ -128,9 +129,14 @@ def eval_inputs(args):
     """What ``eval`` checks before anything runs (``--nproc`` checks it before starting a
     rank): the model path, the limits, the device, the output directory and the eval sets."""
     model_path = Path(args.model)
-    # A run directory evaluates its final model.
+    # A run directory evaluates its final model, which a running (or stopped) run has not yet.
     if (RunLayout(model_path).model() / "config.json").is_file():
         model_path = RunLayout(model_path).model()
+    elif read_run_meta(model_path) is not None:
+        raise ValueError(
+            f"{model_path}: a run that has not finished (no {RunLayout(model_path).model().name}/ "
+            "yet): it is still running, or was stopped (train --resume finishes it)"
+        )
     max_new_tokens = positive("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)
     max_batch = positive("--max-batch", args.max_batch, MAX_BATCH)
     device = parse_device(args.device)
@@ -186,7 +192,15 @@ def run_verify(args) -> bool:
     return ok
 
 
+def check_verified(args) -> None:
+    """compare and report pool only runs that pass verify (``--allow-unverified``: include the
+    others, with a warning line each on stderr)."""
+    for line in verified_runs(args.runs, allow_unverified=args.allow_unverified):
+        print(line, file=sys.stderr)
+
+
 def run_compare(args) -> None:
+    check_verified(args)
     comparison = compare_paths(args.runs, reference=args.reference)
     sys.stdout.write(render(comparison, args.format))
 
@@ -195,6 +209,7 @@ def run_report(args) -> None:
     # matplotlib loads only for the commands that draw.
     from rlvr_fast.analysis.report import write_report
 
+    check_verified(args)
     for path in write_report(args.runs, args.out, reference=args.reference):
         print(path)
 

@@ -8,7 +8,7 @@
     torchrun --nproc_per_node 8 -m rlvr_fast.cli train --device cuda ...  # or torchrun itself
     rlvr-fast eval runs/x --eval test=synthetic:test:200
     rlvr-fast verify runs/x runs/y                     # re-derive ledgers and grades; exit 1 on FAIL
-    rlvr-fast compare runs/* --reference baseline --format md|csv|json
+    rlvr-fast compare runs/* --reference baseline --format md|csv|json  # verified runs only
     rlvr-fast report runs/* --out reports/x            # figures + report.md
     rlvr-fast sweep --arms baseline,ra_flat --seeds 42,101,7 --out sweeps/x [train options]
     rlvr-fast shapley-report runs/x                    # the Parallel-Shapley falsifier diagnostic
@@ -102,10 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="arm the paired differences are taken against (default: the first)",
     )
     compare.add_argument("--format", choices=FORMATS, default="md")
+    unverified_help = (
+        "include runs that fail verify (or were recorded under other package versions), "
+        "with a warning line each; by default they are refused"
+    )
+    compare.add_argument("--allow-unverified", action="store_true", help=unverified_help)
     report = commands.add_parser("report", help="figures and report.md for run directories")
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
     report.add_argument("--out", type=Path, required=True, help="directory for report.md + PNGs")
     report.add_argument("--reference", metavar="ARM")
+    report.add_argument("--allow-unverified", action="store_true", help=unverified_help)
     sweep = commands.add_parser("sweep", help="train arms x seeds, then compare and report")
     sweep.add_argument(
         "--arms",
@@ -221,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # A second Ctrl-C while the interpreter exits (atexit: lock files, grading workers)
+        # would print a traceback after this line.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("rlvr-fast: interrupted", file=sys.stderr)
         return 130
     except (distributed.ProcessGroupError, LockLostError) as err:

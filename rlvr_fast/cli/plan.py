@@ -14,13 +14,20 @@ from rlvr_fast.models.config import ConfigError, ModelConfig
 from rlvr_fast.models.lora import LoraSettings
 from rlvr_fast.train.memory_plan import PlanError, RunShape, plan_memory
 from rlvr_fast.train.memory_terms import ADAMW_STEPS, PRECISIONS
+from rlvr_fast.train.sharding import SHARDINGS
 from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.utils.sizes import parse_size
 
 
+PUBLISHED_CONFIGS = Path(__file__).parents[1] / "assets" / "configs"
+
+
 def read_config(path: str) -> ModelConfig:
-    """A checkpoint directory's config.json, or a config.json itself."""
+    """A checkpoint directory's config.json, a config.json itself, or by name one of the published
+    configurations kept in the package (``qwen3-8b-base``: assets/configs/qwen3-8b-base.json)."""
     where = Path(path)
+    if not where.exists() and (PUBLISHED_CONFIGS / f"{path}.json").is_file():
+        where = PUBLISHED_CONFIGS / f"{path}.json"
     return ModelConfig.from_file(where / "config.json" if where.is_dir() else where)
 
 
@@ -46,7 +53,12 @@ def size_argument(text: str) -> int:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan's options (``rlvr-fast plan`` and ``python -m rlvr_fast.cli.plan``)."""
     defaults = RunShape()
-    parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="checkpoint directory, config.json, or a published config by name "
+        f"({', '.join(sorted(p.stem for p in PUBLISHED_CONFIGS.glob('*.json')))})",
+    )
     parser.add_argument("--device-memory", required=True, type=size_argument, help="e.g. 80GiB")
     parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
     for name, help_text in (
@@ -80,6 +92,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--optimizer", choices=OPTIMIZERS, default=defaults.optimizer, help="adamw or adafactor"
     )
+    parser.add_argument("--nproc", type=int, default=1, help="ranks (with --shard: per rank)")
+    parser.add_argument("--shard", choices=SHARDINGS, help="fsdp: one rank of a sharded run")
     parser.add_argument("--judge-model", help="a judge checkpoint directory or config.json")
     parser.add_argument("--lora-r", type=int, help="LoRA rank: adapters on a frozen model")
     parser.add_argument(
@@ -114,6 +128,8 @@ def run_plan(args: argparse.Namespace) -> int:
             lora=lora_argument(args),
             adamw_step=args.adamw_step,
             optimizer=args.optimizer,
+            shard=args.shard,
+            world_size=args.nproc,
         )
         judge = read_config(args.judge_model) if args.judge_model else None
         plan = plan_memory(read_config(args.model), args.device_memory, run, judge=judge)

@@ -43,7 +43,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr_fast.utils.files import UnreadableFileError, open_regular, read_text, write_text_atomic
+from rlvr_fast.utils.files import (
+    UnreadableFileError,
+    file_kind,
+    open_regular,
+    read_text,
+    unique_keys,
+    write_text_atomic,
+)
 
 # Input size limits: past them a set takes minutes and gigabytes to build or to tokenize, and no
 # math problem set comes near them (MATH has 12,500 problems, its longest under 5,000 chars).
@@ -160,8 +167,13 @@ def _read_rows(path: Path) -> Iterator[tuple[str, object]]:
         return _jsonl_rows(path)
     if path.suffix == ".json":
         return _json_array_rows(path)
-    if not path.is_file():
+    if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
+    if not path.is_file():
+        raise DataError(
+            f"{path}: not a regular file ({file_kind(path.stat().st_mode)}); data is a .json or "
+            ".jsonl file"
+        )
     raise DataError(f"{path}: unsupported file type {path.suffix!r} (expected .json or .jsonl)")
 
 
@@ -201,7 +213,7 @@ def _json_array_rows(path: Path) -> Iterator[tuple[str, object]]:
 
 def _array_items(text: str, index: int, path: Path) -> Iterator[object]:
     """The items of the JSON array opening before ``text[index]``, one at a time."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(object_pairs_hook=unique_keys)
     index = _skip_space(text, index)
     if text.startswith("]", index):
         return _end_of_document(text, index + 1, path)
@@ -264,7 +276,7 @@ def _decode_json(text: str, path: Path, *, line_number: int | None) -> object:
     """Parse ``text``; ``line_number`` is the file line of a JSONL line, None for a whole file."""
     where = path if line_number is None else f"{path}:{line_number}"
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as err:
         # A JSONL line is parsed on its own, so the decoder's line is always 1 there.
         line = err.lineno if line_number is None else line_number

@@ -418,6 +418,21 @@ class RolloutEngine:
         return profile_range(name, self.device)
 
 
+def check_room(engine: RolloutEngine, tokens: int) -> None:
+    """Refuse, before any work, a run whose longest sequence (``tokens``: the longest prompt
+    and max_new_tokens) could not fit ``engine``'s cache even alone: the same
+    ``OutOfBlocksError`` decoding would raise."""
+    block_size = engine.manager.block_size
+    needed = -(-tokens // block_size)
+    if needed > engine.num_blocks:
+        raise OutOfBlocksError(
+            f"out of KV blocks: the longest sequence (prompt and max_new_tokens) of {tokens} "
+            f"tokens needs {needed} blocks of "
+            f"{block_size} tokens and the engine has {engine.num_blocks}; raise kv_blocks or "
+            "kv_memory_fraction"
+        )
+
+
 def reserve_written_blocks(
     storage: PagedKVStorage, slots: torch.Tensor | None, copies: list[tuple[int, int]]
 ) -> None:

@@ -176,6 +176,8 @@ class StepRecord(SeedFlops):
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
             self.parallel = ParallelStats(**self.parallel)
+        elif self.parallel is not None and not isinstance(self.parallel, ParallelStats):
+            raise TypeError(f"parallel is {self.parallel!r}, not an object or null")
 
     @property
     def is_tree(self) -> bool:

@@ -8,7 +8,7 @@ steps later. A component given as None saves None and restores nothing.
 
 A checkpoint proves where it comes from: beside the components it holds the run's identity
 (``checkpoint_identity``: a hash of the settings, the seed, the precision, and in a run directory
-the starting model, dtype and device), checked, with the state file's digest
+the starting model, dtype, device, evaluation sets and training problems), checked, with the state file's digest
 (``rlvr_fast.run.state_file``), before any component is restored: a damaged file, or one copied
 from another run (another seed, an fp16-mixed run's into an fp32 one), is refused naming what
 differs. A checkpoint written before identities (state format 1) is resumed with one warning line.
@@ -74,6 +74,9 @@ class Checkpointer:
         self, components: dict[str, Stateful | None], *, steps: int, identity: dict
     ) -> None:
         self.components, self.steps, self.identity = components, steps, identity
+        # Entries of the identity a resume accepts by a rule, not equality (the training
+        # problems, which an extended run may add to): key -> accepts(recorded value).
+        self.accepts: dict[str, Callable[[object], bool]] = {}
 
     def state(self, next_step: int, world_size: int, *, sharded: bool = False) -> dict:
         """Every component's state (a sharded run's ranks all take it: its tensors are
@@ -132,7 +135,8 @@ class Checkpointer:
         # The named figures first; the settings' hash, which covers the seed too, last.
         for key in sorted(self.identity, key=lambda k: k == "settings_sha256"):
             expected = self.identity[key]
-            if recorded.get(key) != expected:
+            accepts = self.accepts.get(key, lambda value, expected=expected: value == expected)
+            if not accepts(recorded.get(key)):
                 raise StateFileError(
                     f"{path}: a checkpoint of another run ({key} {short(recorded.get(key))} "
                     f"in the checkpoint, {short(expected)} in this run); refusing to resume "

@@ -289,12 +289,18 @@ def same_training_problems(recorded: dict, train_data: Sequence[Problem]) -> boo
     ones (an extended run loads more), and a run that cycled through its problems (fewer than
     its steps) has exactly them, since step s trains on problem s mod count."""
     train = recorded.get("train_data")
+    if not starts_with_problems(train_data, train):
+        return False
+    return len(train_data) == train["problems"] or recorded["steps"] <= train["problems"]
+
+
+def starts_with_problems(train_data: Sequence[Problem], train) -> bool:
+    """Whether ``train_data`` begins with the problems a signature's ``train_data`` entry
+    ({"problems": count, "sha256": hash}) records."""
     if not isinstance(train, dict) or not isinstance(train.get("problems"), int):
         return False
     count = train["problems"]
-    if len(train_data) < count or problems_sha256(train_data[:count]) != train.get("sha256"):
-        return False
-    return len(train_data) == count or recorded["steps"] <= count
+    return len(train_data) >= count and problems_sha256(train_data[:count]) == train.get("sha256")
 
 
 def whole_lines(path: Path, count: int) -> None:

@@ -92,6 +92,8 @@ OPTIMIZER_HELP = (
     "moment: rlvr_fast.train.adafactor)"
 )
 OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
+# 10^9 steps is past any run (a 401-digit --steps trained forever).
+STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
 
 
 @dataclass
@@ -102,9 +104,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         one_of(tuple(ARMS)),
         f"unknown arm {{value!r}} (valid: {', '.join(ARMS)})",
     )
-    steps: int = setting(
-        50, "optimizer steps of the run", lambda v: v >= 1, "steps must be >= 1, got {value}"
-    )
+    steps: int = setting(50, "optimizer steps of the run", lambda v: 1 <= v <= 10**9, STEPS_ERROR)
     seed: int = setting(
         42,
         "seed of the run's generator: every rollout, and Monte-Carlo Shapley, draw from it",

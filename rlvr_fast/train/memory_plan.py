@@ -254,6 +254,8 @@ class RunShape:
     lora: LoraSettings | None = None
     adamw_step: str = "foreach"
     optimizer: str = "adamw"
+    shard: str | None = None  # "fsdp": one rank of world_size (rlvr_fast.train.memory_sharded)
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         checks = [
@@ -261,6 +263,7 @@ class RunShape:
             (self.adamw_step in ADAMW_STEPS, f"adamw_step must be one of {', '.join(ADAMW_STEPS)}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.group_size >= 1, "group_size must be >= 1"),
+            (self.shard is None or self.world_size >= 2, "shard fsdp needs --nproc N >= 2"),
             (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
             (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
@@ -309,6 +312,10 @@ def plan_memory(
     precision = PRECISIONS[run.precision]
     e = precision.compute
     terms = training_terms(config, run) + engine_terms(config, run)
+    if run.shard is not None:
+        from rlvr_fast.train.memory_sharded import sharded_terms  # which imports Term
+
+        terms = sharded_terms(config, run, terms)
     if judge is not None:
         terms.append(
             Term(
@@ -550,7 +557,7 @@ def _header(config: ModelConfig, run: RunShape, device_memory: int) -> str:
         f"{config.hidden_size}, {_count(config, run.untied)} parameters, {run.precision}, "
         f"G = {run.group_size} x Q = {run.questions_per_step}, {run.prompt_tokens} + "
         f"{run.max_new_tokens} tokens, max_batch {run.max_batch}, on "
-        f"{gib(device_memory)} GiB"
+        f"{gib(device_memory)} GiB" + (f", one of {run.world_size} fsdp ranks" if run.shard else "")
     )
 
 

@@ -250,7 +250,7 @@ def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dic
         values["high_entropy_fraction"] = high_entropy_fraction(
             figures.entropy, figures.lengths, settings
         )
-    own = loss_type(settings.loss_type).figures  # clip ratios, cispo's, vespo's weight
+    own = loss_type(settings.loss_type).figures  # the loss type's own (clip ratios, ...)
     values.update(own(figures.ratio.cpu(), figures.advantages, figures.lengths, settings))
     return values
 

@@ -38,9 +38,9 @@ SHARD_HELP = (
 SHARD_ERROR = "shard must be fsdp or null, got {value!r}"
 
 
-def check_sharding(config) -> None:
+def check_sharding(config, precision: str | None = None) -> None:
     """What a sharded run needs before anything is built: several ranks, and settings whose
-    sharded form is built (one line each)."""
+    sharded form is built (one line each); ``precision``: the run's, resolved."""
     if config.shard is None:
         return
     if distributed.world_size() < 2:
@@ -55,6 +55,11 @@ def check_sharding(config) -> None:
         )
     if config.lora_r:
         raise ValueError("shard=fsdp with LoRA adapters is not built: train LoRA unsharded")
+    if config.polyak_start and (precision or config.precision) in MIXED:
+        raise ValueError(
+            "shard=fsdp with polyak_start under a mixed precision is not built: the average "
+            "would be of the engine's rounded copy, not of the sharded fp32 masters"
+        )
     if config.precision == "fp16-mixed":
         raise ValueError(
             "shard=fsdp with fp16-mixed's loss scale is not built: use bf16-mixed or fp32"

@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from rlvr_fast.data.problems import Problem
 from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine.engine import check_room
 from rlvr_fast.engine.counters import SUMMED_COUNTERS
 from rlvr_fast.ledger.records import FLOP_FIELDS, TOTALLED_FIELDS
 from rlvr_fast.models.lora import apply_lora
@@ -60,7 +61,12 @@ from rlvr_fast.run.checkpoint import (
     GlobalRNGState,
     checkpoint_identity,
 )
-from rlvr_fast.run.directory import check_eval_name, run_signature, settings_sha256
+from rlvr_fast.run.directory import (
+    check_eval_name,
+    run_signature,
+    settings_sha256,
+    starts_with_problems,
+)
 from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.run.provenance import run_meta
 from rlvr_fast.run.recorder import RunRecorder, count_active_steps, finished_summary
@@ -109,7 +115,6 @@ class RLVRTrainer:
         add_adapters(policy, config)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
-        check_sharding(config)
         if config.generation_steps > 1 and distributed.world_size() > 1:
             raise ValueError(
                 "generation_steps > 1 runs on one process: the shuffle of a generation over "
@@ -136,6 +141,7 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         # Before the engine: the stepping casts the model to the precision's compute dtype.
         self.precision = resolve_precision(config.precision, policy.device)
+        check_sharding(config, self.precision)
         plan = None
         if policy.device.type == "cuda":
             plan = check_memory(
@@ -151,6 +157,8 @@ class RLVRTrainer:
         self.generator = torch.Generator(device=policy.device).manual_seed(config.seed)
         # One engine, one KV cache, for every rollout and evaluation of the run.
         self.engine = RolloutEngine.for_policy(policy, **engine_settings(config, plan))
+        # Before the run directory is touched: a cache that cannot hold one sequence.
+        check_room(self.engine, self.longest_prompt() + config.max_new_tokens)
         policy.trained_model.model.checkpointed_layers = checkpointed_layers(
             policy.config, config, self.precision, plan, self.longest_prompt, self.progress
         )
@@ -388,9 +396,7 @@ class RLVRTrainer:
         every rank reads the checkpoint and the ledger's active steps."""
         config = self.config_json
         signature = run_signature(config, self.policy, self.train_data, self.eval_data)
-        # A run directory's checkpoints also name the model, dtype, device and eval sets.
-        for key in ("model_sha256", "dtype", "device", "eval_data"):
-            self.checkpointer.identity[key] = signature[key]
+        identify_run_directory(self.checkpointer, signature, self.train_data)
         recorded = None
         if self.recorder is not None:
             recorded = self.recorder.open(signature, config, self.train_data, resume)
@@ -451,6 +457,14 @@ def check_memory(
     if progress:
         print(plan.render())
     return plan.check()
+
+
+def identify_run_directory(checkpointer: Checkpointer, signature: dict, train_data) -> None:
+    """A run directory's checkpoints also name the model, dtype, device and eval sets, and the
+    training problems, which a resume accepts when its own begin with them (an extended run)."""
+    for key in ("model_sha256", "dtype", "device", "eval_data", "train_data"):
+        checkpointer.identity[key] = signature[key]
+    checkpointer.accepts["train_data"] = functools.partial(starts_with_problems, train_data)
 
 
 def add_adapters(policy, config: TrainConfig) -> None:

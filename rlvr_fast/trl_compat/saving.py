@@ -72,10 +72,17 @@ class SavingAndSurface:
                 self.trainer.checkpointer.save(path, step, world)
 
         output_dir = Path(self.args.output_dir)
-        checkpoints.write_checkpoint(
-            output_dir, self.state.global_step, self._write_model, write_state, self.state
+        written = checkpoints.write_checkpoint(
+            output_dir,
+            self.state.global_step,
+            self._write_model,
+            write_state,
+            self.state,
+            self._checkpoints_written,
         )
-        checkpoints.rotate(output_dir, self.args.save_total_limit)
+        self._checkpoints_written = checkpoints.rotate(
+            output_dir, self.args.save_total_limit, [*self._checkpoints_written, written.name]
+        )
 
     def _resume(self, checkpoint: Path) -> None:
         """Continue from ``checkpoint``: the trainer state, every component's state, and the
@@ -88,6 +95,10 @@ class SavingAndSurface:
                 "directory (rlvr-fast train --resume), not from checkpoint-N"
             )
         checkpoints.check_manifest(checkpoint)
+        # Those of them in this output_dir are the run's to rotate (a checkpoint given from
+        # elsewhere brings none).
+        if checkpoint.parent.resolve() == Path(self.args.output_dir).resolve():
+            self._checkpoints_written = checkpoints.checkpoints_written(checkpoint)
         saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
         step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
         if step != saved.global_step:

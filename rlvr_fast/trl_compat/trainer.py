@@ -201,6 +201,9 @@ class GRPOTrainer(SavingAndSurface):
         max_steps = self.state.max_steps
         self.control = TrainerControl()
         self._metrics: dict[str, list] = {}
+        # checkpoint-N directories this run wrote (recorded in each one's manifest): the only
+        # ones save_total_limit rotates.
+        self._checkpoints_written: list[str] = []
         config = train_config(args, max_steps, self.prompts_per_step, peft_config)
         self.task = self._task(self.rows, config.gate_min_chars)
         self.eval_tasks = self._eval_tasks(eval_dataset, config.gate_min_chars)

@@ -121,12 +121,23 @@ def read_json(path: str | os.PathLike, limit: int, what: str):
     return parse_json(read_text(path, limit, what), str(path))
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's ``object_pairs_hook`` that refuses a key given twice (``json`` would keep
+    the last value silently: ``{"answer": "2", "answer": "3"}`` would train on 3)."""
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"duplicate key {key!r} in one object")
+        found[key] = value
+    return found
+
+
 def parse_json(text: str, where: str):
     """``json.loads`` whose every failure is one line naming ``where``: a syntax error (with
     its line and column), nesting past the recursion limit, an integer past Python's 4,300
-    digits."""
+    digits, a key given twice in one object."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as err:
         raise UnreadableFileError(
             f"{where}: invalid JSON ({err.msg} at line {err.lineno}, column {err.colno})"

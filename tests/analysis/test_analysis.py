@@ -285,12 +285,20 @@ def test_compare_refuses_runs_that_do_not_pair(sweep_dir, tmp_path, capsys, chan
     elif change == "drop_item":
         write_lines(copy / "evals" / "t.jsonl", read_lines(copy / "evals" / "t.jsonl")[1:])
     runs = [str(sweep_dir / "runs" / "baseline_s1"), str(sweep_dir / "runs" / "ra_flat_s1")]
+    # The edited copy fails verify: refused as such, or (--allow-unverified) marked and then
+    # refused by the pairing check under test.
     assert main(["compare", *runs, str(copy)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlvr-fast: error:") and err.count("\n") == 1
-    assert message in err
+    assert (message if change == "duplicate" else f"{copy}: fails verify") in err
+    assert main(["compare", *runs, str(copy), "--allow-unverified"]) == 2
+    *warnings, error = capsys.readouterr().err.splitlines()
+    marked = f"rlvr-fast: warning: included unverified: {copy}: fails verify"
+    assert len(warnings) == (change != "duplicate")
+    assert all(line.startswith(marked) for line in warnings)
+    assert error.startswith("rlvr-fast: error:") and message in error
     out = tmp_path / "report"
-    assert main(["report", *runs, str(copy), "--out", str(out)]) == 2
+    assert main(["report", *runs, str(copy), "--out", str(out), "--allow-unverified"]) == 2
     assert not out.exists(), "bad input leaves no half-written report"
 
 

@@ -71,7 +71,10 @@ def test_a_summary_json_that_is_not_a_summary(runs, tmp_path, capsys, content, m
     run = copy_of(runs, tmp_path) / "s1"
     (run / "summary.json").write_text(content)
     verify_fails_with(capsys, run, message)
-    assert main(["report", str(run.parent), "--out", str(tmp_path / "report")]) == 0
+    assert main(["report", str(run.parent), "--out", str(tmp_path / "report")]) == 2
+    assert f"{run}: fails verify" in capsys.readouterr().err, "refused unless allowed"
+    report = ["report", str(run.parent), "--out", str(tmp_path / "report")]
+    assert main([*report, "--allow-unverified"]) == 0
     assert "`rlvr-fast verify`: 1 of 2 runs PASS" in (tmp_path / "report" / "report.md").read_text()
 
 

@@ -19,13 +19,13 @@ from rlvr_fast.train.losses import policy_loss
 
 @pytest.fixture(scope="module")
 def tiny_step():
-    """Step 2 of a 2-prompt run of the benchmark's script on the tiny model: its ledger line
-    and wall seconds."""
+    """Step 2 of a 2-prompt run of the benchmark's script on the tiny model: its ledger line,
+    wall seconds and CPU seconds."""
     return bench_step_efficiency.run_steps("tiny", 2, checkpointing=True, steps=2)
 
 
 def test_the_ledger_split_sums_to_the_ledger_figure(tiny_step):
-    record, _ = tiny_step
+    record, _, _ = tiny_step
     parts = step_floor.ledger_flops(record)
     assert set(parts) == {"prefill", "decode", "forward", "backward"}
     assert sum(parts.values()) == record["flops_full"] > 0
@@ -35,23 +35,26 @@ def test_the_ledger_split_sums_to_the_ledger_figure(tiny_step):
 def test_the_phases_cover_the_step(tiny_step):
     """Every phase the benchmark reports ran and was timed; together they are the step less
     what runs outside them (a positive remainder, never a phase counted twice)."""
-    record, wall = tiny_step
+    record, wall, cpu = tiny_step
     assert set(record["seconds"]) == set(step_floor.PHASES)
     assert all(seconds > 0 for seconds in record["seconds"].values())
     assert 0 < sum(record["seconds"].values()) < wall
+    assert set(cpu) == {*step_floor.PHASES, "step"}
+    assert 0 < sum(cpu[phase] for phase in step_floor.PHASES) <= cpu["step"]
 
 
 def test_the_report_has_every_phase_and_a_floor(tiny_step):
-    record, wall = tiny_step
+    record, wall, cpu = tiny_step
     shapes = step_floor.ModelShapes.of(load_policy("tiny").model.config)
     rows = bench_step_efficiency.phase_rows(
-        record, wall, shapes, checkpointing=True, timer=step_floor.GemmTimer()
+        record, wall, shapes, checkpointing=True, timer=step_floor.GemmTimer(), cpu=cpu
     )
     names = [row["phase"] for row in rows]
     assert names == [*step_floor.PHASES, "outside the phases", "step"]
     step = rows[-1]
     assert step["ledger"] == record["flops_full"]
     assert step["executed"] == sum(row["executed"] for row in rows[:-1])
+    assert step["cpu"] == pytest.approx(sum(row["cpu"] for row in rows[:-1]))
     assert 0 < step["floor"] == pytest.approx(sum(row.get("floor") or 0 for row in rows[:-1]))
     table = bench_step_efficiency.table(rows)
     assert len(table) == 2 + len(rows) and table[-1].startswith("| step |")

@@ -122,6 +122,20 @@ def test_another_runs_checkpoint_is_refused_naming_what_differs(runs, tmp_path, 
     assert tree_digest(out) == before
 
 
+def test_a_checkpoint_of_a_run_on_other_problems_is_refused(runs, tmp_path):
+    """Found probing: same arm, seed and settings, other training problems."""
+    other = tmp_path / "other"
+    config = TrainConfig.from_arm(
+        "zg_flat", steps=1, max_new_tokens=8, eval_max_new_tokens=8, checkpoint_every=1
+    )
+    problems = synthetic_problems("train", 2, seed=11)
+    RLVRTrainer(load_policy("tiny"), config, problems, {}, out_dir=other, progress=False).train()
+    out = copy(runs["fp32"], tmp_path / "run")
+    shutil.copyfile(RunLayout(other).checkpoint, RunLayout(out).checkpoint)
+    with pytest.raises(StateFileError, match="a checkpoint of another run \\(train_data "):
+        trainer(out, resume=True)
+
+
 def test_an_intact_checkpoint_resumes_to_the_uninterrupted_run(runs, tmp_path):
     straight = tmp_path / "straight"
     trainer(straight).train()

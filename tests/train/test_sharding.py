@@ -9,20 +9,26 @@ are reduced in another order)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import rlvr_fast
 from rlvr_fast.analysis.verify import verify_run
+from rlvr_fast.models.config import ModelConfig
+from rlvr_fast.train.memory_plan import RunShape, plan_memory
 from rlvr_fast.cli.main import main
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.sharding import check_sharding
 
-from tests.train.test_distributed import cli, read_jsonl, rounded_floats
+from tests.train.test_distributed import child_env, cli, read_jsonl, rounded_floats
 
 # Four questions a step, pooled (TRL's several prompts per step): on the first 12 synthetic
 # questions step 0 is homogeneous everywhere, step 1 has a contributing question on both halves
@@ -130,6 +136,10 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
             {"combine_questions": "pooled", "precision": "fp16-mixed"},
             "fp16-mixed's loss scale is not built",
         ),
+        (
+            {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
+            "polyak_start under a mixed precision is not built",
+        ),
     ],
 )
 def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
@@ -137,3 +147,50 @@ def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, m
     config = TrainConfig.from_arm("ra_flat", shard="fsdp", questions_per_step=4, **settings)
     with pytest.raises(ValueError, match=message):
         check_sharding(config)
+
+
+CONFIGS = Path(rlvr_fast.__file__).parent / "assets" / "configs"
+
+
+def test_the_sharded_plan_divides_what_is_sharded_and_keeps_the_engine_copy():
+    config = ModelConfig.from_file(CONFIGS / "qwen3-8b-base.json")
+    run = RunShape(questions_per_step=8, activation_checkpointing=True)
+    whole = plan_memory(config, 80 * 10**9, run)
+    sharded = plan_memory(config, 80 * 10**9, dataclasses.replace(run, shard="fsdp", world_size=8))
+    before, after = ({t.name: t for t in plan.terms} for plan in (whole, sharded))
+    for name in ("fp32 master weights", "AdamW moments (fp32)", "gradients (fp32)"):
+        assert after[f"{name}, 1/8"].bytes == -(-before[name].bytes // 8)
+    assert after["engine's full copy, weights (bf16)"].bytes == before["weights (bf16)"].bytes
+    assert "unit-gradient sum" in before and "unit-gradient sum" not in after
+    # The root (embedding, untied head, norm) is the largest group: 2 x 151,936 x 4,096 + 4,096.
+    root = 2 * 151_936 * 4_096 + 4_096
+    assert after["gather transient"].bytes == root * (2 + 4)
+    assert after["reduce-scatter buckets"].bytes == root * 4
+    assert not whole.fits and sharded.fits
+
+
+def test_plan_refuses_a_sharded_plan_of_one_rank_and_one_that_does_not_fit(capsys):
+    model = str(CONFIGS / "qwen3-8b-base.json")
+    assert main(["plan", "--model", model, "--device-memory", "80GB", "--shard", "fsdp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "rlvr-fast plan: memory plan: shard fsdp needs --nproc N >= 2"
+    args = ["--device-memory", "24GB", "--shard", "fsdp", "--nproc", "8"]
+    assert main(["plan", "--model", model, *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "\n" not in captured.err.strip()
+    assert "does not fit in 22.35 GiB" in captured.err and "the largest term is" in captured.err
+
+
+def test_zero_gradient_steps_fold_on_each_shard_bitwise():
+    script = Path(__file__).with_name("sharded_zero_grad_fold.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(script)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"rank {rank}: 35 shards, bitwise equal True" in done.stdout

@@ -1,13 +1,13 @@
 """Flat GRPO groups (seed §1): G rollouts of each question, its prompt prefilled once and forked
 G times; A_i = (R_i - mean R) / (std R + 1e-4) on every token of rollout i; the loss in the
 arm's ``loss_order`` (the study's sum type), or TRL's loss of ``loss_type`` through the fused
-policy loss (``rlvr_fast.train.policy``: clipping, the KL to a reference model, the entropy,
-its bonus and token mask, the off-policy sequence mask); a ledger line of G leaves in pairs
+policy loss, held as a component (``rlvr_fast.train.policy_loss_term.TRLPolicyLoss``: clipping,
+the KL to a reference model, the entropy, its bonus and token mask, the off-policy sequence
+mask); a ledger line of G leaves in pairs
 (2i, 2i + 1) with prefix 0."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -29,22 +29,9 @@ from rlvr_fast.train.kinds.base import (
     recorded_rewards,
     regraded,
 )
-from rlvr_fast.train.losses import (
-    completion_logprobs,
-    completion_stats,
-    fused_grpo_loss,
-    fused_sum_then_scale_loss,
-    policy_loss,
-    sequence_scales,
-)
-from rlvr_fast.train.policy import (
-    EntropyControl,
-    PolicyTerms,
-    ReferenceModel,
-    policy_settings,
-    policy_term_entropy,
-    step_figures,
-)
+from rlvr_fast.train.losses import fused_grpo_loss, fused_sum_then_scale_loss, sequence_scales
+from rlvr_fast.train.policy import PolicyTerms
+from rlvr_fast.train.policy_loss_term import TRLPolicyLoss
 from rlvr_fast.utils.phases import Phases
 
 
@@ -86,15 +73,11 @@ class FlatKind:
             config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
         )
         self.normaliser = config.loss.normaliser
-        self.policy_loss = config.loss.fused
-        self.policy_settings = policy_settings(config) if self.policy_loss else None
-        self.reference = None
-        if config.kl_beta > 0:
-            sync = config.ref_model_sync_steps if config.sync_ref_model else None
-            self.reference = ReferenceModel(
-                policy.model, sync, config.ref_model_mixup_alpha, policy.adapters
-            )
-        self.entropy_control = EntropyControl(config) if config.use_adaptive_entropy else None
+        # TRL's loss types: the policy-loss component (its reference model and entropy control
+        # are the kind's, for the trainer to step and checkpoint); None: the study's sum.
+        self.policy_loss = TRLPolicyLoss(config, policy) if config.loss.fused else None
+        self.reference = self.policy_loss.reference if self.policy_loss else None
+        self.entropy_control = self.policy_loss.entropy_control if self.policy_loss else None
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -172,29 +155,20 @@ class FlatKind:
         kept = question.credit.policy.lengths
         return [c if n else [] for c, n in zip(question.rollouts.completions, kept)]
 
-    def loss_temperature(self) -> float:
-        return self.config.temperature if self.config.tempered_logprobs else 1.0
-
     def add_old_logprobs(self, question: Question) -> None:
         """The policy's log-probabilities of the loss tokens before the generation's first
         update, by the loss's own fused pass without gradients (TRL's old_per_token_logps):
         the engine's at sampling time would be those of its bf16 decode copy, through other
         kernels and the sampler's top-p, so the first update's ratio would not be exactly 1."""
-        question.credit.policy.old_logprobs = completion_logprobs(
-            self.policy.model,
-            question.prompt_ids,
-            self.loss_completions(question),
-            self.loss_temperature(),
+        question.credit.policy.old_logprobs = self.policy_loss.logprobs(
+            self.policy.model, question.prompt_ids, self.loss_completions(question)
         )
 
     def add_reference_logprobs(self, question: Question) -> None:
         """The reference model's log-probabilities of the question's loss tokens, once per
         generation (TRL's ref_per_token_logps)."""
-        question.credit.policy.ref_logprobs = completion_logprobs(
-            self.reference.model,
-            question.prompt_ids,
-            self.loss_completions(question),
-            self.loss_temperature(),
+        question.credit.policy.ref_logprobs = self.policy_loss.logprobs(
+            self.reference.model, question.prompt_ids, self.loss_completions(question)
         )
 
     def truncated(self, question: Question) -> list[bool]:
@@ -236,7 +210,8 @@ class FlatKind:
         config, model = self.config, self.policy.trained_model
         completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
-            return self.policy_question_loss(question)
+            terms, completions = self.step_terms(question)
+            return self.policy_loss.loss(question.prompt_ids, completions, terms)
         if config.loss_order == "sum_then_scale":
             return fused_sum_then_scale_loss(
                 model, question.prompt_ids, completions, credit.advantages
@@ -248,32 +223,6 @@ class FlatKind:
             credit.token_weights,
             config.temperature if config.tempered_logprobs else 1.0,
         )
-
-    def policy_question_loss(self, question: Question) -> torch.Tensor:
-        """TRL's loss of the question's group (one micro-batch), at the coefficient the
-        adaptive entropy control applies this step, which then takes the step's entropy."""
-        terms, completions = self.step_terms(question)
-        settings = self.policy_settings
-        if self.entropy_control is not None:
-            settings = dataclasses.replace(settings, entropy_coef=self.entropy_control.applied())
-        loss, terms.stats = policy_loss(
-            self.policy.trained_model,
-            question.prompt_ids,
-            completions,
-            terms.advantages,
-            settings,
-            old_logprobs=terms.old_logprobs,
-            ref_logprobs=terms.ref_logprobs,
-            temperature=self.loss_temperature(),
-        )
-        if self.config.entropy_bonus:
-            entropy = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
-            # TRL's policy_loss metric: the loss before the bonus (one micro-batch, no
-            # accumulation). Its controller moves in training only, not at an evaluation.
-            terms.policy_loss = float(loss.detach()) + settings.entropy_coef * entropy
-            if self.entropy_control is not None and self.policy.trained_model.training:
-                self.entropy_control.after_step(entropy)
-        return loss
 
     def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
         """The policy terms and loss completions of the question this step: its share's (kept
@@ -295,9 +244,7 @@ class FlatKind:
         with phase("measure"):
             for question in questions:
                 terms, completions = self.step_terms(question)
-                terms.stats = completion_stats(
-                    self.policy.model, question.prompt_ids, completions, self.loss_temperature()
-                )
+                self.policy_loss.measure(question.prompt_ids, completions, terms)
 
     def figures(
         self, questions: list[Question], micro_batches: list[list[int]] | None = None
@@ -309,16 +256,7 @@ class FlatKind:
         terms = [q.credit.policy for q in questions]
         if questions[0].share is not None:  # this step's shares of the generation
             terms = [q.credit.share_policy for q in questions]
-        figures = step_figures(terms, self.policy_settings, micro_batches)
-        if self.config.entropy_bonus:  # TRL logs the coefficient after the step's update
-            losses = [t.policy_loss for t in terms if t.policy_loss is not None]
-            if losses:
-                figures["policy_loss"] = sum(losses) / len(losses)
-            control = self.entropy_control
-            figures["entropy_coef"] = self.config.entropy_coef if control is None else control.coef
-            if control is not None:  # what moved it (verify re-derives the coefficients)
-                figures["policy_term_entropy"] = control.last_entropy
-        return figures
+        return self.policy_loss.figures(terms, micro_batches)
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
         return flat_step_record(
