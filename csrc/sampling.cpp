@@ -12,7 +12,8 @@
 // Options, off by default, as the torch version defines them (transformers' order): the
 // repetition penalty on the logits of the row's history (prompt + completion so far) before the
 // temperature; top_k keeps ranks < k and tests top-p against top_p times their mass; min_p drops
-// ranks with p < min_p * p of rank 0.
+// ranks with p < min_p * p of rank 0. With none of them filtering (top_p 1, no top_k, no min_p)
+// every token is kept and the race is keyed by token id (E_v), as the torch version's is.
 
 #include "torch_api.h"
 
@@ -74,6 +75,20 @@ int64_t draw_row(const float* logits, int64_t vocab, const Options& options,
   for (int64_t i = 0; i < vocab; ++i) {
     probs[i] /= sum;
   }
+  const bool by_top_k = options.top_k > 0 && options.top_k < vocab;
+  if (top_p >= 1.0f && !by_top_k && options.min_p <= 0.0f) {
+    // No filter (TRL's defaults): every token kept, the race keyed by token id, no ranks.
+    float best = -1.0f;
+    int64_t token = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float score = probs[i] / -std::log(uniform(key, static_cast<uint64_t>(i)));
+      if (score > best) {
+        best = score;
+        token = i;
+      }
+    }
+    return token;
+  }
   std::iota(order.begin(), order.end(), 0);
   const auto before = [&](int64_t a, int64_t b) {
     return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
@@ -82,7 +97,6 @@ int64_t draw_row(const float* logits, int64_t vocab, const Options& options,
   // double and stored as float, minus p_r. Only the ranks up to the cut are needed, so they are
   // ordered a prefix at a time (the first 32, then twice as many, ...), never the whole row
   // unless the nucleus is: the same ranks as a full sort under the same total order.
-  const bool by_top_k = options.top_k > 0 && options.top_k < vocab;
   const int64_t ranks = by_top_k ? options.top_k : vocab;
   int64_t sorted = 0;
   float threshold = top_p;

@@ -22,11 +22,16 @@ kept ranks is distributed as the renormalised kept p. E_r = -log u_r where u_r i
 counter-based hash (splitmix64) of (the sequence's seed, the position being sampled, the rank
 r), so a sequence's tokens depend only on its own seed and its own logits: not on which other
 sequences share the batch, on the batch's order, or on how many draws came before. Ties in p
-rank the lower token id first.
+rank the lower token id first. With no filter at all (top_p >= 1, no top-k, no min-p: TRL's and
+the TRL facade's defaults) every token is kept, and the race is keyed by token id instead of
+rank (E_v, the hash of v): the same distribution, and no rank to find, so the Triton version
+reads each row twice (the trainer's defaults, top_p < 1, keep the rank-keyed race and its
+draws).
 
 Reference (``sample_tokens_reference``): a full sort of every row, in torch ops.
 
-Triton (``sample_top_p_triton``), per row, three passes over the logits and no full sort (a
+Triton (``sample_top_p_triton``), per row, three passes over the logits and no full sort (two
+with no filter: pass 2 skips the row and pass 3 races every token by id in one read) (a
 candidate filter in the spirit of FlashInfer's and Qrita's pivot-based top-p, but with one
 histogram in place of an iterative pivot search, and exact for the rank-keyed race):
 1. ``_row_stats_kernel``: the softmax's max and normaliser (online, fp32);
@@ -163,7 +168,23 @@ def sample_tokens_reference(
     kept, ids = top_p_probs(logits, temperature, top_p, top_k, min_p)
     exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))
     choice = (kept / exponential).argmax(dim=-1, keepdim=True)
-    return ids.gather(1, choice).squeeze(1)
+    by_rank = ids.gather(1, choice).squeeze(1)
+    unfiltered = keeps_every_token(top_p, top_k, min_p, logits.shape[1])
+    if unfiltered is False:
+        return by_rank
+    # No filter: the race keyed by token id (exponential[:, v] is E_v).
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    by_id = (probs / exponential).argmax(dim=-1)
+    return by_id if unfiltered is True else torch.where(unfiltered, by_id, by_rank)
+
+
+def keeps_every_token(top_p, top_k, min_p, vocab: int):
+    """Whether the options filter nothing (top_p >= 1, top_k off or >= V, min_p 0): a bool for
+    numbers, a 0-d bool tensor when any option is a tensor (a CUDA graph's settings)."""
+    if not any(isinstance(value, torch.Tensor) for value in (top_p, top_k, min_p)):
+        return top_p >= 1 and (top_k <= 0 or top_k >= vocab) and min_p <= 0
+    top_p, top_k, min_p = (torch.as_tensor(value) for value in (top_p, top_k, min_p))
+    return (top_p >= 1) & ((top_k <= 0) | (top_k >= vocab)) & (min_p <= 0)
 
 
 if triton is not None:
@@ -190,6 +211,13 @@ if triton is not None:
         b_x = b_x ^ (b_x >> 31)
         b_u = ((b_x >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         return -tl.log(b_u)
+
+    @triton.jit
+    def _unfiltered(p_top_p, p_top_k, p_min_p, V):
+        """Whether the row's options filter nothing (every token kept)."""
+        b_top_k = tl.load(p_top_k).to(tl.int32)
+        b_no_top_k = (b_top_k <= 0) | (b_top_k >= V)
+        return (tl.load(p_top_p) >= 1.0) & b_no_top_k & (tl.load(p_min_p) <= 0.0)
 
     @triton.jit
     def _row_stats_kernel(
@@ -221,6 +249,9 @@ if triton is not None:
         p_logits,
         stride_row,
         p_temperature,
+        p_top_p,
+        p_top_k,
+        p_min_p,
         p_stats,
         p_counts,
         V,
@@ -234,12 +265,14 @@ if triton is not None:
         b_max = tl.load(p_stats + 2 * i_b)
         b_sum = tl.load(p_stats + 2 * i_b + 1)
         b_counts = tl.zeros([BINS], dtype=tl.int32)
-        for i_t in range(0, NUM_TILES):
-            o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
-            m_v = o_v < V
-            b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-            b_bin = b_p.to(tl.int32, bitcast=True) >> 21  # [BV]
-            b_counts += tl.histogram(b_bin, BINS, mask=m_v)
+        # No filter: the draw races every token by id and reads no histogram.
+        if not _unfiltered(p_top_p, p_top_k, p_min_p, V):
+            for i_t in range(0, NUM_TILES):
+                o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
+                m_v = o_v < V
+                b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
+                b_bin = b_p.to(tl.int32, bitcast=True) >> 21  # [BV]
+                b_counts += tl.histogram(b_bin, BINS, mask=m_v)
         tl.store(p_counts + i_b * BINS + tl.arange(0, BINS), b_counts)
 
     @triton.jit
@@ -385,6 +418,19 @@ if triton is not None:
         b_mass = tl.full([], 0.0, tl.float32)  # their probability mass
         b_best = tl.full([], -1.0, tl.float32)
         b_token = tl.full([], 0, tl.int64)
+        if _unfiltered(p_top_p, p_top_k, p_min_p, V):
+            # Every token kept: the race keyed by token id, in one read, and nothing after it.
+            for i_t in range(0, NUM_TILES):
+                o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
+                m_v = o_v < V
+                b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
+                b_score = tl.where(m_v, b_p / _exponential(b_stream, o_v), -1.0)
+                b_tile_best = tl.max(b_score, axis=0)
+                if b_tile_best > b_best:
+                    b_best = b_tile_best
+                    b_at = tl.argmax(b_score, axis=0, tie_break_left=True)
+                    b_token = (i_t * BLOCK_V + b_at).to(tl.int64)
+            b_done = 1  # (top-k is off: no top-k mass either)
         # The mass of the k first ranks: from the head window when it holds them, else now.
         b_z = tl.full([], 1.0, tl.float32)
         b_head_count = tl.sum(tl.where(o_bin == b_head, b_counted, 0), axis=0)
@@ -482,13 +528,17 @@ def row_stats_triton(logits: torch.Tensor, temperature: torch.Tensor) -> torch.T
     return stats
 
 
-def histogram_triton(logits, temperature, stats) -> torch.Tensor:
-    """Pass 2: per row the probability histogram [B, BINS] int32."""
+def histogram_triton(logits, temperature, top_p, top_k, min_p, stats) -> torch.Tensor:
+    """Pass 2: per row the probability histogram [B, BINS] int32 (zeros, the row unread, when
+    the options filter nothing); the options 0-d float32 device tensors."""
     counts = torch.empty((logits.shape[0], BINS), dtype=torch.int32, device=logits.device)
     _histogram_kernel[(logits.shape[0],)](
         logits,
         logits.stride(0),
         temperature,
+        top_p,
+        top_k,
+        min_p,
         stats,
         counts,
         logits.shape[1],
@@ -542,16 +592,7 @@ def sample_top_p_triton(
         raise RuntimeError("the Triton backend needs the triton package")
     device = logits.device
     temperature = device_scalar(temperature, device)
+    top_p, top_k, min_p = (device_scalar(value, device) for value in (top_p, top_k, min_p))
     stats = row_stats_triton(logits, temperature)
-    counts = histogram_triton(logits, temperature, stats)
-    return draw_triton(
-        logits,
-        temperature,
-        device_scalar(top_p, device),
-        device_scalar(top_k, device),
-        device_scalar(min_p, device),
-        stats,
-        counts,
-        seeds,
-        positions,
-    )
+    counts = histogram_triton(logits, temperature, top_p, top_k, min_p, stats)
+    return draw_triton(logits, temperature, top_p, top_k, min_p, stats, counts, seeds, positions)

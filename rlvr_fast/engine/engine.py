@@ -103,23 +103,11 @@ class RolloutEngine:
         blocks_per_sequence = -(-max_model_len // block_size)
         if kv_blocks is not None:
             check_fits_device(config, kv_blocks, block_size, self.dtype, self.device)
-        # Without kv_blocks, the engine's own plan (rlvr_fast.engine.memory): its working sets
-        # first, then kv_memory_fraction of what is left.
+        # Without kv_blocks, the engine's own plan: its working sets, then the KV cache.
         self.plan = None
         if kv_blocks is None:
-            self.plan = plan_engine(
-                config,
-                element=weight.element_size(),
-                device_type=self.device.type,
-                memory=free_memory(self.device),
-                block_bytes=bytes_per_block(config, block_size, self.dtype),
-                fraction=kv_memory_fraction,
-                most=max_batch * (blocks_per_sequence + 1),
-                max_batch=max_batch,
-                max_prefill_tokens=max_prefill_tokens,
-                max_model_len=max_model_len,
-                cuda_graphs=cuda_graphs,
-            )
+            shape = (block_size, max_batch, max_prefill_tokens, max_model_len, cuda_graphs)
+            self.plan = own_plan(model, kv_memory_fraction, *shape)
         num_blocks = kv_blocks or self.plan.kv_blocks
         self.storage = PagedKVStorage(
             config,
@@ -454,6 +442,33 @@ def reserve_written_blocks(
     if slots is not None and slots.numel():
         top = max(top, int(slots.max()) // storage.block_size)
     storage.reserve(top + 1)
+
+
+def own_plan(
+    model,
+    fraction: float,
+    block_size: int,
+    max_batch: int,
+    max_prefill_tokens: int,
+    max_model_len: int,
+    cuda_graphs: bool,
+):
+    """The plan of an engine made without kv_blocks (``rlvr_fast.engine.memory``): its working
+    sets come off the free memory, then ``fraction`` of the rest holds its KV blocks."""
+    weight = model.lm_head.weight
+    return plan_engine(
+        model.config,
+        element=weight.element_size(),
+        device_type=weight.device.type,
+        memory=free_memory(weight.device),
+        block_bytes=bytes_per_block(model.config, block_size, weight.dtype),
+        fraction=fraction,
+        most=max_batch * (-(-max_model_len // block_size) + 1),
+        max_batch=max_batch,
+        max_prefill_tokens=max_prefill_tokens,
+        max_model_len=max_model_len,
+        cuda_graphs=cuda_graphs,
+    )
 
 
 def _check_settings(

@@ -30,14 +30,19 @@ def _(logits, temperature):
 
 @torch.library.custom_op("rlvr_fast::sampler_histogram", mutates_args=())
 def histogram_op(
-    logits: torch.Tensor, temperature: torch.Tensor, stats: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    stats: torch.Tensor,
 ) -> torch.Tensor:
     with launch.on_device(logits):
-        return histogram_triton(logits, temperature, stats)
+        return histogram_triton(logits, temperature, top_p, top_k, min_p, stats)
 
 
 @histogram_op.register_fake
-def _(logits, temperature, stats):
+def _(logits, temperature, top_p, top_k, min_p, stats):
     return logits.new_empty((logits.shape[0], BINS), dtype=torch.int32)
 
 
@@ -75,15 +80,15 @@ def sample_top_p(
 ) -> torch.Tensor:
     """logits [B, V] (V < 2^20); seeds, positions [B] int64; temperature, top_p, top_k (0:
     off) and min_p (0: off) numbers or 0-d tensors -> token ids [B] int64, three passes over
-    the logits."""
+    the logits (two when the options filter nothing)."""
     if logits.shape[1] >= 2**20:
         raise ValueError(f"sample_top_p: vocabularies up to 2^20 tokens, got {logits.shape[1]}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     temperature = device_scalar(temperature, logits.device)
     top_p = device_scalar(top_p, logits.device)
-    stats = row_stats_op(logits, temperature)
-    counts = histogram_op(logits, temperature, stats)
     top_k = device_scalar(top_k, logits.device)
     min_p = device_scalar(min_p, logits.device)
+    stats = row_stats_op(logits, temperature)
+    counts = histogram_op(logits, temperature, top_p, top_k, min_p, stats)
     return draw_op(logits, temperature, top_p, top_k, min_p, stats, counts, seeds, positions)

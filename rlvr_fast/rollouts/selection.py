@@ -185,7 +185,7 @@ def select_data(
     # A long question fails here, before the lock file is made: a refusal writes nothing.
     encode_prompts(policy, problems, settings.max_new_tokens)
     try:
-        lock_output(out)
+        lock = lock_output(out)
     except DirectoryLockedError as err:
         raise ValueError(str(err)) from None
     rates = measure_pass_rates(
@@ -196,6 +196,7 @@ def select_data(
         rates_path(out),
         batch_questions=batch_questions,
         progress=progress,
+        before_write=lock.check,
     )
     kept = stratified(
         [(problems[r.index], r) for r in rates if r.rate in pass_range],
@@ -210,6 +211,7 @@ def select_data(
         )
         for problem, rate in kept
     ]
+    lock.check()  # LockLostError once the lock file was removed: another may write OUT
     if out.suffix == ".json":
         write_text_atomic(out, json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     else:
@@ -262,9 +264,11 @@ def measure_pass_rates(
     *,
     batch_questions: int,
     progress: bool,
+    before_write=lambda: None,
 ) -> list[QuestionRate]:
     """Every question's rate: those ``path`` already holds, then the rest, ``batch_questions``
-    questions per engine batch, each batch appended to ``path`` as it finishes."""
+    questions per engine batch, each batch appended to ``path`` as it finishes (after
+    ``before_write()``, which raises when the output's lock was lost)."""
     header = {
         "settings": dataclasses.asdict(settings),
         "questions": len(problems),
@@ -285,6 +289,7 @@ def measure_pass_rates(
         ) as bar,
     ):
         if not rates:
+            before_write()
             append_lines(file, [header])
         for start in range(0, len(todo), batch_questions):
             batch = [problems[i] for i in todo[start : start + batch_questions]]
@@ -308,6 +313,7 @@ def measure_pass_rates(
                 )
                 for q, (i, p) in enumerate(zip(indices, batch))
             ]
+            before_write()
             append_lines(file, [dataclasses.asdict(r) for r in measured])
             rates += measured
             bar.update(len(batch))

@@ -235,8 +235,8 @@ REFUSED = {
     "restore_callback_states_from_checkpoint": "callback states in checkpoints",
     "accelerator_config": "accelerate's data-loader and batch settings",
     "parallelism_config": "tensor, context or sequence parallelism",
-    "fsdp": "sharded training (rlvr_fast's data parallel all-reduces gradients)",
-    "fsdp_config": "sharded training (rlvr_fast's data parallel all-reduces gradients)",
+    "fsdp": "sharded training through GRPOTrainer (rlvr-fast train --shard fsdp shards)",
+    "fsdp_config": "sharded training through GRPOTrainer (rlvr-fast train --shard fsdp shards)",
     "deepspeed": "DeepSpeed (rlvr_fast's data parallel all-reduces gradients)",
     "debug": "transformers' debug modes",
 }

@@ -120,3 +120,26 @@ def test_help_names_the_rates_file_it_writes(capsys):
         main(["select-data", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"{rates_path(Path('OUT')).name} holds the rates measured so far" in help_text
+
+
+def test_select_data_whose_lock_file_is_removed_stops_before_its_next_write(
+    tiny, tmp_path, monkeypatch
+):
+    """Issue 39, item 1 for select-data: its lock (in the cache directory) removed while it
+    runs: it stops at its next write, the selection unwritten."""
+    from rlvr_fast.rollouts import selection
+    from rlvr_fast.utils.locks import LockLostError, lock_output
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "zpd.jsonl"
+    sample = selection.sample_groups
+
+    def sample_then_lose_the_lock(*args, **kwargs):
+        lock_output(out).path.unlink()
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "sample_groups", sample_then_lose_the_lock)
+    with pytest.raises(LockLostError, match="was removed or replaced"):
+        select(tiny, out, batch_questions=2)
+    assert not out.exists()
+    assert len(rates_path(out).read_text().splitlines()) == 1, "the header, no batch"

@@ -257,7 +257,17 @@ def test_sampler_row_passes_compile_for_sm90(dtype):
     histogram = compile_for_sm90(
         SAMPLER,
         "_histogram_kernel",
-        {**common, "p_counts": "*i32", "V": "i32"},
+        dict(
+            p_logits=f"*{dtype}",
+            stride_row="i32",
+            p_temperature="*fp32",
+            p_top_p="*fp32",
+            p_top_k="*fp32",
+            p_min_p="*fp32",
+            p_stats="*fp32",
+            p_counts="*i32",
+            V="i32",
+        ),
         dict(BINS=512, **SAMPLER_TILES),
         divisible=("p_logits", "stride_row", "V"),
     )

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from devices import DEVICE, on_device
+from devices import CUDA, DEVICE, on_device
 from rlvr_fast.kernels.top_p_sampling import (
     device_scalar,
     draw_triton,
@@ -42,7 +42,7 @@ def triton_draws(logits, seeds, positions, temperature, top_p, cap, top_k=0, min
     t, p = device_scalar(temperature, logits.device), device_scalar(top_p, logits.device)
     k, m = device_scalar(top_k, logits.device), device_scalar(min_p, logits.device)
     stats = row_stats_triton(logits, t)
-    counts = histogram_triton(logits, t, stats)
+    counts = histogram_triton(logits, t, p, k, m, stats)
     return draw_triton(logits, t, p, k, m, stats, counts, seeds, positions, cap=cap)
 
 
@@ -58,7 +58,8 @@ def streams(rows, generator):
     [
         (2, 6, 1.0, 1.0, 0.9, 16),  # two tokens
         (384, 6, 3.0, 0.8, 0.9, 64),  # the tiny model's vocabulary, peaked
-        (1000, 3, 3.0, 1.0, 1.0, 64),  # top_p = 1: the tail bound settles it
+        (1000, 3, 3.0, 1.0, 1.0, 64),  # top_p = 1: every token kept, the race by token id
+        (1000, 3, 0.2, 1.0, 1.0, 16),  # the same on flat rows
         (1000, 3, 3.0, 0.5, 0.3, 64),
         (200, 2, 0.2, 1.0, 0.95, 16),  # flat: the nucleus (~185 tokens) spans 12 windows
     ],
@@ -186,3 +187,46 @@ def test_vocabularies_past_the_key_width_are_refused():
         sample_top_p(
             logits, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 1.0, 0.9
         )
+
+
+def reads_per_row(logits, temperature, top_p, top_k=0, min_p=0.0, cap=64) -> float:
+    """Elements of ``logits`` the three passes load, per element: the reads of each row, as the
+    interpreter runs the kernels' logic (every masked-in load from the logits' memory counted)."""
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    start = logits.data_ptr()
+    end = start + logits.numel() * logits.element_size()
+    loaded = 0
+    load = interpreter.InterpreterBuilder.create_masked_load
+
+    def counted(builder, ptrs, mask, *args):
+        nonlocal loaded
+        loaded += int(np.count_nonzero(mask.data & (ptrs.data >= start) & (ptrs.data < end)))
+        return load(builder, ptrs, mask, *args)
+
+    interpreter.InterpreterBuilder.create_masked_load = counted
+    try:
+        seeds = torch.arange(logits.shape[0])
+        triton_draws(logits, seeds, torch.zeros_like(seeds), temperature, top_p, cap, top_k, min_p)
+    finally:
+        interpreter.InterpreterBuilder.create_masked_load = load
+    return loaded / logits.numel()
+
+
+@pytest.mark.skipif(CUDA, reason="counts the interpreter's loads")
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("scale", [0.2, 4.0], ids=["flat", "peaked"])
+def test_reads_of_each_row(rows, scale):
+    """TRL's defaults (top_p = 1, no top-k, no min-p) read each row twice, flat or peaked (the
+    race keyed by token id needs no rank); the trainer's (top_p 0.9) three times on peaked rows,
+    and TRL's defaults draw the reference's tokens. (Flat rows at top_p < 1, top-k with a nucleus
+    larger than the candidate window and min-p on flat rows still take more: see the issue.)"""
+    generator = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 2000, generator=generator) * scale
+    assert reads_per_row(logits, 0.8, 1.0) == 2
+    if scale > 1:
+        assert reads_per_row(logits, 0.8, 0.9) == 3
+    seeds, positions = streams(rows, generator)
+    reference = sample_tokens_reference(logits, seeds, positions, 0.8, 1.0)
+    assert torch.equal(triton_draws(logits, seeds, positions, 0.8, 1.0, 64), reference)
