@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import environment, train_command
 
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
@@ -40,17 +41,6 @@ try:
 except LockLostError as err:
     print("lost:", err, flush=True)
 """
-
-
-def environment(**extra) -> dict[str, str]:
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
-        **extra,
-    }
 
 
 def trainer(out, *, steps=2, resume=False):
@@ -109,29 +99,6 @@ def test_a_trainer_whose_lock_file_is_swapped_writes_nothing_more(tmp_path, swap
     run.recorder.lock.release()
 
 
-def cli(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rlvr_fast.cli",
-        "train",
-        "--arm",
-        "zg_flat",
-        "--steps",
-        "100000",
-        "--quiet",
-        "--train-data",
-        "synthetic:train:4",
-        "--set",
-        "max_new_tokens=8",
-        "--set",
-        "checkpoint_every=1",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 def with_steps(command: list[str], steps: int) -> list[str]:
     at = command.index("--steps") + 1
     return command[:at] + [str(steps)] + command[at + 1 :]
@@ -146,7 +113,9 @@ def test_a_running_train_whose_lock_file_is_deleted_exits_3_and_a_resume_is_refu
     exits 2 with one line; the running one exits 3 with one line at its next write, its ledger a
     prefix of its steps, no line after the deletion but the one write already checked."""
     out = tmp_path / "run"
-    first = subprocess.Popen(cli(out), env=environment(), stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        train_command(out), env=environment(), stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         while len(lines(out / "ledger.jsonl")) < 1:
@@ -157,7 +126,11 @@ def test_a_running_train_whose_lock_file_is_deleted_exits_3_and_a_resume_is_refu
         seen = len(lines(out / "ledger.jsonl"))
         (out / LOCK_NAME).unlink()
         second = subprocess.run(
-            cli(out, "--resume"), env=environment(), capture_output=True, text=True, timeout=300
+            train_command(out, "--resume"),
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert second.returncode == 2, second.stderr
         assert second.stderr.count("\n") == 1, second.stderr
@@ -181,7 +154,7 @@ def test_a_finished_run_leaves_no_lock_file_and_resumes(tmp_path):
     """Regression: lock files stayed behind after runs."""
     out = tmp_path / "run"
     done = subprocess.run(
-        with_steps(cli(out), 2), env=environment(), capture_output=True, text=True
+        with_steps(train_command(out), 2), env=environment(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert not (out / LOCK_NAME).exists()
@@ -218,11 +191,11 @@ def test_a_run_directory_refused_after_its_lock_leaves_no_lock_file(tmp_path):
     file at exit, as a clean exit does."""
     out = tmp_path / "run"
     done = subprocess.run(
-        with_steps(cli(out), 1), env=environment(), capture_output=True, text=True
+        with_steps(train_command(out), 1), env=environment(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     again = subprocess.run(
-        with_steps(cli(out), 1), env=environment(), capture_output=True, text=True
+        with_steps(train_command(out), 1), env=environment(), capture_output=True, text=True
     )
     assert again.returncode == 2 and "already holds a run" in again.stderr
     assert not (out / LOCK_NAME).exists()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import environment, train_command
 
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.utils.locks import LOCK_NAME
@@ -46,16 +46,6 @@ def tree_digest(root: Path) -> dict[str, str]:
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
         if p.is_file()
-    }
-
-
-def environment() -> dict[str, str]:
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
     }
 
 
@@ -120,36 +110,15 @@ def test_a_resume_while_another_process_holds_the_run_is_refused_naming_it(finis
     assert len((out / "ledger.jsonl").read_text().splitlines()) == 3
 
 
-def cli(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rlvr_fast.cli",
-        "train",
-        "--arm",
-        "zg_flat",
-        "--steps",
-        "100000",
-        "--quiet",
-        "--train-data",
-        "synthetic:train:4",
-        "--set",
-        "max_new_tokens=8",
-        "--set",
-        "checkpoint_every=1",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 def test_a_second_train_on_a_running_out_exits_2_naming_the_pid(tmp_path):
     """Real `rlvr-fast train` processes: a `--resume` on the --out of a running one exits 2
     with one line naming its pid, a fresh `train` there with one line too; the running one's ledger holds one
     line per step, in order (tests/test_kill_resume.py resumes killed runs: their locks are
     taken over)."""
     out = tmp_path / "run"
-    first = subprocess.Popen(cli(out), env=environment(), stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        train_command(out), env=environment(), stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "ledger.jsonl").is_file() or not (out / "ledger.jsonl").stat().st_size:
@@ -163,7 +132,11 @@ def test_a_second_train_on_a_running_out_exits_2_naming_the_pid(tmp_path):
             ([], "already holds a run"),
         ):
             second = subprocess.run(
-                cli(out, *extra), env=environment(), capture_output=True, text=True, timeout=300
+                train_command(out, *extra),
+                env=environment(),
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             assert second.returncode == 2, second.stderr
             assert second.stderr.count("\n") == 1, second.stderr
