@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def train_command(out: Path, *extra: str) -> list[str]:
         str(out),
         *extra,
     ]
+
+
+def script_process(script: str, path: Path) -> subprocess.Popen:
+    """``python -c script path`` with pipes to talk to it: a lock holder the test steers by stdin."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environment(),
+    )

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import environment, train_command
+from cli_runs import environment, script_process, train_command
 
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.models.policy import load_policy
@@ -57,13 +57,7 @@ def trainer(out, *, steps=2, resume=False):
 def test_a_newcomer_is_refused_while_the_holder_of_a_swapped_lock_file_lives(tmp_path, swap):
     """Regression: with the lock file deleted or replaced under a live run, a `--resume` took a
     fresh lock and trained alongside it (101 rollouts lines for 60 steps, both exit 0)."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_THEN_CHECK, str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=environment(),
-    )
+    holder = script_process(HOLD_THEN_CHECK, tmp_path)
     try:
         assert holder.stdout.readline() == "locked\n"
         (tmp_path / LOCK_NAME).unlink()
@@ -228,12 +222,7 @@ def test_a_holder_pid_is_named_when_the_newcomer_looks_just_after_the_lock(tmp_p
         "os.pwrite(fd, f'{os.getpid()}\\n'.encode(), 0)\n"
         "sys.stdin.read()\n"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path / LOCK_NAME)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = script_process(script, tmp_path / LOCK_NAME)
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(DirectoryLockedError, match=f"in use by process {holder.pid} "):

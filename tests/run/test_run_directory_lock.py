@@ -9,12 +9,11 @@ import hashlib
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_runs import environment, train_command
+from cli_runs import environment, script_process, train_command
 
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.utils.locks import LOCK_NAME
@@ -89,13 +88,7 @@ def test_a_resume_while_another_process_holds_the_run_is_refused_naming_it(finis
     out = tmp_path / "run"
     subprocess.run(["cp", "-a", str(finished), str(out)], check=True)
     before = tree_digest(out)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=environment(),
-    )
+    holder = script_process(HOLD, out)
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(RunDirectoryError, match=f"in use by process {holder.pid} "):
