@@ -58,8 +58,8 @@ from rlvr_fast.rollouts.limits import (
 from rlvr_fast.rollouts.parallel import AGGREGATORS
 from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
-from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_TYPE_NAMES, LossType, loss_type
-from rlvr_fast.train.losses import LOSS_ORDERS
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_ORDERS, LOSS_TYPE_NAMES
+from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
