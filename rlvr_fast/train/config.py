@@ -10,13 +10,9 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
-  ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
-  ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
-  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
-  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
-  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
-  ``off_policy_mask_threshold``;
+  ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types the settings of
+  ``rlvr_fast.train.policy_config`` (the fused op's, declared in ``PolicyLossSettings``, and the
+  reference sync, the reuse of a generation, the adaptive entropy control around them);
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
@@ -68,9 +64,9 @@ from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HEL
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import (
     FLAT_ONLY,
-    MICRO_BATCH_SETTINGS,
     POLICY_SETTINGS,
     PolicyLossConfig,
+    check_micro_batch_settings,
 )
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
@@ -482,9 +478,16 @@ def _check_types(config: TrainConfig) -> None:
             raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+def setting_fields() -> dict[str, dataclasses.Field]:
+    """Every setting of a run by name, in config.json's order, each a field whose metadata is
+    ``rlvr_fast.utils.settings``' (help, checks, only_for, written_when_set, trl): what the
+    command line's help and config files read."""
+    return {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
 def help_texts() -> dict[str, str]:
     """Each setting's help text, in field order (``rlvr-fast train --help-settings``)."""
-    return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+    return {name: f.metadata["help"] for name, f in setting_fields().items()}
 
 
 def _field_types() -> dict[str, tuple | type]:
@@ -552,26 +555,13 @@ def _check_loss(self: TrainConfig) -> None:
             "sync_ref_model with lora_r: under LoRA the reference is the frozen base with the "
             "adapters left out (as TRL's, which refuses the sync with peft too)"
         )
-    _check_micro_batch_settings(self)
+    check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
         self.loss.fused or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
             "token_weighted"
-        )
-
-
-def _check_micro_batch_settings(self: TrainConfig) -> None:
-    """TRL takes the entropy quantile and the entropy bonus's mean over the tokens of one
-    micro-batch; rlvr_fast's loss sees one question's group at a time, so a step must be one
-    group and one micro-batch."""
-    defaults = {f.name: f.default for f in dataclasses.fields(self)}
-    changed = [n for n in MICRO_BATCH_SETTINGS if getattr(self, n) != defaults[n]]
-    if changed and (self.questions_per_step > 1 or self.generation_steps > 1):
-        raise ValueError(
-            f"{changed[0]} is taken over one question's group per optimizer step on rlvr_fast: "
-            "it needs questions_per_step 1 and generation_steps 1"
         )
 
 

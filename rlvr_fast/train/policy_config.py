@@ -184,3 +184,16 @@ POLICY_SETTINGS = tuple(
 # Settings over the tokens of TRL's micro-batch, which rlvr_fast builds as one question's group
 # of one step (``rlvr_fast.train.policy.check_entropy_settings``).
 MICRO_BATCH_SETTINGS = (*(f.name for f in op_settings("entropy")), "use_adaptive_entropy")
+
+
+def check_micro_batch_settings(config) -> None:
+    """TRL takes the entropy quantile and the entropy bonus's mean over the tokens of one
+    micro-batch; rlvr_fast's loss sees one question's group at a time, so a step must be one
+    group and one micro-batch."""
+    defaults = {f.name: f.default for f in dataclasses.fields(PolicyLossConfig)}
+    changed = [n for n in MICRO_BATCH_SETTINGS if getattr(config, n) != defaults[n]]
+    if changed and (config.questions_per_step > 1 or config.generation_steps > 1):
+        raise ValueError(
+            f"{changed[0]} is taken over one question's group per optimizer step on rlvr_fast: "
+            "it needs questions_per_step 1 and generation_steps 1"
+        )
