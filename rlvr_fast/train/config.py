@@ -10,21 +10,27 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types the settings of
-  ``rlvr_fast.train.policy_config`` (the fused op's, declared in ``PolicyLossSettings``, and the
-  reference sync, the reuse of a generation, the adaptive entropy control around them);
+  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types (``rlvr_fast.train.policy``)
+  ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
+  ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
+  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
+  ``vespo_k_pos`` / ``_neg``, ``vespo_lambda_pos`` / ``_neg``,
+  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
+  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
+  ``off_policy_mask_threshold``;
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
 - parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
   ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
   ``lambda_path``, ``judge_model``;
-- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``;
+- the study's Table 3 ablations: ``questions_per_step`` (and ``combine_questions``),
+  ``polyak_start``, ``active_steps``;
 - LoRA (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every weight trains),
   ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
-- device: ``precision`` (``rlvr_fast.train.precision``), ``activation_checkpointing``, and the
-  engine's ``kv_memory_fraction``, ``kv_blocks``, ``max_model_len`` (``rlvr_fast.train.memory_plan``
-  sizes them before anything is allocated).
+- device: ``precision`` (``rlvr_fast.train.precision``), ``shard``,
+  ``activation_checkpointing``, and the engine's ``kv_memory_fraction``, ``kv_blocks``,
+  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated).
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
@@ -52,14 +58,15 @@ from rlvr_fast.rollouts.limits import (
 from rlvr_fast.rollouts.parallel import AGGREGATORS
 from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
-from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_TYPE_NAMES, LossType, loss_type
-from rlvr_fast.train.losses import LOSS_ORDERS
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_ORDERS, LOSS_TYPE_NAMES
+from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
 from rlvr_fast.utils.settings import check_settings, must_be_one_of, one_of, setting
+from rlvr_fast.train.fields import type_name, unknown_setting_error
 from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import (
@@ -413,10 +420,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
             raise ValueError("the arm is chosen by name (--arm), not overridden")
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ValueError(
-                f"unknown setting {unknown[0]!r} (valid: "
-                f"{', '.join(f.name for f in dataclasses.fields(cls))})"
-            )
+            raise ValueError(unknown_setting_error(unknown[0], list(setting_fields())))
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
@@ -467,11 +471,11 @@ def _check_types(config: TrainConfig) -> None:
         value = getattr(config, name)
         if allowed is tuple:
             if not _is_number_pair(value):
-                raise ValueError(f"{name} has the wrong type: {value!r}")
+                raise ValueError(_wrong_type(name, value))
             value = tuple(float(b) for b in value)
             setattr(config, name, value)
         elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ValueError(f"{name} has the wrong type: {value!r}")
+            raise ValueError(_wrong_type(name, value))
         # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
@@ -485,9 +489,8 @@ def setting_fields() -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
-def help_texts() -> dict[str, str]:
-    """Each setting's help text, in field order (``rlvr-fast train --help-settings``)."""
-    return {name: f.metadata["help"] for name, f in setting_fields().items()}
+def _wrong_type(name: str, value) -> str:
+    return f"{name} is of type {type_name(typing.get_type_hints(TrainConfig)[name])}, got {value!r}"
 
 
 def _field_types() -> dict[str, tuple | type]:
