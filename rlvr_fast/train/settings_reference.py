@@ -9,13 +9,12 @@ stands for ``sapo_temperature_neg``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import typing
 from dataclasses import dataclass
 
 from rlvr_fast.train import config as config_module
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import TrainConfig, setting_fields
 from rlvr_fast.train.fields import type_name
 
 UNLISTED = "other"
@@ -43,7 +42,7 @@ def settings() -> list[Setting]:
             f.default,
             f.metadata["help"],
         )
-        for f in dataclasses.fields(TrainConfig)
+        for f in setting_fields().values()
     ]
     return sorted(found, key=lambda s: order.get(s.section, len(order)))
 
@@ -52,7 +51,7 @@ def docstring_sections() -> dict[str, str]:
     """Each field named under "Settings by section" in ``rlvr_fast.train.config``'s docstring,
     with its section's title."""
     text = config_module.__doc__.split("Settings by section")[1].split("\n\n")[0]
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(setting_fields())
     sections = {}
     for item in re.split(r"\n- ", text)[1:]:
         title, _, names = item.partition(":")
