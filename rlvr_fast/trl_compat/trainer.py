@@ -57,6 +57,7 @@ from rlvr_fast.trl_compat.reporting import (
     step_policy_figures,
     window_means,
 )
+from rlvr_fast.trl_compat.run_files import TRAINER_STATE_EVAL_STEPS, mirror_pad_token
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, RewardModel, callable_name
 from rlvr_fast.trl_compat.run_setup import (
     dataset_rows,
@@ -131,7 +132,11 @@ def trainer_state(args, epoch_steps: int):
         num_train_epochs=math.ceil(max_steps / epoch_steps),
         train_batch_size=args.per_device_train_batch_size,
         logging_steps=args.resolve_steps(args.logging_steps, max_steps),
-        eval_steps=args.resolve_steps(args.eval_steps or args.logging_steps, max_steps),
+        eval_steps=(
+            args.resolve_steps(args.eval_steps or args.logging_steps, max_steps)
+            if args.eval_steps is not None or args.strategy("eval_strategy") != "no"
+            else TRAINER_STATE_EVAL_STEPS
+        ),
         save_steps=args.resolve_steps(args.save_steps, max_steps),
         is_world_process_zero=distributed.is_main(),
         is_local_process_zero=distributed.is_main(),
@@ -197,6 +202,7 @@ class GRPOTrainer(SavingAndSurface):
         self.model = (
             model if is_transformers_model(model) else meta_transformers_model(self.model_dir)
         )
+        mirror_pad_token(self.model, self.processing_class, args.gradient_checkpointing)
 
         self.tool_calling = tool_calling(tools, self.processing_class, args, self.policy)
         self.reward_funcs = reward_functions(reward_funcs, reward_processing_classes, args, device)
@@ -212,6 +218,8 @@ class GRPOTrainer(SavingAndSurface):
         # checkpoint-N directories this run wrote (recorded in each one's manifest): the only
         # ones save_total_limit rotates.
         self._checkpoints_written: list[str] = []
+        # The LoraConfig of a peft_config= run, which its adapter_config.json is written from.
+        self.peft_config = peft_config
         config = train_config(
             args, max_steps, self.prompts_per_step, peft_config, adapter_weights is not None
         )
