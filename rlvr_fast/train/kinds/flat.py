@@ -16,12 +16,12 @@ import torch
 
 from rlvr_fast.credit.group import group_stats, scored_std, standardised_advantages
 from rlvr_fast.engine import EngineCounters, SamplingParams
-from rlvr_fast.ledger.records import StepRecord, flat_step_record
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.rollouts.pairs import PairCategory
 from rlvr_fast.rollouts.turns import sample_turns
 from rlvr_fast.rollouts.trees import TreeRollout
 from rlvr_fast.train import distributed
+from rlvr_fast.train.kinds.flat_record import FlatRecord, flat_step_record
 from rlvr_fast.train.kinds.base import (
     Question,
     RecordInputs,
@@ -306,7 +306,7 @@ class FlatKind:
             terms = [q.credit.share_policy for q in questions]
         return self.policy_loss.figures(terms, micro_batches)
 
-    def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
+    def record(self, question: Question, inputs: RecordInputs) -> FlatRecord:
         return flat_step_record(
             lengths=question.credit.lengths,
             category=self.category,
@@ -349,7 +349,7 @@ class FlatKind:
     @classmethod
     def rederive(
         cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
-    ) -> StepRecord:
+    ) -> FlatRecord:
         """The ledger record ``line`` (a rollouts line) should have: rewards re-graded from its
         texts (or, ``regrade=False``, the recorded ones), sigma_R, the stepping rule, the token
         counts; engine counts, timings, loss and gradient norm copied from ``recorded`` (nothing
