@@ -92,35 +92,11 @@ RECORDED_ONLY = (
 EARLY_KIND_KEYS = ("stage1_lengths", "stage2_gen", "parallel")
 
 
-class SeedFlops:
-    """The seed's Out / Full / PadFull FLOPs of a ledger line from its token counts at P."""
-
-    gen: int
-    pref: int
-    pad_pref: int
-    untrim_gen: int
-    bwd_out: int
-    bwd_full: int
-    params: int
-
-    @property
-    def flops_out(self) -> int:
-        return (2 * self.gen + 6 * self.bwd_out) * self.params
-
-    @property
-    def flops_full(self) -> int:
-        return (2 * (self.pref + self.gen) + 6 * self.bwd_full) * self.params
-
-    @property
-    def flops_pad_full(self) -> int:
-        return (2 * (self.pad_pref + self.untrim_gen) + 6 * self.bwd_full) * self.params
-
-
 @dataclass(kw_only=True)
-class LedgerRecord(SeedFlops):
+class LedgerRecord:
     """What every ledger line holds, of one question (``StepRecord``) or of several
-    (``MultiQuestionRecord``): its stepping, token counts, loss, gradient norm, timings, the
-    engine's counts and, on TRL's loss types, its ``policy`` figures (POLICY_FIGURES; fp16-mixed:
+    (``MultiQuestionRecord``): its stepping, token counts (and from them the seed's Out / Full /
+    PadFull FLOPs at P), loss, gradient norm, timings, the engine's counts and, on TRL's loss types, its ``policy`` figures (POLICY_FIGURES; fp16-mixed:
     ``loss_scale``, {"scale": the step's loss scale, "skipped": its gradients overflowed})."""
 
     step: int
@@ -146,6 +122,19 @@ class LedgerRecord(SeedFlops):
     preemptions: int = 0
     policy: dict[str, float] | None = None
     loss_scale: dict | None = None
+
+    @property
+    def flops_out(self) -> int:
+        """The seed's Out FLOPs of the line, from its token counts at P."""
+        return (2 * self.gen + 6 * self.bwd_out) * self.params
+
+    @property
+    def flops_full(self) -> int:
+        return (2 * (self.pref + self.gen) + 6 * self.bwd_full) * self.params
+
+    @property
+    def flops_pad_full(self) -> int:
+        return (2 * (self.pad_pref + self.untrim_gen) + 6 * self.bwd_full) * self.params
 
     def keys(self) -> tuple[str, ...]:
         """The line's keys in the order it writes them (before the FLOPs)."""

@@ -24,7 +24,6 @@ def refuse_unsupported_arguments(**arguments) -> None:
     reasons = {
         "optimizers": "rlvr_fast steps its own AdamW (with the zero-gradient step)",
         "quantization_config": "quantized models",
-        "tools": "tool calling",
         "rollout_func": "custom rollouts",
         "environment_factory": "environments",
     }

@@ -68,6 +68,7 @@ from rlvr_fast.trl_compat.run_setup import (
 )
 
 from rlvr_fast.trl_compat.saving import ALLOW_NONFINITE, SavingAndSurface
+from rlvr_fast.trl_compat.tools import tool_calling
 
 
 def completion_end_ids(tokenizer) -> set[int]:
@@ -179,7 +180,6 @@ class GRPOTrainer(SavingAndSurface):
         refuse_unsupported_arguments(
             optimizers=optimizers,
             quantization_config=quantization_config,
-            tools=tools,
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
@@ -204,6 +204,7 @@ class GRPOTrainer(SavingAndSurface):
         )
         mirror_pad_token(self.model, self.processing_class, args.gradient_checkpointing)
 
+        self.tool_calling = tool_calling(tools, self.processing_class, args, self.policy)
         self.reward_funcs = reward_functions(reward_funcs, reward_processing_classes, args, device)
         self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
 
@@ -263,6 +264,7 @@ class GRPOTrainer(SavingAndSurface):
             log_metric=self._record,
             log_extra=lambda column, values: None,
             normalize_each=self.args.multi_objective_aggregation == "normalize_then_sum",
+            turns=self.tool_calling,
         )
 
     def _scheduler(self, max_steps: int):
@@ -431,9 +433,7 @@ class GRPOTrainer(SavingAndSurface):
         groups = self.task.groups
         config = self.trainer.config
         self.state.num_input_tokens_seen += sum(
-            len(self.task.encoded[g.row]) * len(g.completion_ids)
-            + sum(len(c) for c in g.completion_ids)
-            for g in groups
+            len(self.task.encoded[g.row]) * len(g.completion_ids) + sum(g.lengths) for g in groups
         )
         values = step_metrics(
             groups,
@@ -444,6 +444,8 @@ class GRPOTrainer(SavingAndSurface):
             dict(record, policy=step_policy_figures(self, self.state.global_step - 1)),
         )
         self._loss_total += values["loss"]
+        if self.tool_calling is not None:
+            values.update(self.task.tool_metrics)
         values["step_time"] = seconds
         for name, value in values.items():
             self._record(name, value)
@@ -463,7 +465,9 @@ class GRPOTrainer(SavingAndSurface):
         list, its tokenizer for text; the last max_prompt_length kept."""
         from rlvr_fast.trl_compat.rewards import is_conversational
 
-        if is_conversational(prompt):
+        if self.tool_calling is not None:
+            ids = self.tool_calling.encode_prompt(prompt)
+        elif is_conversational(prompt):
             ids = self.processing_class.apply_chat_template(
                 [prompt],
                 add_generation_prompt=True,
