@@ -51,6 +51,7 @@ from rlvr_fast.cli.options import (
     ArgumentParser,
     add_device_arguments,
     add_launch_arguments,
+    add_monitoring_arguments,
     add_training_options,
 )
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="write a Chrome trace of the first STEPS steps to OUT/trace.json",
     )
+    add_monitoring_arguments(train)
     add_training_options(train)
     add_launch_arguments(train)
 
