@@ -9,6 +9,8 @@ Figures (one file each):
   seeds, two-level bootstrap 95% CI bars, one dot per seed;
 - ``training_over_steps.png``: the ledger's training curves (reward, accuracy of the training
   groups, loss, grad norm, tokens and seconds per phase; ``rlvr_fast.analysis.training_figures``);
+- ``eval_over_steps.png`` (runs evaluated during training, ``--eval-every``): accuracy per eval
+  set at each evaluation;
 - ``reward_over_steps.png``: per-step group reward mean and sigma_R, mean over seeds;
 - ``length_over_steps.png``: rollout length and short-answer fraction per step;
 - ``compute.png``: tokens and FLOPs per arm, stacked by phase (prefill, generation, backward)
@@ -29,7 +31,7 @@ from matplotlib.figure import Figure
 from rlvr_fast.analysis.compare import BASE_LABEL, Comparison, compare_runs
 from rlvr_fast.run.reader import Run, RunDirError, load_runs, question_lines
 from rlvr_fast.analysis.tables import markdown
-from rlvr_fast.analysis.training_figures import training_figure
+from rlvr_fast.analysis.training_figures import evaluation_figure, training_figure
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
 from rlvr_fast.rollouts.pairs import PairCategory
@@ -165,6 +167,16 @@ def draw_figures(
             "Training curves from the ledger: reward, accuracy, loss, grad norm, tokens, seconds",
         )
     )
+    evaluations = evaluation_figure(by_arm)
+    if evaluations is not None:
+        figures.append(
+            save(
+                evaluations,
+                directory,
+                "eval_over_steps.png",
+                "Held-out accuracy at each evaluation during training (--eval-every)",
+            )
+        )
     figures.append(
         save(
             reward_figure(by_arm),

@@ -6,7 +6,9 @@ mean over its seeds of the figures of ``rlvr_fast.ledger.metrics``:
   average over the steps that have one);
 - tokens per step, generated (gen) and trained on (bwd_full), and seconds per step by phase.
 Curves are moving averages (``SMOOTHING_STEPS``) with the raw values faint behind, as the
-report's other over-step figures."""
+report's other over-step figures. Runs evaluated during training (``--eval-every``) add
+``eval_over_steps.png``: each eval set's accuracy at every evaluation (before training at step
+0, during, after), each arm the mean over its seeds that have it."""
 
 from __future__ import annotations
 
@@ -101,3 +103,44 @@ def plot_curve(axes, values: np.ndarray, colour: str, dash: str, label: str) -> 
     smoothed = np.divide(sums, counts, out=np.full(len(values), np.nan), where=counts > 0)
     smoothed[: window - 1] = np.nan
     axes.plot(steps, smoothed, color=colour, linestyle=dash, linewidth=2, label=label)
+
+
+def evaluation_figure(by_arm: dict[str, list[Run]]) -> Figure | None:
+    """Accuracy per eval set over the steps evaluated (None: no run has eval_steps.jsonl)."""
+    curves: dict[str, dict[str, dict[int, list[float]]]] = {}  # set -> arm -> step -> values
+    for arm, runs in by_arm.items():
+        for run in runs:
+            for line in run.eval_steps:
+                for name, summary in line["sets"].items():
+                    points = curves.setdefault(name, {}).setdefault(arm, {})
+                    points.setdefault(line["step"], []).append(100 * summary["accuracy"])
+    if not curves:
+        return None
+    figure = Figure(figsize=(6 * len(curves), 4.5), layout="constrained")
+    for axes, (name, arms) in zip(
+        figure.subplots(1, len(curves), squeeze=False)[0], curves.items()
+    ):
+        for index, arm in enumerate(by_arm):
+            points = arms.get(arm)
+            if not points:
+                continue
+            steps = sorted(points)
+            means = [sum(points[s]) / len(points[s]) for s in steps]
+            axes.plot(
+                steps,
+                means,
+                color=f"C{index % 10}",
+                linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                marker="o",
+                label=arm,
+            )
+        axes.set(
+            title=f"{name}: accuracy during training",
+            xlabel="training step",
+            ylabel="accuracy (%)",
+            ylim=(0, 100),
+        )
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    return figure

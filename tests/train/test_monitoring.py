@@ -120,6 +120,10 @@ def test_eval_every_writes_each_evaluation_and_changes_no_training_bit(tmp_path)
     for step in (1, 2, 3):
         assert len((out / "evals" / f"step-{step}" / "t.jsonl").read_text().splitlines()) == 4
     assert not (tmp_path / "plain" / "eval_steps.jsonl").exists()
+    # report draws the accuracy at each evaluation beside the ledger's curves.
+    assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "](eval_over_steps.png)" in report and "](training_over_steps.png)" in report
 
 
 def test_save_every_writes_checkpoints_that_transformers_and_eval_load(tmp_path, capsys):
