@@ -88,16 +88,24 @@ def _training_pass(policy, prompt_ids: list[int], completions: list[list[int]], 
     from rlvr_fast.train.losses import (
         completion_token_nll,
         fused_grpo_loss,
-        fused_sum_then_scale_loss,
         policy_loss,
+        study_loss,
     )
+    from rlvr_fast.ops.loss_types import loss_type
 
     model = policy.model
     advantages = torch.linspace(-1.0, 1.0, len(completions))
     token_weights = [torch.full((len(c),), float(a)) for c, a in zip(completions, advantages)]
     losses = {
         "weighted_nll": fused_grpo_loss(model, prompt_ids, completions, token_weights),
-        "sum_then_scale": fused_sum_then_scale_loss(model, prompt_ids, completions, advantages),
+        "sum_then_scale": study_loss(
+            model,
+            prompt_ids,
+            completions,
+            loss_type("sum", order="sum_then_scale"),
+            advantages,
+            None,
+        ),
         "policy_loss": policy_loss(
             model, prompt_ids, completions, advantages, PolicyLossSettings()
         )[0],

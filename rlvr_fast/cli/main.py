@@ -46,9 +46,11 @@ from rlvr_fast.cli.commands import (
     run_verify,
     train_inputs,
 )
+from rlvr_fast.cli.config_file import apply_config_file, config_path, resolved_config_yaml
 from rlvr_fast.cli.options import (
     USER_ERRORS,
     ArgumentParser,
+    add_config_arguments,
     add_device_arguments,
     add_launch_arguments,
     add_monitoring_arguments,
@@ -56,6 +58,7 @@ from rlvr_fast.cli.options import (
 )
 
 
+from rlvr_fast import __version__
 from rlvr_fast.analysis.tables import FORMATS
 from rlvr_fast.train import distributed
 from rlvr_fast.train.arms import ARMS
@@ -63,12 +66,35 @@ from rlvr_fast.cli.plan import PLAN_DESCRIPTION, add_plan_arguments, run_plan
 from rlvr_fast.utils.locks import LockLostError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(config: Path | None = None) -> argparse.ArgumentParser:
+    """The ``rlvr-fast`` parser; ``config``: a ``train --config`` file whose options and settings
+    are the train command's defaults."""
     parser = ArgumentParser(prog="rlvr-fast", description="Fast GRPO for RLVR on math.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train one arm")
+    add_train_command(commands, config)
+    add_eval_command(commands)
+    add_reading_commands(commands)
+    add_study_commands(commands)
+    plan = commands.add_parser(
+        "plan", help="size a run to a device's memory", description=PLAN_DESCRIPTION
+    )
+    add_plan_arguments(plan)
+    return parser
+
+
+def add_train_command(commands, config: Path | None) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train one arm",
+        description="Train one arm on a model and write a run directory. Options may come from "
+        "a --config FILE (YAML; --print-config writes one); --set KEY=VALUE gives any setting "
+        "(--help-settings lists them by section).",
+    )
     train.add_argument("--arm", required=True, help=f"one of: {', '.join(ARMS)}")
-    train.add_argument("--seed", type=int, default=42)
+    train.add_argument(
+        "--seed", type=int, default=42, help="seed of every rollout draw and of the run's order"
+    )
     train.add_argument("--out", type=Path, required=True, help="run directory")
     train.add_argument("--resume", action="store_true", help="continue the run in --out")
     train.add_argument(
@@ -81,11 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_monitoring_arguments(train)
     add_training_options(train)
     add_launch_arguments(train)
+    add_config_arguments(train)
+    if config is not None:
+        apply_config_file(train, config)
 
+
+def add_eval_command(commands) -> None:
     ev = commands.add_parser("eval", help="greedy evaluation of a model or a run directory")
     ev.add_argument("model", help="'tiny', a Hugging Face directory, or a run directory")
-    ev.add_argument("--eval", action="append", required=True, metavar="NAME=DATA")
-    ev.add_argument("--max-new-tokens", type=int, default=2048)
+    ev.add_argument(
+        "--eval",
+        action="append",
+        required=True,
+        metavar="NAME=DATA",
+        help="a set to evaluate: a JSON/JSONL path or synthetic:SPLIT[:N] (repeatable)",
+    )
+    ev.add_argument("--max-new-tokens", type=int, default=2048, help="cap on each response")
     ev.add_argument(
         "--max-batch", type=int, default=256, help="sequences decoded at once (continuous batching)"
     )
@@ -93,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_arguments(ev)
     ev.add_argument("--out", type=Path, help="write NAME.jsonl and summary.json here")
 
+
+def add_reading_commands(commands) -> None:
+    """verify, compare, report: run directories read back."""
     runs_help = "run directories, or directories holding them (a sweep's runs/)"
     verify = commands.add_parser("verify", help="re-derive run directories' ledgers and grades")
     verify.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
@@ -103,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARM",
         help="arm the paired differences are taken against (default: the first)",
     )
-    compare.add_argument("--format", choices=FORMATS, default="md")
+    compare.add_argument("--format", choices=FORMATS, default="md", help="table format")
     unverified_help = (
         "include runs that fail verify (or were recorded under other package versions), "
         "with a warning line each; by default they are refused"
@@ -112,8 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="figures and report.md for run directories")
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help=runs_help)
     report.add_argument("--out", type=Path, required=True, help="directory for report.md + PNGs")
-    report.add_argument("--reference", metavar="ARM")
+    report.add_argument(
+        "--reference",
+        metavar="ARM",
+        help="arm the paired differences are taken against (default: the first)",
+    )
     report.add_argument("--allow-unverified", action="store_true", help=unverified_help)
+
+
+def add_study_commands(commands) -> None:
+    """sweep, shapley-report and select-data: the study's grids, diagnostic and data."""
     sweep = commands.add_parser("sweep", help="train arms x seeds, then compare and report")
     sweep.add_argument(
         "--arms",
@@ -133,12 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="falsifier diagnostic of a parallel-path run: Spearman(phi, "
         "masked-path drop in r_out), sum phi vs r_out and U(P), MC standard error; table + PNG",
     )
-    shapley.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    shapley.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="a run of a parallel-path arm"
+    )
     shapley.add_argument("--out", type=Path, help="default RUN_DIR/shapley_report")
     shapley.add_argument("--max-steps", type=int, help="sample this many steps (default: all)")
     shapley.add_argument("--seed", type=int, default=0, help="step sample, bootstrap, MC draws")
     shapley.add_argument("--resamples", type=int, default=4000, help="bootstrap resamples")
-    shapley.add_argument("--device", default="cpu", help="for regenerating summaries")
+    shapley.add_argument(
+        "--device", default="auto", help="for regenerating summaries: auto, cpu or cuda[:N]"
+    )
     select = commands.add_parser(
         "select-data",
         help="estimate each question's pass rate with K samples and keep those "
@@ -160,26 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument(
         "--gate-min-chars", type=int, help="grade with the derivation gate, as gated arms reward"
     )
-    select.add_argument("--max-new-tokens", type=int, default=512)
-    select.add_argument("--temperature", type=float, default=0.8)
-    select.add_argument("--top-p", type=float, default=0.9)
+    select.add_argument("--max-new-tokens", type=int, default=512, help="cap on each sample")
+    select.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
+    select.add_argument("--top-p", type=float, default=0.9, help="nucleus of the top-p rule")
     select.add_argument(
         "--batch-questions",
         type=int,
         default=16,
         help="questions sampled in one engine batch (and saved together)",
     )
-    select.add_argument("--seed", type=int, default=42)
+    select.add_argument("--seed", type=int, default=42, help="seed of the samples")
     select.add_argument(
         "--max-batch", type=int, default=256, help="sequences decoded at once (continuous batching)"
     )
     select.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_arguments(select)
-    plan = commands.add_parser(
-        "plan", help="size a run to a device's memory", description=PLAN_DESCRIPTION
-    )
-    add_plan_arguments(plan)
-    return parser
 
 
 def without_nproc(argv: list[str]) -> list[str]:
@@ -197,7 +244,11 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser(config_path(argv)).parse_args(argv)
+    except USER_ERRORS as err:
+        print(f"rlvr-fast: error: {error_line(err)}", file=sys.stderr)
+        return 2
     handlers = {
         "train": run_train,
         "eval": run_eval,
@@ -208,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         "select-data": run_select_data,
     }
     try:
-        if args.command == "verify":
+        if args.command == "train" and args.print_config:
+            print(resolved_config_yaml(args, train_inputs(args)[0]), end="")
+            status = 0
+        elif args.command == "verify":
             status = 0 if run_verify(args) else 1
         elif args.command == "plan":
             status = run_plan(args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 
@@ -12,7 +14,12 @@ from rlvr_fast.data.problems import MAX_PROBLEMS, DataError, load_problems
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.run.directory import check_eval_name
 from rlvr_fast.train import distributed
-from rlvr_fast.train.precision import COMPUTE_DTYPES, PRECISIONS
+from rlvr_fast.train.precision import (
+    COMPUTE_DTYPES,
+    PRECISION_ALIASES,
+    PRECISIONS,
+    canonical_precision,
+)
 from rlvr_fast.train.sharding import SHARDINGS
 
 
@@ -32,8 +39,23 @@ OPTION_SETTINGS = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, where it has one worth showing (not None, an
+    off flag or an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line like every other error here."""
+    """argparse, with its usage errors on one line like every other error here, and every
+    option's default in --help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"rlvr-fast: error: {message.splitlines()[0]} (see {self.prog} --help)\n")
@@ -87,13 +109,16 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def parse_device(text: str) -> torch.device:
-    """cpu or cuda[:N], the latter only where that GPU exists."""
+    """cpu or cuda[:N], the latter only where that GPU exists; auto: cuda where torch sees a GPU,
+    else cpu."""
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(text)
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {text!r}: expected cpu or cuda[:N]")
+        raise ValueError(f"--device {text!r}: expected auto, cpu or cuda[:N]")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
@@ -114,7 +139,12 @@ DTYPE_PRECISIONS = {"bf16": "bf16-mixed", "fp32": "fp32"}
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda when torch sees a GPU, else cpu), cpu or cuda[:N]; several ranks on "
+        "cuda take cuda:LOCAL_RANK each",
+    )
     parser.add_argument(
         "--dtype",
         choices=list(DTYPES),
@@ -201,7 +231,14 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         default="synthetic:train",
         help="JSON/JSONL problems or synthetic:SPLIT[:N]; the first --steps are used",
     )
-    parser.add_argument("--eval", action="append", default=[], metavar="NAME=DATA")
+    parser.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="NAME=DATA",
+        help="a held-out set, evaluated greedily before the first step and after the last "
+        "(repeatable; DATA as --train-data)",
+    )
     parser.add_argument(
         "--steps",
         type=int,
@@ -226,9 +263,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
         "--precision",
-        choices=PRECISIONS,
-        help="fp32, bf16-mixed (fp32 master weights, gradients and moments; the default on "
-        "CUDA) or bf16-true (the study's bf16 weights); --dtype bf16 alone means bf16-mixed",
+        choices=(*PRECISIONS, *PRECISION_ALIASES),
+        help="fp32; bf16-mixed (bf16 compute, fp32 master weights, gradients and moments; "
+        "the default on CUDA); fp16-mixed (the same in fp16 with a dynamic loss scale); "
+        "bf16-true (the study's bf16 weights stepped directly). Lightning's names are aliases: "
+        + ", ".join(f"{alias} = {name}" for alias, name in PRECISION_ALIASES.items())
+        + ". Default: bf16-mixed on CUDA, fp32 elsewhere; --dtype bf16 alone means bf16-mixed",
     )
     parser.add_argument(
         "--shard",
@@ -239,6 +279,41 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     add_device_arguments(parser)
 
 
+class SettingsHelp(argparse.Action):
+    """``--help-settings``: every setting by section, then exit (as --help does)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from rlvr_fast.cli.reference import settings_text
+
+        sys.stdout.write(settings_text())
+        parser.exit(0)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config, --print-config and --help-settings (``rlvr_fast.cli.config_file``)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="a YAML file of options (their names with _) and settings, as --print-config "
+        "writes it; options on the command line override it, --set its settings",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved options and every setting as YAML for --config, and exit "
+        "without training",
+    )
+    parser.add_argument(
+        "--help-settings",
+        action=SettingsHelp,
+        help="list every setting (--set KEY=VALUE) by section with its type, default and help",
+    )
+
+
 def comma_list(text: str, kind, what: str) -> list:
     try:
         return [kind(part) for part in text.split(",") if part.strip()]
@@ -247,9 +322,9 @@ def comma_list(text: str, kind, what: str) -> list:
 
 
 def training_overrides(args) -> dict:
-    """--set pairs, and --no-cuda-graphs, --active-steps, --precision and --dtype as the
+    """A --config file's settings, --set pairs over them, and --no-cuda-graphs, --active-steps, --precision and --dtype as the
     TrainConfig fields they set."""
-    overrides = parse_overrides(args.set)
+    overrides = {**getattr(args, "config_settings", {}), **parse_overrides(args.set)}
     if args.no_cuda_graphs:
         overrides["cuda_graphs"] = False
     if args.active_steps is not None:
@@ -265,6 +340,8 @@ def training_overrides(args) -> dict:
 def training_precision(precision: str | None, dtype: str) -> str | None:
     """--precision, or the one --dtype implies; None (the device's default) when neither is
     given. A --dtype other than the precision's compute dtype is refused."""
+    if precision is not None:
+        precision = canonical_precision(precision)
     if dtype == "auto":
         return precision
     if precision is None:

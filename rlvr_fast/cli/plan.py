@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlvr_fast.cli.options import ArgumentParser
 from rlvr_fast.models.config import ConfigError, ModelConfig
 from rlvr_fast.models.lora import LoraSettings
 from rlvr_fast.train.memory_plan import PlanError, RunShape, plan_memory
@@ -35,9 +36,7 @@ PLAN_DESCRIPTION = "What a GRPO run holds on one device, term by term; exit 2 if
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlvr_fast.cli.plan", description=PLAN_DESCRIPTION
-    )
+    parser = ArgumentParser(prog="python -m rlvr_fast.cli.plan", description=PLAN_DESCRIPTION)
     add_plan_arguments(parser)
     return parser
 
@@ -60,7 +59,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         f"({', '.join(sorted(p.stem for p in PUBLISHED_CONFIGS.glob('*.json')))})",
     )
     parser.add_argument("--device-memory", required=True, type=size_argument, help="e.g. 80GiB")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default=defaults.precision)
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default=defaults.precision,
+        help="the run's training precision",
+    )
     for name, help_text in (
         ("group_size", "rollouts per question (G)"),
         ("questions_per_step", "questions per step (Q)"),
@@ -79,10 +83,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.kv_memory_fraction,
         help="share of what is left that the KV cache takes",
     )
-    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute each decoder layer"
+    )
     parser.add_argument("--eager-loss", action="store_true", help="the eager reference loss")
     parser.add_argument("--untie", action="store_true", help="train a tied LM head on its own")
-    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument(
+        "--no-cuda-graphs", action="store_true", help="no CUDA-graph pool (eager decode)"
+    )
     parser.add_argument(
         "--adamw-step",
         choices=ADAMW_STEPS,

@@ -251,6 +251,10 @@ class LoraAdapters:
     ) -> None:
         self.model, self.settings, self.layers = model, settings, layers
         self._decoder: Qwen3ForCausalLM | None = None
+        # Whether the adapters start at zero (B = 0: the model starts as its base), or from
+        # weights given (``load_peft_state``: a PeftModel's adapters, which TRL's reference
+        # copies).
+        self.start_at_base = True
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.layers.values() for p in layer.parameters() if p.requires_grad]
@@ -296,6 +300,29 @@ class LoraAdapters:
                     ours = weights.get(f"{name}.{matrix}.{part}", tensors[part])
                     state[f"{stem}.{matrix}{infix}.weight"] = ours
         return state
+
+    @torch.no_grad()
+    def load_peft_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Start from the adapter tensors ``state`` (by peft's saved names, as ``peft_state()``
+        gives them; peft's ``get_peft_model_state_dict``): every adapter's A and B, no other
+        name; ValueError naming a missing, extra or misshapen tensor."""
+        ours = self.peft_state()
+        missing, extra = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
+        if missing or extra:
+            raise ValueError(
+                "adapter weights do not match the adapters: "
+                + (f"missing {missing[0]}" if missing else f"unexpected {extra[0]}")
+                + f" ({len(missing)} missing, {len(extra)} unexpected)"
+            )
+        for name, tensor in ours.items():
+            if tuple(state[name].shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"adapter weight {name}: shape {tuple(state[name].shape)}, the adapter's "
+                    f"{tuple(tensor.shape)}"
+                )
+            tensor.copy_(state[name])
+        self.start_at_base = False
+        self.refresh()
 
     def peft_config(self, base_model: str, task_type: str | None = "CAUSAL_LM") -> dict:
         """adapter_config.json as peft writes it for these settings (fields left out take

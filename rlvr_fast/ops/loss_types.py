@@ -2,15 +2,16 @@
 package knows about a loss type is asked of its ``LossType``, never of its name.
 
 A record holds the loss type's per-token objective (TRL 1.16's ``_compute_loss`` on the [S, T]
-padded layout; None for the study's sum, which goes through ``weighted_token_nll`` in the arm's
-``loss_order`` instead of the fused policy loss), its ``Normaliser`` (how the summed per-token
+padded layout) or, for the study's sum, its loss through ``weighted_token_nll`` in one
+``loss_order`` (two records: sum_then_scale, arm 1's, and token_weighted), its ``Normaliser`` (how the summed per-token
 loss is divided, and so what a question's share of a pooled step counts), the settings of
 ``PolicyLossSettings`` it reads, and its figures: the function computing them from a
 micro-batch's ratios and the names they carry, in the ledger and in TRL's logs alike, with the
 value TRL logs on a step that has none.
 
 Adding a loss type is one ``register(LossType(...))`` here (its objective, a normaliser, its
-figures) plus, when it reads settings of its own, their fields in ``PolicyLossSettings``.
+figures) plus, when it reads settings of its own, their fields in ``PolicyLossSettings``. The
+registry holds one record per (loss type, loss order): TRL's types are token-weighted only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from rlvr_fast.ops.weighted_nll import weighted_token_nll
 
 
 def padded(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -202,6 +205,22 @@ def vespo_figures(ratio, advantages, lengths, settings) -> dict[str, float]:
     return {"vespo/phi_seq_mean": float(phi.mean())}
 
 
+def sum_then_scale_nll(hidden, weight, targets, advantages, token_weights, lengths):
+    """Arm 1's loss, -(1/G) sum_i A_i (sum_t log pi(y_it)), in the seed's order: each
+    completion's NLL summed, then scaled by its advantage A_i [G], summed and divided by G."""
+    loss = weighted_token_nll(
+        hidden, weight, targets, advantages.to(hidden.device), sequence_lengths=lengths
+    )
+    return loss / len(lengths)
+
+
+def token_weighted_nll(hidden, weight, targets, advantages, token_weights, lengths):
+    """The token-weighted loss: token t of completion i weighted by w_it / G (``token_weights``,
+    one [L_i] tensor per completion; w_it = A_i s_i on flat steps)."""
+    weights = torch.cat(token_weights).to(hidden.device) / len(lengths)
+    return weighted_token_nll(hidden, weight, targets, weights)
+
+
 def no_figures(ratio, advantages, lengths, settings) -> dict[str, float]:
     return {}
 
@@ -217,9 +236,11 @@ CLIP_RATIO_METRICS = {
 
 @dataclass(frozen=True)
 class LossType:
-    """One loss type (module docstring). ``objective(coef_1, advantages, per_token_logps,
-    log_ratio, mask, settings)`` -> per-token loss [S, T] (None: the study's sum);
-    ``reads``: the ``PolicyLossSettings`` fields it reads of its own, ``requires`` those of them
+    """One loss type in one loss order (module docstring). ``objective(coef_1, advantages,
+    per_token_logps, log_ratio, mask, settings)`` -> per-token loss [S, T] (TRL's types);
+    ``study_loss(hidden [N, H], lm_head weight, targets [N], advantages [G], token_weights,
+    lengths)`` -> the loss of a group through ``weighted_token_nll`` (the study's sum, in
+    ``order``); ``reads``: the ``PolicyLossSettings`` fields it reads of its own, ``requires`` those of them
     that must be set; ``figures(ratio [N], advantages [S], lengths, settings)`` -> its figures
     of one micro-batch; ``metrics``: the names TRL logs for it, each with the value logged on a
     step without it (a study step clips nothing: 0)."""
@@ -227,6 +248,8 @@ class LossType:
     name: str
     objective: Callable | None
     normaliser: Normaliser
+    order: str = "token_weighted"
+    study_loss: Callable | None = None
     reads: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     figures: Callable = no_figures
@@ -238,13 +261,15 @@ class LossType:
         return self.objective is not None
 
 
-LOSS_TYPES: dict[str, LossType] = {}
+LOSS_TYPES: dict[tuple[str, str], LossType] = {}  # by (loss type, loss order)
 
 
 def register(loss: LossType) -> LossType:
-    if loss.name in LOSS_TYPES:
-        raise ValueError(f"loss type {loss.name!r} is registered twice")
-    LOSS_TYPES[loss.name] = loss
+    if (loss.name, loss.order) in LOSS_TYPES:
+        raise ValueError(f"loss type {loss.name!r} is registered twice in order {loss.order}")
+    if loss.fused == (loss.study_loss is not None):
+        raise ValueError(f"loss type {loss.name!r} needs an objective or a study loss, not both")
+    LOSS_TYPES[loss.name, loss.order] = loss
     return loss
 
 
@@ -254,7 +279,9 @@ CLIPPED = dict(
     figures=clip_figures,
     metrics=CLIP_RATIO_METRICS,
 )
-register(LossType("sum", None, GROUP_SIZE, metrics=CLIP_RATIO_METRICS))
+STUDY_SUM = dict(objective=None, normaliser=GROUP_SIZE, metrics=CLIP_RATIO_METRICS)
+register(LossType("sum", order="sum_then_scale", study_loss=sum_then_scale_nll, **STUDY_SUM))
+register(LossType("sum", order="token_weighted", study_loss=token_weighted_nll, **STUDY_SUM))
 register(LossType("grpo", normaliser=SEQUENCE_MEANS, **CLIPPED))
 register(LossType("bnpo", normaliser=MICRO_BATCH_TOKENS, **CLIPPED))
 register(LossType("dr_grpo", normaliser=MAX_LENGTH, requires=("max_completion_length",), **CLIPPED))
@@ -289,17 +316,31 @@ register(
     )
 )
 
-# The names, in registration order: every loss type, and TRL's (through the fused policy loss).
-LOSS_TYPE_NAMES = tuple(LOSS_TYPES)
-FUSED_LOSS_TYPE_NAMES = tuple(name for name, loss in LOSS_TYPES.items() if loss.fused)
+# The names, in registration order: every loss type, and TRL's (through the fused policy loss);
+# the loss orders (the study's sum is computed in either).
+LOSS_TYPE_NAMES = tuple(dict.fromkeys(name for name, _ in LOSS_TYPES))
+FUSED_LOSS_TYPE_NAMES = tuple(
+    dict.fromkeys(name for (name, _), loss in LOSS_TYPES.items() if loss.fused)
+)
+LOSS_ORDERS = tuple(dict.fromkeys(order for _, order in LOSS_TYPES))
 # Every loss type's own figures, ledger and TRL names alike.
 LOSS_TYPE_FIGURES = tuple(dict.fromkeys(m for loss in LOSS_TYPES.values() for m in loss.metrics))
 
 
-def loss_type(name: str, *, fused: bool = False) -> LossType:
-    """The record of loss type ``name`` (``fused``: one of TRL's, through the fused policy loss);
-    an unknown name is a one-line ValueError naming the known ones."""
+def loss_type(name: str, *, fused: bool = False, order: str | None = None) -> LossType:
+    """The record of loss type ``name`` (``fused``: one of TRL's, through the fused policy loss)
+    in loss order ``order`` (None: its first; what a loss type is beyond its loss is the same in
+    every order); an unknown name is a one-line ValueError naming the known ones."""
     names = FUSED_LOSS_TYPE_NAMES if fused else LOSS_TYPE_NAMES
     if name not in names:
         raise ValueError(f"loss_type must be one of {', '.join(names)}, got {name!r}")
-    return LOSS_TYPES[name]
+    orders = [loss for (known, _), loss in LOSS_TYPES.items() if known == name]
+    if order is None:
+        return orders[0]
+    for loss in orders:
+        if loss.order == order:
+            return loss
+    raise ValueError(
+        f"loss_type {name} is computed in loss_order {', '.join(o.order for o in orders)}, "
+        f"got {order!r}"
+    )

@@ -16,6 +16,7 @@ generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMM
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,58 +30,142 @@ from rlvr_fast.kernels.policy_loss import (
     policy_rows_stats_torch,
     policy_rows_stats_triton,
 )
+from rlvr_fast.utils.settings import check_settings, must_be_one_of, one_of, setting
 from rlvr_fast.ops.weighted_nll import (
     accumulate_grad_weight,
     check_target_range,
     default_chunk_size,
 )
 
+IS_LEVELS = ("token", "sequence")
 BACKENDS = {
     "torch": (policy_rows_stats_torch, policy_rows_grad_torch),
     "triton": (policy_rows_stats_triton, policy_rows_grad_triton),
 }
 
 
+def _vespo_setting(default: float, what: str):
+    """One of VESPO's gamma weight parameters (TRL's ``vespo_*``)."""
+    return setting(
+        default,
+        f"vespo's gamma {what}",
+        math.isfinite,
+        "vespo's k and lambda must be finite numbers, got {value}",
+        trl=True,
+        part="ratio",
+    )
+
+
 @dataclass(frozen=True)
 class PolicyLossSettings:
     """TRL 1.16 GRPOConfig's loss fields, with its names and defaults; ``loss_type`` names a
-    fused record of ``rlvr_fast.ops.loss_types``. ``num_items_in_batch``
-    normalises dapo, cispo and vespo (TRL: the generation batch's completion tokens, rescaled to one
-    accumulation window; default here: this call's tokens); ``max_completion_length`` normalises
-    dr_grpo; ``gradient_accumulation_steps`` divides the other types, as TRL does in training."""
+    fused record of ``rlvr_fast.ops.loss_types``. Each field declared by ``setting`` is a
+    setting of a run, declared here once (default, help, checks): ``TrainConfig``'s field
+    (``rlvr_fast.train.policy_config``), the facade's ``GRPOConfig`` field and its line of
+    ``support.HONOURED`` are derived from it. The other fields are values of one call:
+    ``num_items_in_batch`` normalises dapo, cispo and vespo (TRL: the generation batch's
+    completion tokens, rescaled to one accumulation window; default here: this call's tokens);
+    ``max_completion_length`` normalises dr_grpo; ``gradient_accumulation_steps`` divides the
+    other types, as TRL does in training; ``loss_type`` is the run's own setting (its default
+    there is the study's sum)."""
 
     loss_type: str = "dapo"
-    importance_sampling_level: str = "token"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    delta: float | None = None
-    beta: float = 0.0
-    use_bias_correction_kl: bool = False
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    beta: float = setting(
+        0.0,
+        "TRL's beta: weight of the k3 KL to a frozen reference model (bf16 on CUDA), fused with "
+        "the loss; > 0 makes every group contribute",
+        lambda v: v >= 0,
+        "{name} must be >= 0, got {value}",
+        trl=True,
+        run_name="kl_beta",
+        part="kl",
+    )
+    use_bias_correction_kl: bool = setting(
+        False, "TRL's importance-weighted KL estimate", part="kl"
+    )
+    importance_sampling_level: str = setting(
+        "token",
+        "the importance ratio per token, or per sequence (GSPO)",
+        one_of(IS_LEVELS),
+        must_be_one_of("importance_sampling_level", IS_LEVELS),
+        trl=True,
+        part="ratio",
+    )
+    epsilon: float = setting(
+        0.2,
+        "lower clip of the ratio, 1 - epsilon",
+        lambda v: v >= 0,
+        "epsilon must be >= 0, got {value}",
+        trl=True,
+        part="ratio",
+    )
+    epsilon_high: float | None = setting(
+        None,
+        "upper clip of the ratio, 1 + epsilon_high (None: epsilon); cispo's clip",
+        lambda v: v is None or v >= 0,
+        "epsilon_high must be >= 0 or None, got {value}",
+        trl=True,
+        part="ratio",
+    )
+    delta: float | None = setting(
+        None,
+        "two-sided clip: the ratio capped at delta (None: none)",
+        lambda v: v is None or v > 0,
+        "delta must be > 0 or None, got {value}",
+        trl=True,
+        part="ratio",
+    )
+    sapo_temperature_pos: float = setting(
+        1.0,
+        "sapo's gate temperature of positive advantages",
+        lambda v: v > 0,
+        "sapo temperatures must be > 0",
+        trl=True,
+        part="ratio",
+    )
+    sapo_temperature_neg: float = setting(
+        1.05,
+        "sapo's gate temperature of negative advantages",
+        lambda v: v > 0,
+        "sapo temperatures must be > 0",
+        trl=True,
+        part="ratio",
+    )
+    vespo_k_pos: float = _vespo_setting(2.0, "shape k of positive advantages")
+    vespo_lambda_pos: float = _vespo_setting(3.0, "rate lambda of positive advantages")
+    vespo_k_neg: float = _vespo_setting(3.0, "shape k of negative advantages")
+    vespo_lambda_neg: float = _vespo_setting(2.0, "rate lambda of negative advantages")
     max_completion_length: int | None = None
     num_items_in_batch: float | None = None
     gradient_accumulation_steps: int = 1
-    top_entropy_quantile: float = 1.0
+    top_entropy_quantile: float = setting(
+        1.0,
+        "TRL's top_entropy_quantile (rho): the policy term keeps only the tokens whose entropy is "
+        "at least the 1 - rho quantile of the step's (1: every token)",
+        lambda v: 0 <= v <= 1,
+        "top_entropy_quantile must be in [0, 1], got {value}",
+        trl=True,
+        part="entropy",
+    )
     # TRL's bonus at coefficient 0 (its adaptive control's) subtracts 0: the same loss.
-    entropy_coef: float = 0.0
-    off_policy_mask_threshold: float | None = None
+    entropy_coef: float = setting(
+        0.0,
+        "TRL's entropy bonus: the loss minus this times the mean entropy of the policy term's "
+        "tokens (every group then contributes); the initial coefficient of use_adaptive_entropy",
+        trl=True,
+        part="entropy",
+    )
+    off_policy_mask_threshold: float | None = setting(
+        None,
+        "TRL's off-policy sequence mask (DeepSeek-V3.2's OPSM): a sequence of negative advantage "
+        "whose mean KL(old || current) exceeds this leaves the policy term (None: none)",
+        trl=True,
+        part="mask",
+    )
 
     def __post_init__(self):
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ValueError(
-                f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
-            )
+        check_settings(self)
         loss = loss_type(self.loss_type, fused=True)
-        if self.importance_sampling_level not in ("token", "sequence"):
-            raise ValueError(
-                "importance_sampling_level must be token or sequence, got "
-                f"{self.importance_sampling_level!r}"
-            )
         for name in loss.requires:
             if getattr(self, name) is None:
                 raise ValueError(f"loss_type {self.loss_type} needs {name}")

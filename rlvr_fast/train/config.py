@@ -10,10 +10,11 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs`` and ``mask_truncated``; for TRL's loss types (``rlvr_fast.train.policy``)
+  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types (``rlvr_fast.train.policy``)
   ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
   ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
   ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
+  ``vespo_k_pos`` / ``_neg``, ``vespo_lambda_pos`` / ``_neg``,
   ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
   ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
   ``off_policy_mask_threshold``;
@@ -23,12 +24,13 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
 - parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
   ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
   ``lambda_path``, ``judge_model``;
-- the study's Table 3 ablations: ``questions_per_step``, ``polyak_start``, ``active_steps``;
+- the study's Table 3 ablations: ``questions_per_step`` (and ``combine_questions``),
+  ``polyak_start``, ``active_steps``;
 - LoRA (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every weight trains),
   ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
-- device: ``precision`` (``rlvr_fast.train.precision``), ``activation_checkpointing``, and the
-  engine's ``kv_memory_fraction``, ``kv_blocks``, ``max_model_len`` (``rlvr_fast.train.memory_plan``
-  sizes them before anything is allocated).
+- device: ``precision`` (``rlvr_fast.train.precision``), ``shard``,
+  ``activation_checkpointing``, and the engine's ``kv_memory_fraction``, ``kv_blocks``,
+  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated).
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
@@ -56,17 +58,23 @@ from rlvr_fast.rollouts.limits import (
 from rlvr_fast.rollouts.parallel import AGGREGATORS
 from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
-from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_TYPE_NAMES, LossType, loss_type
-from rlvr_fast.train.losses import LOSS_ORDERS
+from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_ORDERS, LOSS_TYPE_NAMES
+from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
 from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
-from rlvr_fast.train.fields import FLAT_ONLY, _valid, one_of, setting
+from rlvr_fast.utils.settings import check_settings, must_be_one_of, one_of, setting
+from rlvr_fast.train.fields import type_name, unknown_setting_error
 from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
-from rlvr_fast.train.policy_config import MICRO_BATCH_SETTINGS, POLICY_SETTINGS, PolicyLossConfig
+from rlvr_fast.train.policy_config import (
+    FLAT_ONLY,
+    POLICY_SETTINGS,
+    PolicyLossConfig,
+    check_micro_batch_settings,
+)
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
 
@@ -91,7 +99,7 @@ OPTIMIZER_HELP = (
     "TRL's optim='adafactor' builds it (lr, weight_decay; factored second moments, no first "
     "moment: rlvr_fast.train.adafactor)"
 )
-OPTIMIZER_ERROR = _valid("optimizer", OPTIMIZERS)
+OPTIMIZER_ERROR = must_be_one_of("optimizer", OPTIMIZERS)
 # 10^9 steps is past any run (a 401-digit --steps trained forever).
 STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
 
@@ -165,14 +173,14 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "sum_then_scale: -A_i sum_t log p per sequence (the seed's baseline); token_weighted: "
         "each token's NLL times its weight, through the fused loss",
         one_of(LOSS_ORDERS),
-        _valid("loss_order", LOSS_ORDERS),
+        must_be_one_of("loss_order", LOSS_ORDERS),
     )
     skip_zero_var: bool = setting(False, "homogeneous groups (sigma_R = 0) run no backward pass")
     zero_var_step: str = setting(
         "skip",
         "on a skipped group: zero_grad takes an AdamW step with zero gradients, skip none",
         one_of(ZERO_VAR_STEPS),
-        _valid("zero_var_step", ZERO_VAR_STEPS),
+        must_be_one_of("zero_var_step", ZERO_VAR_STEPS),
     )
     gate_min_chars: int | None = setting(
         None,
@@ -185,7 +193,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "the study's sum (-A_i sum_t log p, through weighted_token_nll), or one of TRL 1.16's "
         f"loss types ({', '.join(FUSED_LOSS_TYPE_NAMES)}: fused_policy_loss)",
         one_of(LOSS_TYPE_NAMES),
-        _valid("loss_type", LOSS_TYPE_NAMES),
+        must_be_one_of("loss_type", LOSS_TYPE_NAMES),
         only_for=FLAT_ONLY,
     )
     scale_rewards: bool = setting(
@@ -224,13 +232,13 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "flat",
         "the step kind: flat groups, two-stage trees, or parallel paths",
         one_of(SAMPLERS),
-        _valid("sampler", SAMPLERS),
+        must_be_one_of("sampler", SAMPLERS),
     )
     early_eos_mode: str = setting(
         "terminal_dup",
         "tree branching rule for a root that ends early (the seed's --early-eos-mode)",
         one_of(EARLY_EOS_MODES),
-        _valid("early_eos_mode", EARLY_EOS_MODES),
+        must_be_one_of("early_eos_mode", EARLY_EOS_MODES),
     )
     tree_k: int = setting(
         4,
@@ -278,19 +286,19 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "vote",
         "how a response aggregates its paths: majority vote, or a generated summary",
         one_of(AGGREGATORS),
-        _valid("aggregator", AGGREGATORS),
+        must_be_one_of("aggregator", AGGREGATORS),
     )
     path_utility: str = setting(
         "vote",
         "utility of a coalition of paths",
         one_of(PATH_UTILITIES),
-        _valid("path_utility", PATH_UTILITIES),
+        must_be_one_of("path_utility", PATH_UTILITIES),
     )
     path_credit: str = setting(
         "shapley",
         "credit of a path: its Shapley value, leave-one-out, or graded alone",
         one_of(PATH_CREDITS),
-        _valid("path_credit", PATH_CREDITS),
+        must_be_one_of("path_credit", PATH_CREDITS),
     )
     shapley_permutations: int = setting(
         0,
@@ -304,7 +312,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "zscore",
         "normalisation of phi before it is mixed into the path reward",
         one_of(PATH_REWARD_NORMS),
-        _valid("path_reward_norm", PATH_REWARD_NORMS),
+        must_be_one_of("path_reward_norm", PATH_REWARD_NORMS),
     )
     lambda_outcome: float = setting(
         0.5,
@@ -378,7 +386,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "all the step's completions normalised as loss_type says (dapo: by the step's tokens; "
         "grpo, dr_grpo and sum: by its completions)",
         one_of(QUESTION_COMBINATIONS),
-        _valid("combine_questions", QUESTION_COMBINATIONS),
+        must_be_one_of("combine_questions", QUESTION_COMBINATIONS),
         written_when_set=True,
     )
     advantage_std: str = setting(
@@ -386,7 +394,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         "the std advantages are divided by: each group's (the study's), or that of all the "
         "step's rewards on every rank (TRL's scale_rewards='batch'); the mean is the group's",
         one_of(ADVANTAGE_STDS),
-        _valid("advantage_std", ADVANTAGE_STDS),
+        must_be_one_of("advantage_std", ADVANTAGE_STDS),
         only_for=FLAT_ONLY,
         written_when_set=True,
     )
@@ -396,10 +404,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for f in dataclasses.fields(self):
-            for check, error in f.metadata["checks"]:
-                if not check(getattr(self, f.name)):
-                    raise ValueError(error.format(value=getattr(self, f.name)))
+        check_settings(self)
         _check_settings_of_other_samplers(self)
         _check_loss(self)
         _check_shapley(self)
@@ -415,10 +420,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
             raise ValueError("the arm is chosen by name (--arm), not overridden")
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ValueError(
-                f"unknown setting {unknown[0]!r} (valid: "
-                f"{', '.join(f.name for f in dataclasses.fields(cls))})"
-            )
+            raise ValueError(unknown_setting_error(unknown[0], list(setting_fields())))
         return cls(arm=name, **{**arm_settings(name), **overrides})
 
     def to_json(self) -> dict:
@@ -469,20 +471,26 @@ def _check_types(config: TrainConfig) -> None:
         value = getattr(config, name)
         if allowed is tuple:
             if not _is_number_pair(value):
-                raise ValueError(f"{name} has the wrong type: {value!r}")
+                raise ValueError(_wrong_type(name, value))
             value = tuple(float(b) for b in value)
             setattr(config, name, value)
         elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ValueError(f"{name} has the wrong type: {value!r}")
+            raise ValueError(_wrong_type(name, value))
         # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
-def help_texts() -> dict[str, str]:
-    """Each setting's help text, in field order (``rlvr-fast train --help-settings``)."""
-    return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+def setting_fields() -> dict[str, dataclasses.Field]:
+    """Every setting of a run by name, in config.json's order, each a field whose metadata is
+    ``rlvr_fast.utils.settings``' (help, checks, only_for, written_when_set, trl): what the
+    command line's help and config files read."""
+    return {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _wrong_type(name: str, value) -> str:
+    return f"{name} is of type {type_name(typing.get_type_hints(TrainConfig)[name])}, got {value!r}"
 
 
 def _field_types() -> dict[str, tuple | type]:
@@ -550,26 +558,13 @@ def _check_loss(self: TrainConfig) -> None:
             "sync_ref_model with lora_r: under LoRA the reference is the frozen base with the "
             "adapters left out (as TRL's, which refuses the sync with peft too)"
         )
-    _check_micro_batch_settings(self)
+    check_micro_batch_settings(self)
     if self.loss_order != "token_weighted" and (
         self.loss.fused or self.tempered_logprobs or self.mask_truncated
     ):
         raise ValueError(
             "loss_type other than sum, tempered_logprobs and mask_truncated need loss_order "
             "token_weighted"
-        )
-
-
-def _check_micro_batch_settings(self: TrainConfig) -> None:
-    """TRL takes the entropy quantile and the entropy bonus's mean over the tokens of one
-    micro-batch; rlvr_fast's loss sees one question's group at a time, so a step must be one
-    group and one micro-batch."""
-    defaults = {f.name: f.default for f in dataclasses.fields(self)}
-    changed = [n for n in MICRO_BATCH_SETTINGS if getattr(self, n) != defaults[n]]
-    if changed and (self.questions_per_step > 1 or self.generation_steps > 1):
-        raise ValueError(
-            f"{changed[0]} is taken over one question's group per optimizer step on rlvr_fast: "
-            "it needs questions_per_step 1 and generation_steps 1"
         )
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlvr_fast.models.lora import DEFAULT_TARGETS, LoraSettings
-from rlvr_fast.train.fields import setting
+from rlvr_fast.utils.settings import setting
 
 # Settings that mean nothing without lora_r.
 ADAPTER_SETTINGS = ("lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora")

@@ -1,9 +1,11 @@
 """The GRPO losses, -(1/G) sum_i sum_t w_it log pi(y_t | x, y_<t), and what they need.
 
-- ``fused_grpo_loss`` (token-weighted) and ``fused_sum_then_scale_loss`` (each sequence's NLL
-  summed first: the seed's run_baseline, arm 1): through the fused ``weighted_token_nll`` op from
-  the final hidden states and the LM head, never forming [tokens, vocab] logits; on the CPU the
-  prompt is packed once with every completion (``shared_prompt_batch``);
+- ``study_loss``: the study's sum in either loss order of its registry records
+  (``rlvr_fast.ops.loss_types``: token-weighted, or each sequence's NLL summed first, the seed's
+  run_baseline, arm 1), and ``fused_grpo_loss``, the token-weighted one: through the fused
+  ``weighted_token_nll`` op from the final hidden states and the LM head, never forming
+  [tokens, vocab] logits; on the CPU the prompt is packed once with every completion
+  (``shared_prompt_batch``);
 - ``grpo_loss`` on eager per-token NLLs (``completion_token_nll``), both orders: the eager
   reference the fused losses are tested against;
 - ``policy_loss`` (TRL's loss types, ``rlvr_fast.ops.loss_types``): through the fused
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr_fast.models.context import ForwardContext
-from rlvr_fast.ops import weighted_token_nll
+from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.ops.policy_loss import (
     PolicyLossSettings,
     PolicyLossStats,
@@ -30,7 +32,7 @@ from rlvr_fast.ops.policy_loss import (
 )
 from rlvr_fast.rollouts.parallel import ParallelRollout
 
-LOSS_ORDERS = ("sum_then_scale", "token_weighted")
+TOKEN_WEIGHTED = loss_type("sum", order="token_weighted")
 
 
 def completion_batch(
@@ -60,6 +62,29 @@ def completion_token_nll(
     return nll.view_as(targets) * mask
 
 
+def study_loss(
+    model,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    loss: LossType,
+    advantages: torch.Tensor | None,
+    token_weights: list[torch.Tensor] | None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """The study's sum of one group in the order of its registry record (``loss.study_loss``:
+    sum_then_scale reads the advantages [G], token_weighted the per-token weights), from the
+    final hidden states and the LM head through ``weighted_token_nll``, no [tokens, vocab]
+    logits. ``temperature`` scores log softmax(logits / temperature) (TRL's convention), by
+    scaling the hidden states: (h / T) W^T = (h W^T) / T."""
+    hidden, targets = completion_hidden(model, prompt_ids, completions)
+    if temperature != 1.0:
+        hidden = hidden / temperature
+    lengths = [len(c) for c in completions]
+    return loss.study_loss(
+        hidden, model.lm_head.weight, targets, advantages, token_weights, lengths
+    )
+
+
 def fused_grpo_loss(
     model,
     prompt_ids: list[int],
@@ -67,32 +92,11 @@ def fused_grpo_loss(
     token_weights: list[torch.Tensor],
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """The token-weighted GRPO loss through ``weighted_token_nll``: token t of completion i
-    weighted by w_it / G (w_it = A_i on flat steps), from the final hidden states and the LM
-    head, no [tokens, vocab] logits. ``temperature`` scores log softmax(logits / temperature)
-    (TRL's convention), by scaling the hidden states: (h / T) W^T = (h W^T) / T."""
-    hidden, targets = completion_hidden(model, prompt_ids, completions)
-    if temperature != 1.0:
-        hidden = hidden / temperature
-    weights = torch.cat(token_weights).to(hidden.device) / len(completions)
-    return weighted_token_nll(hidden, model.lm_head.weight, targets, weights)
-
-
-def fused_sum_then_scale_loss(
-    model, prompt_ids: list[int], completions: list[list[int]], advantages: torch.Tensor
-) -> torch.Tensor:
-    """Arm 1's loss, -(1/G) sum_i A_i (sum_t log pi(y_it)), in the seed's order (each
-    completion's NLL summed, then scaled by its advantage, summed and divided by G) through
-    ``weighted_token_nll``: no [tokens, vocab] logits."""
-    hidden, targets = completion_hidden(model, prompt_ids, completions)
-    loss = weighted_token_nll(
-        hidden,
-        model.lm_head.weight,
-        targets,
-        advantages.to(hidden.device),
-        sequence_lengths=[len(c) for c in completions],
+    """The token-weighted loss (``study_loss`` in order token_weighted): token t of completion i
+    weighted by w_it / G (w_it = A_i on flat steps)."""
+    return study_loss(
+        model, prompt_ids, completions, TOKEN_WEIGHTED, None, token_weights, temperature
     )
-    return loss / len(completions)
 
 
 def policy_loss(

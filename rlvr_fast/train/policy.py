@@ -11,7 +11,9 @@ from the model's path: the same weights), in bf16 on CUDA and in the run's dtype
 (1 - alpha) ref + alpha policy (TRL's ``SyncRefModelCallback``). Under LoRA it is the policy's
 frozen base with the adapters left out, as TRL disables a PeftModel's adapters: it shares the
 base's tensors, copies nothing and has nothing of its own to checkpoint (and no sync, which TRL
-refuses with peft too). Its log-probabilities, like
+refuses with peft too); adapters that start from given weights (a ``peft.PeftModel`` handed to
+``GRPOTrainer``) are part of the reference, as TRL copies them into a frozen "ref" adapter: the
+adapted projections' merged starting weights, the rest shared. Its log-probabilities, like
 TRL's, are taken once per generation, after sampling and before the generation's first update.
 """
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr_fast.models.lora import base_twin
+from rlvr_fast.models.lora import base_twin, merged_twin
 from rlvr_fast.ops.loss_types import loss_type, padded, token_mean
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats, high_entropy_mask
 
@@ -165,8 +167,12 @@ class ReferenceModel(torch.nn.Module):
         build CUDA's pairing of an fp32 policy with a bf16 reference on the CPU)."""
         super().__init__()
         self.owns_weights = adapters is None
-        if adapters is not None:  # TrainConfig refuses sync_ref_model with lora_r
+        if adapters is not None and adapters.start_at_base:  # no sync_ref_model with lora_r
             self.model = base_twin(adapters.model, adapters.layers)
+        elif adapters is not None:
+            # Adapters given at the start (a PeftModel's): TRL's reference is a frozen copy of
+            # them, here their merged weights at the start, rebuilt from them in every start.
+            self.model = merged_twin(adapters.model, adapters.layers)
         else:
             self.model = copy.deepcopy(model).eval().requires_grad_(False)
             self.model.to(dtype or reference_dtype(next(model.parameters())))

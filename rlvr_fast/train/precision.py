@@ -27,6 +27,20 @@ COMPUTE_DTYPES = {
     "fp16-mixed": torch.float16,
 }
 MIXED = ("bf16-mixed", "fp16-mixed")  # float32 masters under a low-precision compute copy
+# Lightning's spellings of the same recipes (its Trainer(precision=...)); "16-true" and "64-true"
+# have no counterpart here.
+PRECISION_ALIASES = {
+    "32-true": "fp32",
+    "32": "fp32",
+    "16-mixed": "fp16-mixed",
+    "16": "fp16-mixed",
+    "bf16": "bf16-mixed",
+}
+
+
+def canonical_precision(name: str) -> str:
+    """A precision or one of Lightning's aliases, as the name config.json records."""
+    return PRECISION_ALIASES.get(name, name)
 
 
 def resolve_precision(precision: str | None, device: torch.device) -> str:

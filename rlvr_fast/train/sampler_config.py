@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr_fast.train.fields import setting
+from rlvr_fast.utils.settings import setting
 
 
 @dataclass

@@ -109,14 +109,17 @@ class RLVRTrainer:
         progress: bool = True,
         profile_steps: int = 0,
         task=None,
+        adapter_weights: dict | None = None,
         monitoring: Monitoring | None = None,
     ) -> None:
+        """``adapter_weights``: the LoRA adapters' starting tensors by peft's saved names (a
+        ``peft.PeftModel``'s), in place of peft's initialisation."""
         if not train_data:
             raise ValueError("train_data is empty")
         kind = step_kind(config.sampler)
         kind.check_task(task)
         self.policy, self.config = policy, config
-        add_adapters(policy, config)
+        add_adapters(policy, config, adapter_weights)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
         distributed.check_questions_per_step(config.questions_per_step)
         if config.generation_steps > 1 and distributed.world_size() > 1:
@@ -486,17 +489,22 @@ def identify_run_directory(checkpointer: Checkpointer, signature: dict, train_da
     checkpointer.accepts["train_data"] = functools.partial(starts_with_problems, train_data)
 
 
-def add_adapters(policy, config: TrainConfig) -> None:
+def add_adapters(policy, config: TrainConfig, adapter_weights=None) -> None:
     """With ``lora_r`` set, LoRA adapters on the policy (``rlvr_fast.models.lora``), their A
     drawn from the run's seed (the starting weights, which the resume signature hashes, are the
-    same in every start), before anything reads which parameters train."""
+    same in every start), or starting from ``adapter_weights`` (peft's saved names), before
+    anything reads which parameters train."""
     settings = config.lora_settings
     if settings is None:
+        if adapter_weights is not None:
+            raise ValueError("adapter_weights without lora_r: set the adapters' settings")
         return
     if policy.adapters is not None:
         raise ValueError("the policy has LoRA adapters already: set lora_r on a base policy")
     generator = torch.Generator().manual_seed(config.seed)
     policy.adapters = apply_lora(policy.model, settings, generator)
+    if adapter_weights is not None:
+        policy.adapters.load_peft_state(adapter_weights)
 
 
 def engine_settings(config: TrainConfig, plan: MemoryPlan | None) -> dict:

@@ -3,15 +3,21 @@
 build ``rlvr_fast.GRPOConfig`` from a command line or a YAML recipe exactly as they build TRL's.
 
 ``TRLFields`` declares only what TRL adds to (or changes in) ``TrainingArguments``; the help texts
-are ours. Which of the 191 fields rlvr_fast honours, which have no effect on what it computes, and
+are ours. The fields that are settings of rlvr_fast declared as TRL's (``TRL_SETTINGS`` of
+``rlvr_fast.trl_compat.mapping``: the policy loss's clip, KL, sapo, vespo, entropy and mask
+settings, the reference sync, num_iterations, the adaptive entropy control) are not written
+here: ``TRLFields`` takes them from their one declaration, with its default and help. Which of the 191 fields rlvr_fast honours, which have no effect on what it computes, and
 which it refuses at a value other than TRL's default, is ``rlvr_fast.trl_compat.support``'s table.
 No annotation here may postpone its evaluation: the parsers read the types at run time.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
+
+from rlvr_fast.trl_compat.mapping import TRL_SETTINGS
 
 
 def trl_field(default, help: str):
@@ -19,7 +25,7 @@ def trl_field(default, help: str):
 
 
 @dataclass
-class TRLFields(TrainingArguments):
+class TRLOwnFields(TrainingArguments):
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
         "model_init_kwargs",
         "transformers_continuous_batching_config",
@@ -106,20 +112,6 @@ class TRLFields(TrainingArguments):
     vllm_tensor_parallel_size: int = trl_field(1, "tensor-parallel size of colocated vLLM")
 
     # Loss
-    beta: float = trl_field(0.0, "weight of the KL penalty against the reference model")
-    num_iterations: int = trl_field(1, "optimizer passes over each generation batch")
-    epsilon: float = trl_field(0.2, "lower clip of the importance ratio (1 - epsilon)")
-    delta: float | None = trl_field(None, "upper bound of two-sided ratio clipping")
-    epsilon_high: float | None = trl_field(
-        None, "upper clip of the importance ratio (None: epsilon)"
-    )
-    sapo_temperature_neg: float = trl_field(1.05, "SAPO's temperature on negative advantages")
-    sapo_temperature_pos: float = trl_field(1.0, "SAPO's temperature on positive advantages")
-    vespo_k_pos: float = trl_field(2.0, "VESPO's k on positive advantages")
-    vespo_lambda_pos: float = trl_field(3.0, "VESPO's lambda on positive advantages")
-    vespo_k_neg: float = trl_field(3.0, "VESPO's k on negative advantages")
-    vespo_lambda_neg: float = trl_field(2.0, "VESPO's lambda on negative advantages")
-    importance_sampling_level: str = trl_field("token", "importance ratio per token or sequence")
     reward_weights: list[float] | None = trl_field(
         None, "weight of each reward function (None: 1 each)"
     )
@@ -133,18 +125,6 @@ class TRLFields(TrainingArguments):
     mask_truncated_completions: bool = trl_field(
         False, "leave completions cut at max_completion_length out of the loss"
     )
-    sync_ref_model: bool = trl_field(False, "move the reference model towards the policy")
-    ref_model_mixup_alpha: float = trl_field(0.6, "mix of the reference model's sync")
-    ref_model_sync_steps: int = trl_field(512, "steps between two syncs of the reference model")
-    top_entropy_quantile: float = trl_field(
-        1.0, "train only on tokens above this entropy quantile (1: all)"
-    )
-    entropy_coef: float = trl_field(0.0, "weight of the entropy bonus")
-    use_adaptive_entropy: bool = trl_field(False, "steer entropy_coef towards entropy_target")
-    entropy_coef_min: float = trl_field(0.0, "adaptive entropy: lowest coefficient")
-    entropy_coef_max: float = trl_field(1.0, "adaptive entropy: highest coefficient")
-    entropy_coef_delta: float = trl_field(0.005, "adaptive entropy: change per step")
-    entropy_target: float = trl_field(0.2, "adaptive entropy: the target")
     max_tool_calling_iterations: int | None = trl_field(
         None, "cap on tool-calling rounds per completion"
     )
@@ -159,9 +139,6 @@ class TRLFields(TrainingArguments):
     )
     vllm_importance_sampling_clip_min: float | None = trl_field(
         None, "lower bound of vLLM's importance ratio"
-    )
-    off_policy_mask_threshold: float | None = trl_field(
-        None, "mask off-policy sequences whose divergence exceeds this"
     )
     use_bias_correction_kl: bool = trl_field(True, "importance-weight the KL estimate")
 
@@ -185,3 +162,14 @@ class TRLFields(TrainingArguments):
     vllm_importance_sampling_cap: float | None = trl_field(
         None, "deprecated name of vllm_importance_sampling_clip_max"
     )
+
+
+TRLFields = dataclasses.make_dataclass(
+    "TRLFields",
+    [
+        (name, hint, trl_field(f.default, f.metadata["help"]))
+        for name, (f, hint) in TRL_SETTINGS.items()
+    ],
+    bases=(TRLOwnFields,),
+    namespace={"__module__": __name__},
+)

@@ -35,9 +35,10 @@ NAMED_REASONS = {
 }
 
 
-def lora_fields(peft_config) -> dict:
+def lora_fields(peft_config, weights_given: bool = False) -> dict:
     """The ``TrainConfig`` LoRA settings (``rlvr_fast.train.lora_config``) of a
-    ``peft.LoraConfig``; ValueError naming what is not supported."""
+    ``peft.LoraConfig``; ValueError naming what is not supported. ``weights_given``: the
+    adapters start from a PeftModel's weights, so how peft initialised them does not matter."""
     peft_type = getattr(peft_config, "peft_type", None)
     if peft_type is None or not hasattr(peft_config, "to_dict"):
         raise TypeError(
@@ -55,6 +56,8 @@ def lora_fields(peft_config) -> dict:
     fields, defaults = peft_config.to_dict(), type(peft_config)().to_dict()
     for name, value in fields.items():
         if name in BOOKKEEPING or name in HONOURED or value == defaults.get(name):
+            continue
+        if weights_given and name == "init_lora_weights":
             continue
         reason = NAMED_REASONS.get(name, "rlvr_fast's LoRA honours only " + ", ".join(HONOURED))
         raise ValueError(

@@ -4,18 +4,32 @@ rlvr_fast's ``TrainConfig``: a field of the same name in both takes the value as
 ``RENAMED`` lists those that land under another name; ``TRANSFORMED`` those of the same name
 whose value ``rlvr_fast.trl_compat.run_setup.train_config`` works out itself (precision from
 fp16 / bf16, scale_rewards, optim, the arm presets, the sampler's warpers, ...).
+
+``TRL_SETTINGS``: the settings of ``TrainConfig`` declared as a TRL field (``trl`` in the
+setting's metadata, ``rlvr_fast.utils.settings``), by TRL's name: the facade's ``GRPOConfig``
+field (``rlvr_fast.trl_compat.fields``) and its line of ``support.HONOURED`` come from them,
+and one under another name than TRL's is a line of ``RENAMED`` by itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.utils.settings import trl_name
+
+# TRL's name -> (TrainConfig's field, its type).
+TRL_SETTINGS = {
+    trl_name(f): (f, typing.get_type_hints(TrainConfig)[f.name])
+    for f in dataclasses.fields(TrainConfig)
+    if trl_name(f)
+}
 
 # GRPOConfig name -> TrainConfig name. generation_steps is GRPOConfig's derived value
 # (steps_per_generation / gradient_accumulation_steps), not a field of its own.
 RENAMED = {
-    "beta": "kl_beta",
+    **{theirs: f.name for theirs, (f, _) in TRL_SETTINGS.items() if theirs != f.name},
     "num_generations": "group_size",
     "max_completion_length": "max_new_tokens",
     "learning_rate": "lr",

@@ -1,7 +1,8 @@
 """The model and tokenizer a TRL script hands over, taken as TRL takes them.
 
 ``model`` is a local checkpoint path (or "tiny") or a loaded ``transformers`` causal LM of an
-architecture rlvr_fast runs (Qwen3, Qwen2, Llama). Its weights go into rlvr_fast's model, which
+architecture rlvr_fast runs (Qwen3, Qwen2, Llama), or a ``peft.PeftModel`` of one (its base
+weights here, its adapter: ``rlvr_fast.trl_compat.peft_model``). Its weights go into rlvr_fast's model, which
 trains; ``trainer.model`` is a ``transformers`` model as TRL's is: the caller's (the trained
 weights copied in whenever the policy is synced back: end of ``train()``, ``save_model``), or
 for a path one built on the meta device (its config is there from the start, e.g. for a model
@@ -13,7 +14,6 @@ tokenizer has none.
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from rlvr_fast.models.checkpoint import build_model, packed_to_hf
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.policy import Policy, load_policy, resolve_model_path
 from rlvr_fast.models.tokenizer import Tokenizer
+from rlvr_fast.trl_compat.peft_model import base_state, peft_model_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -93,10 +94,11 @@ def load_trl_policy(model, processing_class, *, device: torch.device, dtype) -> 
         raise TypeError(
             f"model must be a checkpoint path or a transformers model, got {type(model).__name__}"
         )
-    refuse_peft_model(model)
+    # A PeftModel's base weights (its adapters start the LoRA run: trl_compat.peft_model).
+    state = base_state(model) if peft_model_of(model) is not None else dict(model.state_dict())
     config = ModelConfig.from_hf_dict(model.config.to_dict())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    ours = build_model(config, dict(model.state_dict()), device=device, dtype=dtype, source=name)
+    ours = build_model(config, state, device=device, dtype=dtype, source=name)
     generation = getattr(model, "generation_config", None)
     eos = generation.eos_token_id if generation is not None else None
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -105,19 +107,6 @@ def load_trl_policy(model, processing_class, *, device: torch.device, dtype) -> 
         tokenizer=tokenizer_of(processing_class, eos_ids),
         config=config,
         path=Path(name),
-    )
-
-
-def refuse_peft_model(model) -> None:
-    """A ``peft.PeftModel`` (its adapters inside the model's modules) is refused, saying what
-    to pass: rlvr_fast puts LoRA on its own packed projections from ``peft_config``."""
-    peft = sys.modules.get("peft")  # a PeftModel exists only once peft is imported
-    if peft is None or not isinstance(model, peft.PeftModel):
-        return
-    raise ValueError(
-        "GRPOTrainer: model is a peft.PeftModel, whose adapters rlvr_fast cannot train: pass "
-        "the base model (its path, or model.merge_and_unload()) as model and its LoraConfig "
-        "as peft_config"
     )
 
 

@@ -115,9 +115,12 @@ def log_vllm_settings(args) -> None:
     )
 
 
-def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) -> TrainConfig:
+def train_config(
+    args, max_steps: int, prompts_per_step: int, peft_config=None, adapter_weights_given=False
+) -> TrainConfig:
     """The rlvr_fast settings of a GRPOConfig (arm presets applied over TRL's loss) and of a
-    ``peft_config`` (LoRA: ``rlvr_fast.trl_compat.lora``)."""
+    ``peft_config`` (LoRA: ``rlvr_fast.trl_compat.lora``; ``adapter_weights_given``: a
+    PeftModel's adapters, whose weights are loaded)."""
     log_vllm_settings(args)
     study_loss = not loss_type(args.loss_type).fused
     # normalize_then_sum: the standardised sum's group mean is 0, so TRL's (R - step mean) /
@@ -148,7 +151,7 @@ def train_config(args, max_steps: int, prompts_per_step: int, peft_config=None) 
         checkpoint_every=args.num_iterations * args.generation_steps,
     )
     if peft_config is not None:
-        settings.update(lora_fields(peft_config))
+        settings.update(lora_fields(peft_config, adapter_weights_given))
     if prompts_per_step > 1:
         if not args.skip_zero_variance_backward:
             raise ValueError(

@@ -12,6 +12,7 @@ from rlvr_fast.train.nonfinite import NonFiniteError, first_nonfinite_weight
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.evaluation import evaluate_dataset
 from rlvr_fast.trl_compat.model_io import requested_dtype, synced_transformers_model
+from rlvr_fast.trl_compat.peft_model import copy_adapters_into
 from rlvr_fast.utils.files import files_into
 from rlvr_fast.trl_compat.run_setup import eval_datasets, model_card
 
@@ -27,6 +28,9 @@ class SavingAndSurface:
         # A bf16-mixed run's model is its fp32 masters (what the Trainer saves of a bf16 run),
         # in the dtype model_init_kwargs asks for when it names one.
         weights = self.trainer.saved_weights()
+        if self.peft_model is not None:  # the caller's PeftModel: its adapter's tensors
+            copy_adapters_into(self.peft_model, self.policy.adapters, weights)
+            return
         if self.policy.adapters is not None:
             weights = None  # the merged decoder's: the frozen base has no fp32 masters
         dtype = requested_dtype(self.args)
@@ -50,11 +54,13 @@ class SavingAndSurface:
             self._write_model(staging)
 
     def _write_model(self, directory: Path) -> None:
-        """The model's files, or with LoRA peft's adapter files (as TRL saves a PeftModel);
-        the processing class's beside them."""
+        """The model's files, or with LoRA peft's adapter files (as TRL saves a PeftModel: a
+        caller's PeftModel saves itself); the processing class's beside them."""
         self._sync_model()
         adapters = self.policy.adapters
-        if adapters is None:
+        if self.peft_model is not None:
+            self.peft_model.save_pretrained(directory)
+        elif adapters is None:
             self.model.save_pretrained(directory)
         else:
             base = self.model_dir or self.model.config._name_or_path

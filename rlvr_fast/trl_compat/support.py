@@ -17,6 +17,7 @@ import json
 from enum import Enum
 
 from rlvr_fast.ops.loss_types import LOSS_TYPE_NAMES
+from rlvr_fast.trl_compat.mapping import TRL_SETTINGS
 
 # TRL's optim values rlvr_fast honours, each with the optimizer of rlvr_fast.train.stepping it
 # steps (the one list of optimizers: its OPTIMIZERS).
@@ -92,31 +93,7 @@ HONOURED = {
     "generation_kwargs": f"its keys {', '.join(GENERATION_KWARGS)} (others refused)",
     "use_vllm": "accepted: rollouts run on rlvr_fast's engine, and a log line says so",
     "chat_template_kwargs": "passed to the chat template",
-    "epsilon": "the ratio's lower clip (fused_policy_loss)",
-    "epsilon_high": "the ratio's upper clip, cispo's clip (fused_policy_loss)",
-    "delta": "the two-sided clip of the ratio (fused_policy_loss)",
-    "importance_sampling_level": "token or sequence (GSPO) importance ratio",
-    "num_iterations": "clipped updates per generation batch, old log-probabilities by a "
-    "no-gradient pass",
-    "beta": "the k3 KL to a frozen reference model (bf16 on CUDA), fused with the loss",
-    "sync_ref_model": "the policy mixed into the reference (TRL's SyncRefModelCallback)",
-    "ref_model_mixup_alpha": "the reference sync's mix",
-    "ref_model_sync_steps": "steps between reference syncs",
     "use_bias_correction_kl": "the importance-weighted KL estimate",
-    "sapo_temperature_neg": "sapo's gate temperature of negative advantages",
-    "sapo_temperature_pos": "sapo's gate temperature of positive advantages",
-    "vespo_k_pos": "vespo's gamma shape of positive advantages",
-    "vespo_lambda_pos": "vespo's gamma rate of positive advantages",
-    "vespo_k_neg": "vespo's gamma shape of negative advantages",
-    "vespo_lambda_neg": "vespo's gamma rate of negative advantages",
-    "top_entropy_quantile": "the policy term on the top-entropy tokens (one prompt per step)",
-    "entropy_coef": "the entropy bonus, its gradient fused with the loss (one prompt per step)",
-    "use_adaptive_entropy": "TRL's adaptive entropy coefficient, checkpointed (one prompt per step)",
-    "entropy_coef_min": "the adaptive entropy coefficient's lower bound",
-    "entropy_coef_max": "the adaptive entropy coefficient's upper bound",
-    "entropy_coef_delta": "the adaptive entropy coefficient's step",
-    "entropy_target": "the adaptive entropy control's target",
-    "off_policy_mask_threshold": "the off-policy sequence mask against the old log-probabilities",
     "reward_weights": "weighted sum of the reward functions",
     "multi_objective_aggregation": "sum then standardise, or standardise each function then sum",
     "scale_rewards": "advantages divided by the group's std, the step's, or not",
@@ -125,6 +102,8 @@ HONOURED = {
     "log_completions": "a table of prompts and completions printed and saved as JSONL",
     "num_completions_to_print": "rows of the printed table",
     "log_unique_prompts": "one row per prompt in the saved table",
+    # The settings declared as TRL fields (rlvr_fast.trl_compat.mapping.TRL_SETTINGS).
+    **{name: f.metadata["help"] for name, (f, _) in TRL_SETTINGS.items()},
 }
 
 NO_EFFECT = {

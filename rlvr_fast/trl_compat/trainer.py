@@ -41,6 +41,7 @@ from rlvr_fast.train.trainer import RLVRTrainer, add_to_totals
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.accelerator import Accelerator
 from rlvr_fast.trl_compat.config import GRPOConfig
+from rlvr_fast.trl_compat.peft_model import adapter_config, adapter_state, peft_model_of
 from rlvr_fast.trl_compat.model_io import (
     is_transformers_model,
     load_processing_class,
@@ -186,6 +187,12 @@ class GRPOTrainer(SavingAndSurface):
             model, self.processing_class, device=device, dtype=policy_dtype(args)
         )
         self.model_dir = model_directory(model)
+        # A PeftModel's adapter trains (its LoraConfig, from its weights) and is saved by it.
+        self.peft_model = peft_model_of(model)
+        adapter_weights = None
+        if self.peft_model is not None:
+            peft_config = adapter_config(self.peft_model, peft_config)
+            adapter_weights = adapter_state(self.peft_model)
         # The model the trainer reports: the one given, or a meta-device stand-in for a path.
         self.model = (
             model if is_transformers_model(model) else meta_transformers_model(self.model_dir)
@@ -204,7 +211,9 @@ class GRPOTrainer(SavingAndSurface):
         # checkpoint-N directories this run wrote (recorded in each one's manifest): the only
         # ones save_total_limit rotates.
         self._checkpoints_written: list[str] = []
-        config = train_config(args, max_steps, self.prompts_per_step, peft_config)
+        config = train_config(
+            args, max_steps, self.prompts_per_step, peft_config, adapter_weights is not None
+        )
         self.task = self._task(self.rows, config.gate_min_chars)
         self.eval_tasks = self._eval_tasks(eval_dataset, config.gate_min_chars)
         # The ledger is a run directory of its own, which save_model never writes into.
@@ -216,6 +225,7 @@ class GRPOTrainer(SavingAndSurface):
             out_dir=ledger_dir,
             progress=False,
             task=self.task,
+            adapter_weights=adapter_weights,
         )
         self.optimizer = self.trainer.optimizer
         self.lr_scheduler = self._scheduler(max_steps)

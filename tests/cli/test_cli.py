@@ -220,7 +220,7 @@ TRACEBACK_INPUTS = {
         "tokenizer.json",
     ),
     "--device cuda without CUDA": (["--device", "cuda:99"], "CUDA device(s) available"),
-    "--device bogus": (["--device", "bogus"], "--device 'bogus': expected cpu or cuda[:N]"),
+    "--device bogus": (["--device", "bogus"], "--device 'bogus': expected auto, cpu or cuda[:N]"),
     "lr=Infinity": (["--set", "lr=Infinity"], "lr must be a finite number"),
     "lr=NaN": (["--set", "lr=NaN"], "lr must be a finite number"),
     "empty train data": (["--train-data", lambda t: str(empty_file(t))], "empty.jsonl"),
@@ -292,7 +292,7 @@ def test_eval_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, m
         (["--max-batch", "0"], "--max-batch must be in [1, 65,536]"),
         (["--k", "100000"], "--k must be in [1, 4096]"),
         (["--temperature", "inf"], "--temperature must be a finite number > 0"),
-        (["--device", "bogus"], "expected cpu or cuda[:N]"),
+        (["--device", "bogus"], "expected auto, cpu or cuda[:N]"),
         (["--out", "OUT.txt"], "--out must end in .json or .jsonl"),
     ],
 )

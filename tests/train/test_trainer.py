@@ -24,12 +24,8 @@ from rlvr_fast.run.layout import RunLayout
 from rlvr_fast.utils.phases import Phases
 from rlvr_fast.train.trainer import RLVRTrainer
 from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.losses import (
-    completion_token_nll,
-    fused_grpo_loss,
-    fused_sum_then_scale_loss,
-    grpo_loss,
-)
+from rlvr_fast.train.losses import completion_token_nll, fused_grpo_loss, grpo_loss, study_loss
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.credit.group import standardised_advantages
 from killed_runs import kill_during_step
 
@@ -97,7 +93,9 @@ def test_fused_sum_then_scale_loss_matches_the_eager_one(hf_qwen3):
         lambda: grpo_loss(
             completion_token_nll(model, prompt, completions), advantages, "sum_then_scale"
         ),
-        lambda: fused_sum_then_scale_loss(model, prompt, completions, advantages),
+        lambda: study_loss(
+            model, prompt, completions, loss_type("sum", order="sum_then_scale"), advantages, None
+        ),
     ):
         model.zero_grad()
         loss = loss_fn()

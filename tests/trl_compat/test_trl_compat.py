@@ -619,3 +619,68 @@ def test_a_step_on_a_share_of_a_larger_generation_gives_trls_gradient(
     )
     assert_same_gradient(ours, theirs)
     assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # TRL's GSPO example's buffer: steps_per_generation 4 x gradient_accumulation_steps,
+        # sequence-level ratios, its clip range.
+        dict(
+            loss_type="grpo",
+            importance_sampling_level="sequence",
+            epsilon=3e-4,
+            epsilon_high=4e-4,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            steps_per_generation=8,
+        ),
+        # generation_batch_size spelled instead, each buffer slice trained twice.
+        dict(
+            loss_type="dapo",
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            generation_batch_size=12,
+            num_iterations=2,
+            epsilon=0.02,
+        ),
+    ],
+    ids=["gspo-spg8-ga2", "dapo-gbs12-ga2-iter2"],
+)
+def test_every_step_of_a_buffered_generation_gives_trls_gradient(tmp_path, monkeypatch, settings):
+    """One generation round serves every optimizer step of TRL's buffer (S = steps_per_generation
+    / gradient_accumulation_steps slices, num_iterations times over): step k trains on slice
+    k mod S of the shuffled generation batch, at the weights k-1 steps moved, its ratios
+    against the old log-probabilities taken at generation. From the same rollouts and shuffle,
+    each step's gradient is TRL's (its micro-batches 2k and 2k+1 of the buffer) within 1e-5
+    relative, and so is its logged loss."""
+    trl = trl_modules()
+    from trl.trainer import grpo_trainer
+
+    steps = []
+    args = GRPOConfig(output_dir=str(tmp_path / "check"), **{**SETTINGS, **settings})
+    updates = args.updates_per_generation
+    _, completions, prompts, _, _ = our_gradient(
+        tmp_path, at=updates - 1, max_steps=updates, steps=steps, **settings
+    )
+    assert len(steps) == updates, "a step of the buffer ran no backward"
+    assert len(completions) == args.generation_batch_size
+    first_weights = steps[0][1]
+    order = generation_order(42, 0, len(completions))  # TRL's default seed, as ours
+    monkeypatch.setattr(grpo_trainer, "shuffle_sequence_dict", shuffled_as(order))
+    micro_batches = args.gradient_accumulation_steps
+    for index, (groups, weights, ours, logs) in enumerate(steps):
+        assert [g.completion_ids for g in groups] == [g.completion_ids for g in steps[0][0]]
+        assert logs["step"] == index + 1
+        theirs, their_loss, _ = trl_later_update(
+            trl,
+            completions,
+            prompts,
+            tmp_path,
+            first_weights,
+            weights,
+            micro_steps=range(index * micro_batches, (index + 1) * micro_batches),
+            **settings,
+        )
+        assert_gradient_within(ours, theirs, 1e-5)
+        assert logs["loss"] == pytest.approx(their_loss, rel=1e-4, abs=1e-6)

@@ -158,14 +158,3 @@ def test_one_lora_step_gives_trl_and_peft_adapter_gradient_and_the_adapter_loads
         torch.testing.assert_close(
             trainer.policy.decoder(ids), loaded(input_ids=ids).logits, rtol=1e-4, atol=1e-4
         )
-
-
-def test_a_peft_model_as_model_is_refused_saying_what_to_pass(tmp_path):
-    """A PeftModel's adapters sit in its modules (``base_layer`` names): refused, pointing at
-    the base model and peft_config."""
-    from transformers import AutoModelForCausalLM
-
-    model = peft().get_peft_model(AutoModelForCausalLM.from_pretrained(MODEL), lora_config())
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, **SETTINGS)
-    with pytest.raises(ValueError, match=r"PeftModel.*merge_and_unload\(\).*peft_config"):
-        GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=ROWS)

@@ -93,6 +93,7 @@ SCRIPTS = {
         + ["--use_cpu", "--max_steps", "1", "--report_to", "none", "--logging_steps", "1"],
         "runs",
     ),
+    "hf_cookbook_grpo_peft_model": ("cookbook_grpo_peft.py", numina, [], "runs"),
     "community_willccbb_gsm8k": ("willccbb_grpo_demo.py", gsm8k, [], "runs"),
     "community_philschmid_mini_r1": (
         "philschmid_run_r1_grpo.py",
@@ -160,8 +161,21 @@ def test_published_script_runs_with_only_its_import_changed(name, tmp_path, monk
     assert their_logs and len(our_logs) == len(their_logs)
     for mine, their in zip(our_logs, their_logs):
         assert set(mine) == set(their)
-    saved = [p.parent for p in our_out.rglob("model.safetensors")]
-    assert saved, "rlvr_fast saved no model"
+    assert_saved_model_loads(our_out, model)
+
+
+def assert_saved_model_loads(output_dir: Path, base_model: Path) -> None:
+    """The model rlvr_fast saved in ``output_dir`` loads: a whole model by rlvr_fast, an
+    adapter by peft onto the base model."""
     from rlvr_fast.models.policy import load_policy
 
-    load_policy(saved[0])
+    saved = [p.parent for p in output_dir.rglob("model.safetensors")]
+    if saved:
+        load_policy(saved[0])
+        return
+    adapters = [p.parent for p in output_dir.rglob("adapter_model.safetensors")]
+    assert adapters, "rlvr_fast saved no model and no adapter"
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), adapters[0])

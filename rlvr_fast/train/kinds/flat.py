@@ -29,7 +29,8 @@ from rlvr_fast.train.kinds.base import (
     recorded_rewards,
     regraded,
 )
-from rlvr_fast.train.losses import fused_grpo_loss, fused_sum_then_scale_loss, sequence_scales
+from rlvr_fast.ops.loss_types import loss_type
+from rlvr_fast.train.losses import sequence_scales, study_loss
 from rlvr_fast.train.policy import PolicyTerms
 from rlvr_fast.train.policy_loss_term import TRLPolicyLoss
 from rlvr_fast.utils.phases import Phases
@@ -72,7 +73,9 @@ class FlatKind:
         self.sampling = SamplingParams(
             config.max_new_tokens, config.temperature, config.top_p, **config.sampler_options
         )
-        self.normaliser = config.loss.normaliser
+        # The loss type's record in the run's loss order (rlvr_fast.ops.loss_types).
+        self.loss_type = loss_type(config.loss_type, order=config.loss_order)
+        self.normaliser = self.loss_type.normaliser
         # TRL's loss types: the policy-loss component (its reference model and entropy control
         # are the kind's, for the trainer to step and checkpoint); None: the study's sum.
         self.policy_loss = TRLPolicyLoss(config, policy) if config.loss.fused else None
@@ -207,19 +210,16 @@ class FlatKind:
         return pulled and question.share != []
 
     def loss(self, question: Question) -> torch.Tensor:
-        config, model = self.config, self.policy.trained_model
-        completions, credit = question.rollouts.completions, question.credit
         if self.policy_loss:
             terms, completions = self.step_terms(question)
             return self.policy_loss.loss(question.prompt_ids, completions, terms)
-        if config.loss_order == "sum_then_scale":
-            return fused_sum_then_scale_loss(
-                model, question.prompt_ids, completions, credit.advantages
-            )
-        return fused_grpo_loss(
-            model,
+        config, credit = self.config, question.credit
+        return study_loss(
+            self.policy.trained_model,
             question.prompt_ids,
-            completions,
+            question.rollouts.completions,
+            self.loss_type,
+            credit.advantages,
             credit.token_weights,
             config.temperature if config.tempered_logprobs else 1.0,
         )
