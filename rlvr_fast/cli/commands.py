@@ -48,12 +48,13 @@ def train_inputs(args):
         raise ValueError(f"--profile must be >= 0, got {args.profile}")
     device = parse_device(args.device)
     train_data = load_data(args.train_data, limit=config.questions_needed)
-    return config, monitoring(args), device, train_data, parse_eval_sets(args.eval)
+    monitoring(args)  # checked here: --nproc checks before starting a rank
+    return config, device, train_data, parse_eval_sets(args.eval)
 
 
 def run_train(args) -> dict:
     started = time.perf_counter()
-    config, monitored, device, train_data, eval_sets = train_inputs(args)
+    config, device, train_data, eval_sets = train_inputs(args)
     device = distributed.init(str(device), args.dist_timeout)
     dtype = load_dtype(resolve_precision(config.precision, device))
     policy = load_policy(args.model, device=device, dtype=dtype, untie=args.untie)
@@ -66,7 +67,7 @@ def run_train(args) -> dict:
         resume=args.resume,
         progress=not args.quiet,
         profile_steps=args.profile,
-        monitoring=monitored,
+        monitoring=monitoring(args),
     )
     summary = trainer.train()
     if distributed.is_main():
