@@ -104,9 +104,9 @@ def add_train_command(commands, config: Path | None) -> None:
         metavar="STEPS",
         help="write a Chrome trace of the first STEPS steps to OUT/trace.json",
     )
-    add_monitoring_arguments(train)
     add_training_options(train)
     add_launch_arguments(train)
+    add_monitoring_arguments(train)
     add_config_arguments(train)
     if config is not None:
         apply_config_file(train, config)
