@@ -1,11 +1,9 @@
 """What ``GRPOTrainer`` builds before its first step: the dataset rows, the rlvr_fast settings of
-a ``GRPOConfig``, the refusal of constructor arguments rlvr_fast does not implement, and the
-model card."""
+a ``GRPOConfig`` and the refusal of constructor arguments rlvr_fast does not implement."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 
 import torch
@@ -13,6 +11,7 @@ import torch
 from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.trl_compat.launch import mixed_precision, uses_cpu
 from rlvr_fast.trl_compat.lora import lora_fields
 from rlvr_fast.trl_compat.mapping import mapped_settings
 from rlvr_fast.trl_compat.support import TRL_OPTIMIZERS
@@ -25,7 +24,6 @@ def refuse_unsupported_arguments(**arguments) -> None:
     reasons = {
         "optimizers": "rlvr_fast steps its own AdamW (with the zero-gradient step)",
         "quantization_config": "quantized models",
-        "tools": "tool calling",
         "rollout_func": "custom rollouts",
         "environment_factory": "environments",
     }
@@ -81,8 +79,9 @@ def sampler_settings(args) -> dict:
 
 
 def training_device(args) -> torch.device:
-    """CUDA when there is a GPU and use_cpu is not set, as the Trainer chooses."""
-    return torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+    """CUDA when there is a GPU and neither use_cpu nor accelerate launch --cpu is set, as the
+    Trainer chooses."""
+    return torch.device("cuda" if torch.cuda.is_available() and not uses_cpu(args) else "cpu")
 
 
 def optimizer_settings(args) -> dict:
@@ -185,49 +184,13 @@ def train_config(
             )
         settings["tree_k"] = args.num_generations // 2
         settings.pop("advantage_std")
-    if args.fp16:
+    precision = mixed_precision(args)
+    if precision == "fp16":
         # accelerate's fp16 is autocast with a GradScaler on CUDA and neither on the CPU (it
         # turns native AMP on for fp16 only off the CPU): there TRL trains in float32.
         settings["precision"] = "fp16-mixed" if training_device(args).type == "cuda" else "fp32"
-    elif args.bf16 is False:
+    elif precision != "bf16":
         settings["precision"] = "fp32"
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.
     return TrainConfig(**settings)
-
-
-def model_card(trainer, model_name, dataset_name, tags) -> str:
-    """A model card: what was trained from what, how, with which settings."""
-    args = trainer.args
-    base = str(trainer.model_dir) if trainer.model_dir is not None else "a transformers model"
-    tags = [tags] if isinstance(tags, str) else list(tags or [])
-    settings = {
-        name: getattr(args, name)
-        for name in (
-            "learning_rate",
-            "num_generations",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "max_completion_length",
-            "temperature",
-            "loss_type",
-            "scale_rewards",
-            "seed",
-        )
-    }
-    lines = [
-        "---",
-        f"tags: {json.dumps(['rlvr_fast', 'grpo', *tags])}",
-        "---",
-        f"# {model_name or args.output_dir}",
-        "",
-        f"Trained from {base} with GRPO on rlvr_fast's drop-in for TRL's GRPOTrainer"
-        + (f", on {dataset_name}." if dataset_name else "."),
-        "",
-        f"Steps: {trainer.state.global_step}. Reward functions: "
-        f"{', '.join(trainer.reward_func_names)}.",
-        "",
-        "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
-        "",
-    ]
-    return "\n".join(lines)
