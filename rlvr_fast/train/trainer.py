@@ -117,12 +117,7 @@ class RLVRTrainer:
         self.policy, self.config = policy, config
         add_adapters(policy, config, adapter_weights)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
-        distributed.check_questions_per_step(config.questions_per_step)
-        if config.generation_steps > 1 and distributed.world_size() > 1:
-            raise ValueError(
-                "generation_steps > 1 runs on one process: the shuffle of a generation over "
-                "several ranks is not built"
-            )
+        distributed.check_step_split(config.questions_per_step, config.generation_steps)
         self.train_data = list(train_data)
         self.eval_data = {
             check_eval_name(name): problems for name, problems in (eval_data or {}).items()
