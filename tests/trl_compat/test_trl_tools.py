@@ -18,6 +18,9 @@ from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
 from trl_side_by_side import QUIET_CPU_RUN, ScriptedTurns, tool_model_dir, trl_modules
 
+# docs/trl.md: one tool-calling step of the calculator test, prefill tokens on the engine and
+# re-prefilled at every turn (token counts: the same on every machine).
+PREFILLED, REPREFILLED = 252, 1_387
 SETTINGS = dict(
     max_steps=1,
     num_generations=4,
@@ -220,7 +223,25 @@ def side_by_side(tmp_path, monkeypatch, tools, scripts, rows, **settings):
     prompts = [len(ours.task.encoded[g.row]) for g in groups]
     appended = [n for t in turns for n in t[1::2]]
     assert ours.prefilled == sum(prompts) + sum(appended) + len(appended)
+    row_prompts = [len(p) for p in prompt_ids]
+    logs["reprefilled"] = reprefilled(row_prompts, masks)
+    logs["prefilled"] = ours.prefilled
     return mine["completions"], masks, logs, worst
+
+
+def reprefilled(prompt_lengths: list[int], masks: list[list[int]]) -> int:
+    """The prefill of the same conversations when each turn prefills the whole sequence again
+    (TRL's generate: each row's prompt, then at each later turn the prompt, the conversation so
+    far and the tool turn)."""
+    total = 0
+    for prompt, mask in zip(prompt_lengths, masks):
+        runs, done = turns_of(mask), 0
+        total += prompt
+        for index, count in enumerate(runs):
+            done += count
+            if index % 2 == 1 and index + 1 < len(runs):  # a tool turn, then a sampled one
+                total += prompt + done
+    return total
 
 
 def turns_of(mask: list[int]) -> list[int]:
@@ -252,6 +273,8 @@ def test_calculator_conversations_masks_and_gradient_are_trls(tmp_path, monkeypa
     # 8 rows: 7 calls (rows 2 and 5 call twice), 2 failures (an error, an unknown tool).
     assert logs["tools/call_frequency"] == pytest.approx(7 / 8)
     assert logs["tools/failure_frequency"] == pytest.approx(2 / 7)
+    # docs/trl.md's figures: the step's prefill on the engine and re-prefilled at every turn.
+    assert (logs["prefilled"], logs["reprefilled"]) == (PREFILLED, REPREFILLED)
 
 
 def test_a_tool_turn_past_the_completion_cap_is_left_out_as_trls(tmp_path, monkeypatch):
