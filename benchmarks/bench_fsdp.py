@@ -9,7 +9,8 @@ a 64-token prompt and 4 completions of 64 tokens (the fused weighted NLL), backw
 parallel all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's
 full copy from the shards. Reported per rank: the state the optimizer steps (weights, gradients
 and AdamW moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set
-(``ru_maxrss``: the process's whole life, imports included), and the median step time.
+(``VmHWM`` of /proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux
+carries across fork + exec from the launcher), and the median step time.
 
 The goal (issue 36): state per rank <= 0.55x of data parallel's, total peak <= 0.65x. The engine's
 full fp32 copy (4 bytes a parameter) stays on every rank, so in fp32 at 2 ranks the peak cannot
@@ -18,18 +19,18 @@ measured. Communication is gloo over loopback here: the step time ratio is repor
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_fsdp --layers 4 --steps 3
 
-Measured here (2 shared CPU cores, torch 2.13, 4 layers, 218,507,264 parameters): state per rank
-3.496 -> 1.748 GB (0.500x); peak RSS per rank 5.499 -> 5.098 GB (0.927x); step 29.0 -> 48.9 s
-(1.69x). At 4 layers the tied embedding is 71% of the parameters: its group (the root) is
-gathered whole for the pass, its gradient reduce-scattered from a whole copy and its engine copy
-refreshed whole, so the peak is far above the state's ratio; more layers move it towards 0.75x.
+Measured here (2 shared CPU cores, torch 2.13, 4 layers, 218,507,264 parameters; table and
+conditions in benchmarks/results/fsdp-cpu.md): state per rank 3.496 -> 1.748 GB (0.500x); peak
+(VmHWM) per rank 5.490 -> 5.143 GB (0.937x); step 28.5 -> 32.7 s (1.15x, on a loaded machine).
+At 4 layers the tied embedding is 71% of the parameters: its group (the root) is gathered whole
+for the pass, its gradient reduce-scattered from a whole copy and its engine copy refreshed
+whole, so the peak is far above the state's ratio; more layers move it towards 0.75x.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,7 @@ def rank_side(side: str, directory: Path, steps: int, out: Path) -> None:
     """One rank of ``side``: ``steps`` steps, then this rank's figures as JSON in ``out``."""
     import torch
 
+    from benchmarks.bench_load_memory import status_bytes
     from rlvr_fast.models.policy import load_policy
     from rlvr_fast.train import distributed
     from rlvr_fast.train.config import TrainConfig
@@ -94,7 +96,7 @@ def rank_side(side: str, directory: Path, steps: int, out: Path) -> None:
     )
     figures = {
         "state_bytes": state,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": status_bytes("VmHWM"),
         "step_seconds": statistics.median(seconds[1:] or seconds),
         "parameters": sum(p.numel() for p in policy.model.parameters()),
     }
