@@ -25,6 +25,8 @@ import torch
 from rlvr_fast.run.state_file import StateFileError, read_state, save_state
 
 IDENTITY_KEY = "run"
+# The state file's entry naming a sharded run's shards (``rlvr_fast.train.sharded_checkpoint``).
+SHARDS_KEY = "shards"
 
 
 class Stateful(Protocol):
@@ -71,26 +73,45 @@ class Checkpointer:
     from, at most ``steps``, the world size that wrote the file and the run's ``identity``."""
 
     def __init__(
-        self, components: dict[str, Stateful | None], *, steps: int, identity: dict
+        self, components: dict[str, Stateful | None], *, steps: int, identity: dict, shards=None
     ) -> None:
         self.components, self.steps, self.identity = components, steps, identity
+        # The shard store (``rlvr_fast.train.sharded_checkpoint.ShardedCheckpoint``): writes the
+        # components it ``covers`` as each rank's shards beside the state file, for a sharded
+        # run, and restores them from a checkpoint that holds them so, for any run.
+        self.shards = shards
+        self.restored_shards = False
         # Entries of the identity a resume accepts by a rule, not equality (the training
         # problems, which an extended run may add to): key -> accepts(recorded value).
         self.accepts: dict[str, Callable[[object], bool]] = {}
 
-    def state(self, next_step: int, world_size: int, *, sharded: bool = False) -> dict:
+    def state(
+        self, next_step: int, world_size: int, *, sharded: bool = False, shards_at=None
+    ) -> dict:
         """Every component's state (a sharded run's ranks all take it: its tensors are
-        gathered), with the step to continue from, the world size and the run's identity."""
+        gathered), with the step to continue from, the world size and the run's identity; with
+        ``shards_at`` (the state file's path) the covered components' go to the shard store
+        there instead, each rank writing its own."""
         state = {"next_step": next_step, "world_size": world_size, IDENTITY_KEY: self.identity}
         if sharded:
             state["sharded"] = True
+        covered = ()
+        if shards_at is not None:
+            state[SHARDS_KEY] = self.shards.save(shards_at)
+            covered = self.shards.covers
         for name, component in self.components.items():
-            state[name] = component.state_dict() if component is not None else None
+            if name not in covered:
+                state[name] = component.state_dict() if component is not None else None
         return state
 
     def save(self, path: Path, next_step: int, world_size: int, state: dict | None = None) -> None:
-        """The checkpoint at ``path``: ``state``, or (None) the components' state now."""
-        save_state(path, state if state is not None else self.state(next_step, world_size))
+        """The checkpoint at ``path``: ``state``, or (None) the components' state now; then the
+        shards it does not name are removed."""
+        state = state if state is not None else self.state(next_step, world_size)
+        save_state(path, state)
+        if self.shards is not None:
+            kept = state.get(SHARDS_KEY)
+            self.shards.remove_others(path, kept["directory"] if kept is not None else None)
 
     def load(self, path: Path, check_world_size: Callable[[int, Path, bool], None]) -> int:
         """Restore the checkpoint at ``path``; returns the step to continue from. State files
@@ -116,13 +137,22 @@ class Checkpointer:
                 or not 0 <= next_step <= self.steps
             ):
                 raise ValueError(f"next_step {next_step!r} is outside [0, {self.steps}]")
-            live = {name: c for name, c in self.components.items() if c is not None}
+            shards = state.get(SHARDS_KEY)
+            covered = self.shards.covers if shards is not None else ()
+            live = {
+                name: c
+                for name, c in self.components.items()
+                if c is not None and name not in covered
+            }
             for name, component in live.items():
                 check = getattr(component, "check_state", None)
                 if check is not None:
                     check(state[name])
             for name, component in live.items():
                 component.load_state_dict(state[name])
+            if shards is not None:
+                self.shards.load(path, shards)
+            self.restored_shards = shards is not None
         except RESTORE_ERRORS as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None

@@ -211,7 +211,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
     state = optimizer.state_dict()
     return {
         "state": {
-            index: {key: _whole(value) for key, value in entry.items()}
+            index: {key: whole_tensor(value) for key, value in entry.items()}
             for index, entry in state["state"].items()
         },
         "param_groups": state["param_groups"],
@@ -236,6 +236,7 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> 
     optimizer.load_state_dict({"state": sharded, "param_groups": state["param_groups"]})
 
 
-def _whole(value):
+def whole_tensor(value):
+    """A sharded tensor (DTensor) gathered whole onto the CPU; anything else as it is."""
     full_tensor = getattr(value, "full_tensor", None)
     return full_tensor().detach().cpu() if full_tensor is not None else value

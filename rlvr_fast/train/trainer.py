@@ -83,6 +83,7 @@ from rlvr_fast.train.monitor import Monitoring, TrainingMonitor
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
+from rlvr_fast.train.sharded_checkpoint import ShardedCheckpoint
 from rlvr_fast.train.sharding import check_sharding, shard_policy, world_size_check
 from rlvr_fast.train.steps import (
     StepResult,
@@ -182,7 +183,10 @@ class RLVRTrainer:
             settings_sha256(self.config_json), config.seed, self.precision
         )
         self.checkpointer = Checkpointer(
-            checkpointed_components(self), steps=config.steps, identity=identity
+            checkpointed_components(self),
+            steps=config.steps,
+            identity=identity,
+            shards=ShardedCheckpoint(self.stepping),
         )
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
@@ -424,16 +428,19 @@ class RLVRTrainer:
 
     def save_checkpoint(self, next_step: int) -> None:
         """Every component's state after ``next_step`` steps, in one safetensors file written
-        atomically (no pickle) by rank 0, with the world size (sharded, every rank gathers)."""
+        atomically (no pickle) by rank 0, with the world size (sharded: the weights and moments
+        written by every rank as its shards, in DCP, which the file names)."""
         world_size = distributed.world_size()
-        state = self.sharded and self.checkpointer.state(next_step, world_size, sharded=True)
+        state = self.sharded and self.checkpointer.state(
+            next_step, world_size, sharded=True, shards_at=self.layout.checkpoint
+        )
         if self.recorder is not None:
             self.recorder.save_checkpoint(self.checkpointer, next_step, world_size, state)
 
     def load_checkpoint(self, path: Path) -> int:
         """Restore a checkpoint of this run; returns the step to continue from."""
         step = self.checkpointer.load(path, world_size_check(self.sharded is not None))
-        if self.sharded is not None:
+        if self.sharded is not None and not self.checkpointer.restored_shards:
             self.sharded.after_load(self.precision)
         self.policy.refresh_decoder()
         return step

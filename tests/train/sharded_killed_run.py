@@ -6,8 +6,11 @@ then ends the other ranks, as a kill of the job would):
 POINT is where the run dies, on the N-th time (1-based) it gets there:
 - ``step``: in a training step, every rank: the shards stepped and the engine's copy refreshed
   from them, the step's ledger line and checkpoint not written;
-- ``save``: in a checkpoint save, rank 0 (the writer): the new state file written whole to its
-  temp name beside ``checkpoint/state.safetensors``, not yet renamed onto it.
+- ``shards``: in a checkpoint save, rank 0: every rank's shards written (DCP) into the staging
+  directory, not yet renamed to ``checkpoint/shards-ID``;
+- ``save``: in a checkpoint save, rank 0 (the writer): the shards renamed into place and the new
+  state file naming them written whole to its temp name beside
+  ``checkpoint/state.safetensors``, not yet renamed onto it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+
+import torch.distributed.checkpoint as dcp
 
 from rlvr_fast.cli.main import main
 from rlvr_fast.run import state_file
@@ -41,11 +46,14 @@ def run(point: str, times: int, argv: list[str]) -> int:
         # ShardedModel.refresh ends the step's optimizer update (the engine's copy gathered
         # from the stepped shards); the step's ledger line and checkpoint come after it.
         die_on_call(sharding.ShardedModel, "refresh", times)
+    elif point == "shards":
+        if os.environ.get("RANK") == "0":
+            die_on_call(dcp, "save", times)
     elif point == "save":
         if os.environ.get("RANK") == "0":
             die_on_call(state_file, "save_file", times)
     else:
-        raise SystemExit(f"unknown kill point {point!r} (step or save)")
+        raise SystemExit(f"unknown kill point {point!r} (step, shards or save)")
     return main(argv)
 
 

@@ -100,6 +100,19 @@ def test_the_run_covers_a_rank_with_no_loss(runs):
     assert any(active[2][:2]) and not any(active[2][2:]), "rank 1 of two runs zero passes"
 
 
+def test_a_sharded_checkpoint_holds_each_ranks_shards_in_dcp(runs):
+    _, two = runs
+    checkpoint = two / "checkpoint"
+    state = load_state(checkpoint / "state.safetensors")
+    assert not {"model", "optimizer"} & state.keys(), "the weights and moments are in the shards"
+    shards = checkpoint / state["shards"]["directory"]
+    assert sorted(p.name for p in checkpoint.iterdir()) == [shards.name, "state.safetensors"]
+    files = sorted(p.name for p in shards.iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    sizes = [(shards / name).stat().st_size for name in files[1:]]
+    assert abs(sizes[0] - sizes[1]) <= 0.1 * sizes[0], f"each rank writes half: {sizes}"
+
+
 def test_two_sharded_ranks_resumed_on_one_process_finish_the_run(runs, tmp_path):
     one, two = runs
     resumed = tmp_path / "run"
@@ -119,6 +132,19 @@ def test_two_sharded_ranks_resumed_on_four_sharded_ranks_finish_the_run(runs, tm
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert_same_run(one, resumed)
+
+
+def test_a_checkpoint_whose_shards_are_missing_is_refused_in_one_line(runs, tmp_path, capsys):
+    _, two = runs
+    run = tmp_path / "run"
+    shutil.copytree(two, run)
+    for shards in (run / "checkpoint").glob("shards-*"):
+        shutil.rmtree(shards)
+    ledger = (run / "ledger.jsonl").read_text()
+    assert main(["train", *RUN, "--steps", "3", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not a checkpoint of this run (its shards shards-" in err, err
+    assert (run / "ledger.jsonl").read_text() == ledger
 
 
 def test_one_process_resumed_on_two_sharded_ranks_finishes_the_run(runs, tmp_path):
@@ -170,21 +196,29 @@ def test_a_sharded_run_killed_mid_step_resumes_on_its_ranks_and_finishes_the_run
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert_same_run(one, out)
+    assert len(list((out / "checkpoint").glob("shards-*"))) == 1
 
 
+@pytest.mark.parametrize(("point", "shard_directories"), [("shards", 1), ("save", 2)])
 def test_a_sharded_run_killed_mid_save_keeps_its_last_checkpoint_and_resumes_on_one_process(
-    runs, tmp_path
+    runs, tmp_path, point, shard_directories
 ):
+    """Killed in the save of the checkpoint after step 1: with its shards in their staging
+    directory, or renamed into place with the state file naming them not yet renamed."""
     one, _ = runs
     out = tmp_path / "run"
-    kill_sharded_run(out, "save", 2)  # the checkpoint after step 1, written but not renamed
+    kill_sharded_run(out, point, 2)
     checkpoint = out / "checkpoint" / "state.safetensors"
     assert load_state(checkpoint)["next_step"] == 1, "the previous checkpoint, whole"
-    assert temp_files(checkpoint.parent), "the killed save's temp file"
+    assert temp_files(checkpoint.parent), "the killed save's staging directory or temp file"
+    named = checkpoint.parent / load_state(checkpoint)["shards"]["directory"]
+    shards = sorted(checkpoint.parent.glob("shards-*"))
+    assert named in shards and len(shards) == shard_directories
     args = ["train", *RUN, "--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)]
     assert main([*args, "--resume"]) == 0
     assert_same_run(one, out)
     assert temp_files(out) == []
+    assert list(checkpoint.parent.glob("shards-*")) == [], "one process writes whole tensors"
 
 
 def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):

@@ -1,0 +1,145 @@
+"""A sharded run's trained weights and optimizer moments in ``torch.distributed.checkpoint``
+(DCP), beside the run's state file: each rank writes its own shards, nothing is gathered.
+
+    checkpoint/state.safetensors         next step, identity, RNG and the other components, and
+                                         "shards": {"directory": "shards-<id>", ...}
+    checkpoint/shards-<id>/              DCP: .metadata and one __R_0.distcp a rank
+
+The trained weights are what the optimizer steps, by name (sharded: the shards, which under a
+mixed precision are the fp32 masters; unsharded: the model's parameters or its fp32 masters),
+and the moments are the optimizer's entries of a parameter's shape (AdamW's ``exp_avg``,
+``exp_avg_sq``); its other entries (AdamW's ``step``) and parameter groups are small and ride in
+the state file. The engine's compute-dtype copy is not saved: it is refreshed from the weights.
+
+Atomic: the ranks write into a staging directory (a temp name, which a resume's cleaning
+removes), rank 0 renames it to ``shards-<id>`` and only then writes the state file naming it,
+atomically; the directories it no longer names go after. A kill at any point leaves the
+previous state file and the shards it names. DCP reshards on load, so a checkpoint resumes on
+any number of ranks, sharded or not (one process loads whole tensors from it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from rlvr_fast.train import distributed
+from rlvr_fast.train.sharding import whole_tensor
+from rlvr_fast.utils.files import fsync_directory, new_temp_directory, settle_staged_files
+
+SHARDS_PREFIX = "shards-"
+SHARDS_NAME = re.compile(r"shards-[0-9a-f]{8}")
+
+
+class ShardedCheckpoint:
+    """``stepping``'s (an ``OptimizerStepping``) trained weights and moments in DCP: the
+    ``Checkpointer``'s shard store."""
+
+    # The checkpoint components whose state the shards hold in place of the state file.
+    covers = ("model", "optimizer", "masters")
+
+    def __init__(self, stepping) -> None:
+        self.stepping = stepping
+
+    def trained(self) -> dict[str, torch.Tensor]:
+        """What the optimizer steps, by name, in the optimizer's order."""
+        stepping = self.stepping
+        if stepping.masters is not None:
+            return dict(stepping.masters.named_parameters())
+        return {n: p for n, p in stepping.model.named_parameters() if p.requires_grad}
+
+    def save(self, checkpoint: Path) -> dict:
+        """Write the shards beside ``checkpoint`` (the state file's path; every rank calls
+        this) and return the state file's entry naming them."""
+        import torch.distributed.checkpoint as dcp
+
+        where = None
+        if distributed.is_main():
+            final = checkpoint.parent / f"{SHARDS_PREFIX}{secrets.token_hex(4)}"
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            where = (str(final), str(new_temp_directory(final)))
+        final, staging = (Path(p) for p in distributed.all_gather(where)[0])
+        trained = self.trained()
+        names = list(trained)
+        state = self.stepping.optimizer.state_dict()
+        moments, small = {}, {}
+        for index, entry in state["state"].items():
+            name = names[index]
+            param = trained[name]
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                    moments.setdefault(name, {})[key] = value
+                else:
+                    small.setdefault(name, {})[key] = whole_tensor(value)
+        weights = {name: param.detach() for name, param in trained.items()}
+        dcp.save({"weights": weights, "moments": moments}, checkpoint_id=str(staging))
+        if distributed.is_main():
+            settle_staged_files(staging)
+            fsync_directory(staging)
+            os.replace(staging, final)
+            fsync_directory(checkpoint.parent)
+        layout = {name: sorted(keys) for name, keys in moments.items()}
+        return {
+            "directory": final.name,
+            "moments": layout,
+            "small": small,
+            "param_groups": state["param_groups"],
+        }
+
+    def load(self, checkpoint: Path, entry: dict) -> None:
+        """Restore the weights and moments ``entry`` (the state file's) names, resharded onto
+        this run's ranks, then the engine's copy from them."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        name = entry["directory"]
+        if not isinstance(name, str) or SHARDS_NAME.fullmatch(name) is None:
+            raise ValueError(f"its shards are named {name!r}, not shards-<8 hex digits>")
+        directory = checkpoint.parent / name
+        if not (directory / ".metadata").is_file():
+            raise ValueError(f"its shards {directory.name}/ are missing")
+        trained = self.trained()
+        unknown = sorted((set(entry["moments"]) | set(entry["small"])) - set(trained))
+        if unknown:
+            raise ValueError(f"optimizer state for {unknown[0]}, not a parameter of this run")
+        weights = {name: param.detach() for name, param in trained.items()}
+        moments = {
+            name: {key: torch.empty_like(weights[name]) for key in keys}
+            for name, keys in entry["moments"].items()
+        }
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                # One process loads whole tensors (DCP warns that it assumes so).
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load({"weights": weights, "moments": moments}, checkpoint_id=str(directory))
+        except CheckpointException as err:
+            raise ValueError(
+                f"its shards do not load: {str(err).strip().splitlines()[0]}"
+            ) from None
+        index = {name: i for i, name in enumerate(trained)}
+        optimizer_state = {
+            index[name]: {**entry["small"].get(name, {}), **moments.get(name, {})}
+            for name in trained
+            if name in moments or name in entry["small"]
+        }
+        self.stepping.optimizer.load_state_dict(
+            {"state": optimizer_state, "param_groups": entry["param_groups"]}
+        )
+        if self.stepping.sharded is not None:
+            self.stepping.sharded.refresh()
+        elif self.stepping.masters is not None:
+            self.stepping.masters.publish()
+
+    @staticmethod
+    def remove_others(checkpoint: Path, kept: str | None) -> None:
+        """Remove the shard directories beside ``checkpoint`` other than ``kept`` (older ones,
+        and any a kill left unnamed between its rename and the state file's; None: all)."""
+        for path in checkpoint.parent.glob(f"{SHARDS_PREFIX}*"):
+            if path.name != kept and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
