@@ -3,21 +3,19 @@
 Settings by section (each field's ``metadata["help"]`` says what it does):
 - run: ``arm`` (the preset, ``rlvr_fast.train.arms``), ``steps``, ``seed``, ``checkpoint_every``,
   ``allow_nonfinite``;
-- rollouts: ``group_size``, ``temperature``, ``top_p`` (and TRL's ``top_k``, ``min_p``,
-  ``repetition_penalty``, off by default), ``max_new_tokens``, ``max_batch``,
-  ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
+- rollouts: ``group_size``, ``temperature``, ``top_p`` (and TRL's sampler options of
+  ``sampling_options``: ``top_k``, ``min_p``, ``repetition_penalty``, off by default),
+  ``max_new_tokens``, ``max_batch``, ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or
+  parallel);
 - optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
   ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types (``rlvr_fast.train.policy``)
-  ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
-  ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
-  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
-  ``vespo_k_pos`` / ``_neg``, ``vespo_lambda_pos`` / ``_neg``,
-  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
-  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
-  ``off_policy_mask_threshold``;
+  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types every
+  setting of ``policy_loss`` (``rlvr_fast.train.policy_config``: the fused op's, declared in
+  ``PolicyLossSettings``, e.g. ``kl_beta`` (TRL's beta), ``epsilon``, ``sapo_temperature_pos``;
+  and the loop's around them: the reference sync, ``num_iterations``, ``generation_steps``,
+  the adaptive entropy control);
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
 - trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
   ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
@@ -26,8 +24,8 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``lambda_path``, ``judge_model``;
 - the study's Table 3 ablations: ``questions_per_step`` (and ``combine_questions``),
   ``polyak_start``, ``active_steps``;
-- LoRA (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every weight trains),
-  ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
+- LoRA: every setting of ``lora`` (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every
+  weight trains), ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
 - device: ``precision`` (``rlvr_fast.train.precision``), ``shard``,
   ``activation_checkpointing``, and the engine's ``kv_memory_fraction``, ``kv_blocks``,
   ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated).
@@ -35,15 +33,17 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
 where floats are). A field's own range is checked by its ``check``; checks across fields of one
-step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. The field order is the
-order of ``config.json``, which resumed runs compare: new fields go at the end.
+step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. ``TrainConfig`` nests
+its components by concept (``sampling_options``, ``policy_loss``, ``lora``: each a settings
+class of its own, ``rlvr_fast.utils.settings.NestedSettings``), built, read and set by the
+settings' flat names all the same (``config.epsilon`` is ``config.policy_loss.epsilon``);
+config.json is flat. Its order is the order of the fields, each component's in its place:
+resumed runs compare config.json, so new fields go at the end (or are written only when set).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from dataclasses import dataclass
 
 from rlvr_fast.credit.paths import PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES
@@ -65,8 +65,17 @@ from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
-from rlvr_fast.utils.settings import check_settings, must_be_one_of, one_of, setting
-from rlvr_fast.train.fields import type_name, unknown_setting_error
+from rlvr_fast.utils.settings import (
+    NestedSettings,
+    check_settings,
+    check_types,
+    component,
+    flat_fields,
+    must_be_one_of,
+    one_of,
+    setting,
+)
+from rlvr_fast.train.fields import unknown_setting_error
 from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import (
@@ -104,8 +113,11 @@ OPTIMIZER_ERROR = must_be_one_of("optimizer", OPTIMIZERS)
 STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
 
 
-@dataclass
-class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
+@dataclass(init=False)
+class TrainConfig(NestedSettings):
+    sampling_options: SamplerOptionsConfig = component(SamplerOptionsConfig)
+    policy_loss: PolicyLossConfig = component(PolicyLossConfig)
+    lora: AdapterConfig = component(AdapterConfig)
     arm: str = setting(
         "baseline",
         "the arm whose preset the settings start from (rlvr_fast.train.arms)",
@@ -403,7 +415,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     )
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         check_settings(self)
         _check_settings_of_other_samplers(self)
         _check_loss(self)
@@ -418,7 +430,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
         if "arm" in overrides:
             raise ValueError("the arm is chosen by name (--arm), not overridden")
-        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        unknown = sorted(set(overrides) - set(setting_fields()))
         if unknown:
             raise ValueError(unknown_setting_error(unknown[0], list(setting_fields())))
         return cls(arm=name, **{**arm_settings(name), **overrides})
@@ -427,9 +439,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         """config.json's settings: every field, less those written only when set that hold
         their default."""
         return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
+            name: getattr(self, name)
+            for name, f in setting_fields().items()
+            if not (f.metadata["written_when_set"] and getattr(self, name) == f.default)
         }
 
     @property
@@ -466,58 +478,15 @@ def _check_shapley(config: TrainConfig) -> None:
         )
 
 
-def _check_types(config: TrainConfig) -> None:
-    for name, allowed in _field_types().items():
-        value = getattr(config, name)
-        if allowed is tuple:
-            if not _is_number_pair(value):
-                raise ValueError(_wrong_type(name, value))
-            value = tuple(float(b) for b in value)
-            setattr(config, name, value)
-        elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ValueError(_wrong_type(name, value))
-        # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
-        values = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
-
-
 def setting_fields() -> dict[str, dataclasses.Field]:
     """Every setting of a run by name, in config.json's order, each a field whose metadata is
     ``rlvr_fast.utils.settings``' (help, checks, only_for, written_when_set, trl): what the
     command line's help and config files read."""
-    return {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-def _wrong_type(name: str, value) -> str:
-    return f"{name} is of type {type_name(typing.get_type_hints(TrainConfig)[name])}, got {value!r}"
-
-
-def _field_types() -> dict[str, tuple | type]:
-    """Python types each field accepts, read from its annotation; ``tuple`` for a pair of
-    numbers (``betas``)."""
-    hints = typing.get_type_hints(TrainConfig)
-    return {name: _accepted(hint) for name, hint in hints.items()}
-
-
-def _accepted(hint) -> tuple | type:
-    if typing.get_origin(hint) is tuple:
-        return tuple
-    members = typing.get_args(hint) or (hint,)
-    accepted = set()
-    for member in members:
-        accepted |= {float: {int, float}}.get(member, {member})
-    return tuple(sorted(accepted, key=lambda t: t.__name__))
-
-
-def _is_number_pair(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
-    )
+    return flat_fields(TrainConfig)
 
 
 def _check_settings_of_other_samplers(self: TrainConfig) -> None:
-    for f in dataclasses.fields(self):
+    for f in setting_fields().values():
         if f.metadata["only_for"] is None:
             continue
         kind, error = f.metadata["only_for"]
@@ -527,7 +496,7 @@ def _check_settings_of_other_samplers(self: TrainConfig) -> None:
 
 def _check_loss(self: TrainConfig) -> None:
     if not self.loss.fused:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        defaults = {name: f.default for name, f in setting_fields().items()}
         changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
         if changed:
             raise ValueError(f"{changed[0]} is a setting of TRL's loss types: set loss_type")

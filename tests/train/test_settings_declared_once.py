@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 
 from rlvr_fast.ops.policy_loss import PolicyLossSettings
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import TrainConfig, setting_fields
 from rlvr_fast.train.policy_config import POLICY_SETTINGS, op_settings
 from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.mapping import RENAMED, TRL_SETTINGS
 from rlvr_fast.trl_compat.support import HONOURED
 
-RUN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+RUN_FIELDS = setting_fields()
 TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
 
