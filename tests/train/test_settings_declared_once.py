@@ -68,3 +68,13 @@ def test_an_op_settings_check_refuses_in_the_op_and_in_the_run(name, run, value,
     op_message = message.replace("kl_beta", "beta")
     with pytest.raises(ValueError, match=op_message):
         PolicyLossSettings(**{name: value})
+
+
+def test_a_loss_types_own_settings_are_fields_of_the_op_and_settings_of_the_run():
+    from rlvr_fast.ops.loss_types import loss_type
+
+    for name in ("sapo", "vespo"):
+        own = [setting_name for setting_name, _, _ in loss_type(name).settings]
+        assert own and all(n in RUN_FIELDS for n in own), name
+        assert all(n in {f.name for f in op_settings("ratio")} for n in own), name
+        assert all(n in TRL_SETTINGS for n in own), name
