@@ -74,7 +74,7 @@ def test_a_loss_types_own_settings_are_fields_of_the_op_and_settings_of_the_run(
     from rlvr_fast.ops.loss_types import loss_type
 
     for name in ("sapo", "vespo"):
-        own = [setting_name for setting_name, _, _ in loss_type(name).settings]
-        assert own and all(n in RUN_FIELDS for n in own), name
-        assert all(n in {f.name for f in op_settings("ratio")} for n in own), name
-        assert all(n in TRL_SETTINGS for n in own), name
+        own = loss_type(name).settings
+        assert own and all(n in RUN_FIELDS for n, _, _ in own), name
+        assert all(n in {f.name for f in op_settings("ratio")} for n, _, _ in own), name
+        assert all(n in TRL_SETTINGS for n, _, f in own if f.metadata["trl"]), name
