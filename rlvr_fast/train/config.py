@@ -34,8 +34,9 @@ Types are read from the annotations (overrides arrive from the command line as J
 type is refused by name here rather than failing inside a comparison later; ints are accepted
 where floats are). A field's own range is checked by its ``check``; checks across fields of one
 step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. ``TrainConfig`` nests
-its components by concept (``sampling_options``, ``policy_loss``, ``lora``: each a settings
-class of its own, ``rlvr_fast.utils.settings.NestedSettings``), built, read and set by the
+its components by concept (``sampling_options``, ``policy_loss``, ``tree``, ``paths``,
+``device``, ``lora``: each a settings class of its own in its module,
+``rlvr_fast.utils.settings.NestedSettings``), built, read and set by the
 settings' flat names all the same (``config.epsilon`` is ``config.policy_loss.epsilon``);
 config.json is flat. Its order is the order of the fields, each component's in its place:
 resumed runs compare config.json, so new fields go at the end (or are written only when set).
@@ -46,8 +47,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from rlvr_fast.credit.paths import PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES
-from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS, MAX_PERMUTATIONS, MAX_PLAYERS
+from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS
 from rlvr_fast.rollouts.limits import (
     MAX_BATCH,
     MAX_GROUP_SIZE,
@@ -55,13 +55,10 @@ from rlvr_fast.rollouts.limits import (
     MAX_QUESTIONS_PER_STEP,
     MAX_SEED,
 )
-from rlvr_fast.rollouts.parallel import AGGREGATORS
-from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
 from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_ORDERS, LOSS_TYPE_NAMES
 from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
-from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
@@ -76,7 +73,6 @@ from rlvr_fast.utils.settings import (
     setting,
 )
 from rlvr_fast.train.fields import unknown_setting_error
-from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import (
     FLAT_ONLY,
@@ -85,7 +81,9 @@ from rlvr_fast.train.policy_config import (
     check_micro_batch_settings,
 )
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
-from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
+from rlvr_fast.train.tree_config import TreeConfig
+from rlvr_fast.train.paths_config import PathsConfig
+from rlvr_fast.train.device_config import DeviceConfig
 
 
 SAMPLERS = tuple(KINDS)
@@ -95,14 +93,6 @@ ADAMW_FUSED_HELP = (
     "torch's fused AdamW kernel (TRL's default optim): none of the temporaries the single-tensor "
     "step takes (twice the largest parameter); zero-gradient steps then run it on zero gradients"
 )
-PRECISION_HELP = (
-    "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and optimizer "
-    "state; fp16-mixed: the same in fp16 with a dynamic loss scale (rlvr_fast.train.loss_scale); "
-    "bf16-true: bf16 weights stepped directly (the study's recipe); None: bf16-mixed on CUDA, "
-    "fp32 elsewhere"
-)
-PRECISION_ERROR = f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}"
-WHEN_SET = dict(written_when_set=True)
 OPTIMIZER_HELP = (
     "adamw: torch's AdamW (lr, betas, eps, weight_decay); adafactor: transformers' Adafactor as "
     "TRL's optim='adafactor' builds it (lr, weight_decay; factored second moments, no first "
@@ -246,101 +236,8 @@ class TrainConfig(NestedSettings):
         one_of(SAMPLERS),
         must_be_one_of("sampler", SAMPLERS),
     )
-    early_eos_mode: str = setting(
-        "terminal_dup",
-        "tree branching rule for a root that ends early (the seed's --early-eos-mode)",
-        one_of(EARLY_EOS_MODES),
-        must_be_one_of("early_eos_mode", EARLY_EOS_MODES),
-    )
-    tree_k: int = setting(
-        4,
-        "roots per tree (K)",
-        lambda v: 1 <= v <= MAX_GROUP_SIZE // 2,
-        f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {{value}}",
-    )
-    tree_b: int = setting(
-        2,
-        "branches per root (B)",
-        lambda v: v == 2,
-        "tree_b must be 2 (the ledger records pairs), got {value}",
-    )
-    t_min: int = setting(96, "Stage 1 stops at the first newline at or after this token")
-    t_max: int = setting(160, "Stage 1's cap")
-    beta: float = setting(
-        0.0,
-        "sibling-disagreement prefix bonus of TreeRL credit",
-        lambda v: 0 <= v <= 1,
-        "beta must be in [0, 1], got {value}",
-    )
-    alpha: float = setting(
-        0.5,
-        "continuation credit's mix of leaf and sibling advantage",
-        lambda v: 0 <= v <= 1,
-        "alpha must be in [0, 1], got {value}",
-    )
-    clamped_prefix: bool = setting(False, "one-sided clamped prefix credit (Proposition 3)")
-    bifurcate_after_active: int = setting(
-        0,
-        "tree arms sample flat groups until this many steps ran a backward pass",
-        lambda v: v >= 0,
-        "bifurcate_after_active must be >= 0",
-    )
-    tree_reprefill: bool = setting(
-        False, "re-prefill each Stage-2 branch instead of forking it (the seed's cost, measured)"
-    )
-    num_paths: int = setting(
-        4,
-        "paths per response (K) of parallel arms",
-        lambda v: 1 <= v <= MAX_PLAYERS,
-        f"num_paths must be in [1, {MAX_PLAYERS}], got {{value}}",
-    )
-    aggregator: str = setting(
-        "vote",
-        "how a response aggregates its paths: majority vote, or a generated summary",
-        one_of(AGGREGATORS),
-        must_be_one_of("aggregator", AGGREGATORS),
-    )
-    path_utility: str = setting(
-        "vote",
-        "utility of a coalition of paths",
-        one_of(PATH_UTILITIES),
-        must_be_one_of("path_utility", PATH_UTILITIES),
-    )
-    path_credit: str = setting(
-        "shapley",
-        "credit of a path: its Shapley value, leave-one-out, or graded alone",
-        one_of(PATH_CREDITS),
-        must_be_one_of("path_credit", PATH_CREDITS),
-    )
-    shapley_permutations: int = setting(
-        0,
-        "Monte-Carlo permutations of Shapley credit (0: exact)",
-        lambda v: 0 <= v <= MAX_PERMUTATIONS,
-        f"shapley_permutations must be in [0, {MAX_PERMUTATIONS}] (0: exact)",
-        also=(lambda v: v != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
-    )
-    shapley_antithetic: bool = setting(True, "Monte-Carlo orderings in antithetic pairs")
-    path_reward_norm: str = setting(
-        "zscore",
-        "normalisation of phi before it is mixed into the path reward",
-        one_of(PATH_REWARD_NORMS),
-        must_be_one_of("path_reward_norm", PATH_REWARD_NORMS),
-    )
-    lambda_outcome: float = setting(
-        0.5,
-        "weight of the outcome reward in a path's reward",
-        lambda v: v >= 0,
-        "lambda_outcome and lambda_path must be >= 0",
-    )
-    lambda_path: float = setting(
-        0.5,
-        "weight of the normalised Shapley value in a path's reward",
-        lambda v: v >= 0,
-        "lambda_outcome and lambda_path must be >= 0",
-    )
-    judge_model: str = setting(
-        "policy", "the judge of path_utility judge: the policy, or a model directory"
-    )
+    tree: TreeConfig = component(TreeConfig)
+    paths: PathsConfig = component(PathsConfig)
     allow_nonfinite: bool = setting(
         False, "train on after a non-finite loss, gradient norm or weight"
     )
@@ -360,37 +257,7 @@ class TrainConfig(NestedSettings):
     active_steps: int | None = setting(
         None, "end the run after this many steps with a backward pass"
     )
-    precision: str | None = setting(
-        None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
-    )
-    activation_checkpointing: bool | str = setting(
-        False, CHECKPOINTING_HELP, is_checkpointing, CHECKPOINTING_ERROR, written_when_set=True
-    )
-    kv_memory_fraction: float = setting(
-        0.5,
-        "share of free device memory (available memory on the CPU) the KV cache takes",
-        lambda v: 0 < v <= 1,
-        "kv_memory_fraction must be in (0, 1], got {value}",
-        written_when_set=True,
-    )
-    kv_blocks: int | None = setting(
-        None,
-        "KV cache blocks of 16 tokens (None: sized by kv_memory_fraction)",
-        lambda v: v is None or v >= 1,
-        "kv_blocks must be >= 1 or None, got {value}",
-        written_when_set=True,
-    )
-    max_model_len: int | None = setting(
-        None,
-        "the longest sequence the engine's CUDA graphs cover (None: the model's, at most "
-        "16,384); longer ones decode eagerly",
-        lambda v: v is None or v >= 1,
-        "max_model_len must be >= 1 or None, got {value}",
-        written_when_set=True,
-    )
-    shard: str | None = setting(
-        None, SHARD_HELP, lambda v: v is None or v in SHARDINGS, SHARD_ERROR, **WHEN_SET
-    )
+    device: DeviceConfig = component(DeviceConfig)
     combine_questions: str = setting(
         "unit_norm",
         "how a multi-question step combines its questions: unit_norm averages their gradients "
