@@ -50,60 +50,11 @@ from rlvr_fast.train.kinds import step_kind
 from rlvr_fast.train.policy import entropy_coefficients
 from rlvr_fast.train.steps import rederive_step
 
-# Ledger fields that follow from rollouts.jsonl and config.json; the rest (timings, loss,
-# gradient norm and the engine's executed counts, ``EngineCounters``) are only bounded, by the
-# conservation laws.
-DERIVED_FIELDS = (
-    "step",
-    "question_id",
-    "rewards",
-    "sigma_r",
-    "homogeneous",
-    "active",
-    "optimizer_step",
-    "pairs",
-    "prompt_len",
-    "lengths",
-    "gen",
-    "pref",
-    "pad_pref",
-    "untrim_gen",
-    "leaf",
-    "bwd_out",
-    "bwd_full",
-    "max_new_tokens",
-    "params",
-    "stage1_lengths",
-    "stage2_gen",
-    "parallel",
-    "reused",
-    "trained",
-    "flops_out",
-    "flops_full",
-    "flops_pad_full",
-)
+# Ledger fields that follow from rollouts.jsonl and config.json are each record's
+# (``LedgerRecord.derived_fields``); the rest (timings, loss, gradient norm and the engine's
+# executed counts, ``EngineCounters``) are only bounded, by the conservation laws.
 # Written only when set (reused, trained): a line has them iff its re-derivation does.
 OPTIONAL_FIELDS = ("reused", "trained")
-MULTI_QUESTION_FIELDS = (
-    "step",
-    "questions",
-    "zero_var_questions",
-    "homogeneous",
-    "active",
-    "optimizer_step",
-    "gen",
-    "pref",
-    "pad_pref",
-    "untrim_gen",
-    "leaf",
-    "bwd_out",
-    "bwd_full",
-    "max_new_tokens",
-    "params",
-    "flops_out",
-    "flops_full",
-    "flops_pad_full",
-)
 REQUIRED_VERSIONS = ("rlvr_fast", "torch")
 SHOWN_FAILURES = 10
 
@@ -327,7 +278,6 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
     regrade = run.meta.get(REWARDS_KEY) != REWARDS_RECORDED
     for recorded, rollout in zip(run.ledger, run.rollouts):
         step = recorded.get("step")
-        multi = config.questions_per_step > 1
         try:
             expected = rederive_step(
                 kind, rollout, recorded, config, params, active_steps, regrade=regrade
@@ -336,11 +286,10 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
             check.failures.append(f"step {step}: cannot re-derive ({_describe(err)})")
             continue
         active_steps += expected.active
-        graded += (
-            sum(len(q.rewards) for q in expected.questions) if multi else len(expected.rewards)
-        )
+        questions = expected.questions if isinstance(expected, MultiQuestionRecord) else [expected]
+        graded += sum(len(q.rewards) for q in questions)
         check.failures += field_mismatches(
-            step, recorded, expected.to_json(), MULTI_QUESTION_FIELDS if multi else DERIVED_FIELDS
+            step, recorded, expected.to_json(), expected.derived_fields()
         )
     tflops = [
         sum(line.get(key, 0) for line in run.ledger) / 1e12
@@ -356,7 +305,7 @@ def check_rederived(run: Run, config: TrainConfig, params: int) -> Check:
 
 
 def field_mismatches(
-    step, recorded: dict, expected: dict, names: tuple[str, ...] = DERIVED_FIELDS, prefix: str = ""
+    step, recorded: dict, expected: dict, names: tuple[str, ...], prefix: str = ""
 ) -> list[str]:
     """One line per derived field whose recorded value differs: step, field (with the first
     differing index of a list, or the differing fields of a section), recorded and re-derived

@@ -3,11 +3,12 @@ YAML file, like TRL's ``TrlParser`` recipes and LightningCLI's ``--config``.
 
 The file is one mapping. A key is a ``train`` option's name with ``_`` for ``-`` (``arm``,
 ``model``, ``train_data``, ``steps``, ``seed``, ``out``, ``precision``, ``device``, ...), or a
-setting (``rlvr-fast train --help-settings``); ``eval`` maps names to data
-(``{test: synthetic:test:200}``). Options given on the command line override the file's, and
-``--set KEY=VALUE`` its settings. An unknown key is refused with the nearest names, a value of
-the wrong type naming the type, before anything runs. ``--print-config`` writes the resolved run
-in this form, which ``--config`` reads back to the same run signature.
+setting (``rlvr-fast train --help-settings``); ``eval`` maps names to data (``{test:
+synthetic:test:200}``). Options given on the command line override the file's (``--eval`` adds
+sets to the file's), and ``--set KEY=VALUE`` its settings. An unknown key is refused with the
+nearest names, a value of the wrong type naming the type, before anything runs.
+``--print-config`` writes the resolved run in this form, which ``--config`` reads back to the
+same run signature.
 """
 
 from __future__ import annotations

@@ -83,7 +83,13 @@ def build_parser(config: Path | None = None) -> argparse.ArgumentParser:
 
 
 def add_train_command(commands, config: Path | None) -> None:
-    train = commands.add_parser("train", help="train one arm")
+    train = commands.add_parser(
+        "train",
+        help="train one arm",
+        description="Train one arm on a model and write a run directory. Options may come from "
+        "a --config FILE (YAML; --print-config writes one); --set KEY=VALUE gives any setting "
+        "(--help-settings lists them by section).",
+    )
     train.add_argument("--arm", required=True, help=f"one of: {', '.join(ARMS)}")
     train.add_argument(
         "--seed", type=int, default=42, help="seed of every rollout draw and of the run's order"

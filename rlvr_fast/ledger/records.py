@@ -10,28 +10,12 @@ share of the generation's completions (``trained``, their indices: the generatio
 ``rlvr_fast.train.steps.generation_shares``): bwd_out and bwd_full count those only, and every
 step after the generation's first is ``reused`` as under num_iterations.
 
-Flat steps (``flat_step_record``): G rollouts, pairs (2i, 2i+1) with prefix lengths 0, category
-"flat" on flat arms and "flat_warmup" on a tree arm's steps before bifurcation starts.
-gen = leaf (trimmed after the first EOS, EOS included); pref = pad_pref = G L_p (one prompt, so
-no padding); untrim_gen = G max L_i (what a sampler that keeps every row until the last one ends
-would decode).
-
-Tree steps (``tree_step_record``): K pairs of B = 2 leaves, leaf order k-major. Stage 1 samples
-K roots p^(k) from the prompt; |p^(k)| (``stage1_lengths``) counts the tokens it sampled for root
-k, trimmed after EOS but including the tail beyond the cut that is thrown away. Stage 2 samples
-the continuations of the *continued* branches, those with generation left to do, fixed by the
-pair's category (the table in ``rlvr_fast.rollouts.pairs``).
-
-  gen        = sum_k |p^(k)| + stage2_gen: every token sampled, once; stage2_gen is what Stage 2
-               sampled, sum over continued branches of (L_kb - pl_kb).
-  pref       = K L_p + sum_cont (L_p + pl_kb): the seed's prefill, which prefills the prompt once
-               per root and then re-prefills prompt + prefix for every continued branch.
-  pad_pref   = K L_p + B_cont max_cont (L_p + pl_kb)     (B_cont continued branches; 0 if none)
-  untrim_gen = K max_k |p^(k)| + B_cont max_cont (L_kb - pl_kb)
-The seed's conservation identity S1_leaf + S2_leaf = leaf reads off the tuples, with
-S1_leaf = sum pl_b and S2_leaf = sum (L_b - pl_b). S2_leaf is *not* stage2_gen: a branch kept
-whole from Stage 1 (branch 0 of tau_zero, midpoint_fallback and early_eos_gt104 pairs) has
-L_b - pl_b tokens in S2_leaf that were sampled in Stage 1 and are counted in gen through |p^(k)|.
+A question's line is a ``StepRecord``; each step kind registers its own subclass
+(``register_record``, from the kind's side: the ledger imports nothing of the kinds) holding the
+fields of its own, how gen, pref, pad_pref and untrim_gen follow from them, and its laws
+(``kind_laws``): ``rlvr_fast.train.kinds.flat_record`` (flat groups), ``tree_record`` (two-stage
+trees), ``parallel_record`` (parallel paths). A line read back is the registered record one of
+whose own fields it sets (the one with none of its own otherwise).
 
 Alongside the seed's formulas every record keeps what our engine executed, under the engine's
 own names (``rlvr_fast.engine.EngineCounters``, reported, not derived): ``prefill_run`` (prefill
@@ -39,20 +23,9 @@ tokens actually run: |prompt| for a group that prefills its prompt once and fork
 prefill at all for forked trees), ``decode_rows`` (rows x decode steps), ``block_copies``,
 ``peak_kv_blocks`` and ``preemptions``.
 
-Parallel-path steps (``parallel_step_record``, the Parallel-Shapley arms): R responses of K paths,
-all forked from the prompt, recorded like a flat step over the R K paths (category "flat",
-``rewards`` the paths' returns of ``rlvr_fast.credit.paths``), with a ``parallel`` section
-(``ParallelStats``): phi, its standard error, U(N), U(∅), r_out, the utility calls and, under
-the summary aggregator, each summary's prompt length (prompt + serialised paths) and length.
-Summaries add to the counts: gen = leaf + sum L_s; pref = R K L_p + sum L_sp;
-pad_pref = R K L_p + R_s max L_sp; untrim_gen = R K max L_i + R_s max L_s; bwd_out = leaf + sum L_s
-and bwd_full = R K L_p + leaf + sum (L_sp + L_s) on backward steps; decode_rows =
-sum (L_i - 1) + sum (L_s - 1) and prefill_run = L_p + sum (L_sp - L_p) (one prompt prefill, each
-summary runs only its serialised paths) unless the engine preempted.
-
 Multi-question steps (``multi_question_step_record``, ``questions_per_step`` Q > 1): one line per
 optimizer step (``MultiQuestionRecord``) holding one sub-record per question (``questions``, each
-a flat or tree ``StepRecord`` of that question, its ``loss`` the question's loss and its
+a ``StepRecord`` of that question, its ``loss`` the question's loss and its
 ``grad_norm`` the norm of its gradient before unit scaling) and the step's totals: gen, pref,
 pad_pref, untrim_gen, leaf, bwd_out and bwd_full are the sums over its questions,
 ``zero_var_questions`` counts the homogeneous ones, ``loss`` is the unit-normalised surrogate
@@ -63,65 +36,96 @@ engine's counts are the step's and a sub-record's are 0. A data-parallel step
 engine counts are the ranks' summed (``peak_kv_blocks`` the sum of each rank's peak) and its
 timings rank 0's, with an ``all_reduce`` phase on active steps.
 
-The laws every line satisfies are ``rlvr_fast.ledger.laws``; ``rlvr_fast.ledger.writer``
-appends checked lines.
+A line's keys come in a fixed order (``LedgerRecord.keys``), not the records' field order:
+ledgers written before the records shared a base keep their bytes. The laws every line
+satisfies are ``rlvr_fast.ledger.laws``; ``rlvr_fast.ledger.writer`` appends checked lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import ClassVar
 
-from rlvr_fast.ops.loss_types import LOSS_TYPE_FIGURES
 from rlvr_fast.engine.counters import EngineCounters
-from rlvr_fast.rollouts.pairs import TREE_CATEGORIES, PairCategory, TreePair
+from rlvr_fast.ops.loss_types import LOSS_TYPE_FIGURES
 
 
 class LedgerError(AssertionError):
     """A ledger line breaks a conservation law."""
 
 
-@dataclass
-class ParallelStats:
-    """A parallel-path step's section of its ledger line: K, how credit was computed, per path
-    phi and its standard error (response-major), per response U(N), U(∅) and r_out, the
-    distinct coalitions scored, and the summaries (prompt lengths with the serialised paths,
-    lengths, rewards; empty under the vote aggregator)."""
+TOTALLED_FIELDS = ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full")
+FLOP_FIELDS = ("flops_out", "flops_full", "flops_pad_full")
+# What a line holds of the work of its step, in its keys' order (the engine's counts among them).
+WORK_KEYS = (
+    *TOTALLED_FIELDS,
+    "decode_rows",
+    "max_new_tokens",
+    "params",
+    "loss",
+    "grad_norm",
+    "seconds",
+    "prefill_run",
+    "block_copies",
+    "peak_kv_blocks",
+    "preemptions",
+)
+# What nothing on disk but the line itself determines (timings, loss, gradient norm, the engine's
+# counts, TRL's figures, the loss scale): ``verify`` re-derives every other field.
+RECORDED_ONLY = (
+    "decode_rows",
+    "loss",
+    "grad_norm",
+    "seconds",
+    "prefill_run",
+    "block_copies",
+    "peak_kv_blocks",
+    "preemptions",
+    "policy",
+    "loss_scale",
+)
+# Every question's line has carried the tree kind's and the parallel kind's fields, null on the
+# other kinds' lines, since before kinds registered their records: kept, so that ledgers keep
+# their bytes. A record's other fields of its own follow them.
+EARLY_KIND_KEYS = ("stage1_lengths", "stage2_gen", "parallel")
 
-    paths_per_response: int
-    aggregator: str
-    path_utility: str
-    path_credit: str
-    permutations: int
-    path_reward_norm: str
-    lambda_outcome: float
-    lambda_path: float
-    phi: list[float]
-    phi_se: list[float]
-    utility_full: list[float]
-    utility_empty: list[float]
-    r_out: list[float]
-    utility_calls: int
-    summary_prompt_lens: list[int]
-    summary_lengths: list[int]
-    summary_rewards: list[float]
 
+@dataclass(kw_only=True)
+class LedgerRecord:
+    """What every ledger line holds, of one question (``StepRecord``) or of several
+    (``MultiQuestionRecord``): its stepping, token counts (and from them the seed's Out / Full /
+    PadFull FLOPs at P), loss, gradient norm, timings, the engine's counts and, on TRL's loss types, its ``policy`` figures (POLICY_FIGURES; fp16-mixed:
+    ``loss_scale``, {"scale": the step's loss scale, "skipped": its gradients overflowed})."""
 
-class SeedFlops:
-    """The seed's Out / Full / PadFull FLOPs of a ledger line from its token counts at P."""
-
+    step: int
+    homogeneous: bool
+    active: bool
+    optimizer_step: bool
     gen: int
     pref: int
     pad_pref: int
     untrim_gen: int
+    leaf: int
     bwd_out: int
     bwd_full: int
+    decode_rows: int
+    max_new_tokens: int
     params: int
+    loss: float | None
+    grad_norm: float | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    prefill_run: int = 0
+    block_copies: int = 0
+    peak_kv_blocks: int = 0
+    preemptions: int = 0
+    policy: dict[str, float] | None = None
+    loss_scale: dict | None = None
 
     @property
     def flops_out(self) -> int:
+        """The seed's Out FLOPs of the line, from its token counts at P."""
         return (2 * self.gen + 6 * self.bwd_out) * self.params
 
     @property
@@ -132,56 +136,75 @@ class SeedFlops:
     def flops_pad_full(self) -> int:
         return (2 * (self.pad_pref + self.untrim_gen) + 6 * self.bwd_full) * self.params
 
+    def keys(self) -> tuple[str, ...]:
+        """The line's keys in the order it writes them (before the FLOPs)."""
+        raise NotImplementedError
 
-@dataclass
-class StepRecord(SeedFlops):
-    step: int
+    def values(self) -> dict:
+        """The fields as JSON values."""
+        return asdict(self)
+
+    def to_json(self) -> dict:
+        values = self.values()
+        line = without_empty_policy({key: values.get(key) for key in self.keys()})
+        line.update(
+            flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
+        )
+        return line
+
+    def derived_fields(self) -> tuple[str, ...]:
+        """The keys ``verify`` re-derives from rollouts.jsonl and config.json, in line order."""
+        return (*(k for k in self.keys() if k not in RECORDED_ONLY), *FLOP_FIELDS)
+
+
+@dataclass(kw_only=True)
+class StepRecord(LedgerRecord):
+    """One question's line: its rollouts' rewards (null: no reward function scored it), sigma_R,
+    pair tuples, prompt length and leaf lengths; ``reused``: an update on an earlier step's
+    rollouts (num_iterations, generation_steps); ``trained``: the completions this step trained
+    on (generation_steps > 1: its share of the generation, leaf order; None: all). A kind's
+    record subclasses it with the fields of its own and its laws, and registers
+    (``register_record``)."""
+
     question_id: str
-    rewards: list[float | None]  # null: no reward function scored it
+    rewards: list[float | None]
     sigma_r: float
-    homogeneous: bool
-    active: bool
-    optimizer_step: bool
     pairs: list[list]
     prompt_len: int
     lengths: list[int]
-    gen: int
-    pref: int
-    pad_pref: int
-    untrim_gen: int
-    leaf: int
-    bwd_out: int
-    bwd_full: int
-    decode_rows: int
-    max_new_tokens: int
-    params: int
-    loss: float | None
-    grad_norm: float | None
-    seconds: dict[str, float] = field(default_factory=dict)
-    prefill_run: int = 0
-    block_copies: int = 0
-    peak_kv_blocks: int = 0
-    preemptions: int = 0
-    stage1_lengths: list[int] | None = None  # |p^(k)| per root; None on flat steps
-    stage2_gen: int | None = None  # tokens Stage 2 sampled; None on flat steps
-    parallel: ParallelStats | None = None  # parallel-path steps only
-    policy: dict[str, float] | None = None  # TRL's loss types: POLICY_FIGURES of every step
-    reused: bool = False  # an update on an earlier step's rollouts (num_iterations)
-    # The completions this step trained on (generation_steps > 1: its share of the generation,
-    # leaf order); None: all of them.
+    reused: bool = False
     trained: list[int] | None = None
-    # fp16-mixed: {"scale": the loss scale of the step, "skipped": its gradients overflowed}.
-    loss_scale: dict | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.parallel, dict):  # a line read back from JSON
-            self.parallel = ParallelStats(**self.parallel)
-        elif self.parallel is not None and not isinstance(self.parallel, ParallelStats):
-            raise TypeError(f"parallel is {self.parallel!r}, not an object or null")
+    # False: its kind takes one question per step (its records never share a line).
+    pooled: ClassVar[bool] = True
 
-    @property
-    def is_tree(self) -> bool:
-        return self.stage1_lengths is not None
+    @classmethod
+    def own_fields(cls) -> tuple[str, ...]:
+        """The fields of the kind's record beyond every question's."""
+        shared = {f.name for f in dataclasses.fields(StepRecord)}
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in shared)
+
+    def keys(self) -> tuple[str, ...]:
+        own = tuple(name for name in self.own_fields() if name not in EARLY_KIND_KEYS)
+        return (
+            "step",
+            "question_id",
+            "rewards",
+            "sigma_r",
+            "homogeneous",
+            "active",
+            "optimizer_step",
+            "pairs",
+            "prompt_len",
+            "lengths",
+            *WORK_KEYS,
+            *EARLY_KIND_KEYS,
+            *own,
+            "policy",
+            "reused",
+            "trained",
+            "loss_scale",
+        )
 
     @property
     def trained_lengths(self) -> list[int]:
@@ -190,65 +213,91 @@ class StepRecord(SeedFlops):
             return self.lengths
         return [self.lengths[i] for i in self.trained]
 
-    @property
-    def summary_tokens(self) -> int:
-        """Tokens the summaries generated (0 but on summary-aggregator steps)."""
-        return sum(self.parallel.summary_lengths) if self.parallel else 0
+    def beyond_leaves(self) -> tuple[int, int]:
+        """What the backward pass ran on beyond the trained leaves and their prompts: (tokens
+        it trained on, tokens it read); 0, 0 but on kinds that train on more."""
+        return 0, 0
 
-    @property
-    def summary_context(self) -> int:
-        """Summary prompt tokens, serialised paths included (0 but on summary-aggregator steps)."""
-        return sum(self.parallel.summary_prompt_lens) if self.parallel else 0
+    def rewards_agree(self) -> bool:
+        """Every reward a function scored is the same (the step is homogeneous)."""
+        return len({r for r in self.rewards if r is not None}) <= 1
 
-    def to_json(self) -> dict:
-        line = without_empty_policy(asdict(self))
-        line.update(
-            flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
-        )
-        return line
+    def expected_decode_rows(self) -> int | None:
+        """The rows the engine decodes for this question when it preempts nothing; None: its
+        kind's laws bound them otherwise."""
+        return None
+
+    def kind_laws(self, require: Callable[[bool, str], None], engine_counts: bool) -> None:
+        """The laws of the record's kind beyond every question's (``rlvr_fast.ledger.laws``);
+        ``require(condition, law)`` raises naming the law. ``engine_counts=False``: the engine's
+        work is the step's, checked there."""
+        raise NotImplementedError(f"{type(self).__name__} is the record of no step kind")
 
 
-@dataclass
-class MultiQuestionRecord(SeedFlops):
+@dataclass(kw_only=True)
+class MultiQuestionRecord(LedgerRecord):
     """One optimizer step over several questions (module docstring): per-question sub-records
     and the step's totals, stepping, loss, gradient norm, timings and engine counts."""
 
-    step: int
     questions: list[StepRecord]
     zero_var_questions: int
-    homogeneous: bool
-    active: bool
-    optimizer_step: bool
-    gen: int
-    pref: int
-    pad_pref: int
-    untrim_gen: int
-    leaf: int
-    bwd_out: int
-    bwd_full: int
-    decode_rows: int
-    max_new_tokens: int
-    params: int
-    loss: float | None
-    grad_norm: float | None
-    seconds: dict[str, float] = field(default_factory=dict)
-    prefill_run: int = 0
-    block_copies: int = 0
-    peak_kv_blocks: int = 0
-    preemptions: int = 0
-    policy: dict[str, float] | None = None  # as StepRecord's, over the step's questions
-    loss_scale: dict | None = None  # as StepRecord's
 
     def __post_init__(self) -> None:
         self.questions = [read_record(q) if isinstance(q, dict) else q for q in self.questions]
 
-    def to_json(self) -> dict:
-        line = without_empty_policy(asdict(self))
-        line["questions"] = [q.to_json() for q in self.questions]
-        line.update(
-            flops_out=self.flops_out, flops_full=self.flops_full, flops_pad_full=self.flops_pad_full
+    def keys(self) -> tuple[str, ...]:
+        return (
+            "step",
+            "questions",
+            "zero_var_questions",
+            "homogeneous",
+            "active",
+            "optimizer_step",
+            *WORK_KEYS,
+            "policy",
+            "loss_scale",
         )
-        return line
+
+    def values(self) -> dict:
+        return dict(super().values(), questions=[q.to_json() for q in self.questions])
+
+
+# The kinds' records (``register_record``), in registration order.
+RECORDS: list[type[StepRecord]] = []
+
+
+def register_record(record: type[StepRecord]) -> type[StepRecord]:
+    """Register a step kind's ledger record (a decorator on its ``StepRecord`` subclass): lines
+    are read back as it when they set one of its own fields, and checked by its ``kind_laws``.
+    Its own fields are no other record's; one record may have none (the flat one)."""
+    if not (isinstance(record, type) and issubclass(record, StepRecord)):
+        raise TypeError(f"{record!r} is not a StepRecord")
+    own = set(record.own_fields())
+    for known in RECORDS:
+        if known.__name__ == record.__name__:
+            raise ValueError(f"ledger record {record.__name__} is registered twice")
+        clash = own & set(known.own_fields())
+        if clash or not (own or known.own_fields()):
+            raise ValueError(
+                f"ledger record {record.__name__} cannot be told apart from "
+                f"{known.__name__} (own fields {sorted(own)})"
+            )
+    RECORDS.append(record)
+    return record
+
+
+def record_of_line(line: dict) -> type[StepRecord]:
+    """The registered record of a question's line: the one whose own fields it sets (a
+    TypeError, as for a line with other fields than a record's, when it sets two records')."""
+    setting = [r for r in RECORDS if any(line.get(n) is not None for n in r.own_fields())]
+    if len(setting) > 1:
+        raise TypeError(f"the line sets fields of {setting[0].__name__} and {setting[1].__name__}")
+    plain = [r for r in RECORDS if not r.own_fields()]
+    if not setting + plain:
+        raise RuntimeError(
+            "no step kind registered a ledger record for this line (import rlvr_fast.train.kinds)"
+        )
+    return (setting + plain)[0]
 
 
 # The policy figures of a step on TRL's loss types, TRL's metric names (rlvr_fast.train.policy);
@@ -280,13 +329,9 @@ def without_empty_policy(line: dict) -> dict:
     return line
 
 
-TOTALLED_FIELDS = ("gen", "pref", "pad_pref", "untrim_gen", "leaf", "bwd_out", "bwd_full")
-FLOP_FIELDS = ("flops_out", "flops_full", "flops_pad_full")
-
-
-def read_record(line: dict) -> StepRecord | MultiQuestionRecord:
+def read_record(line: dict) -> LedgerRecord:
     """A ledger line read back (the FLOPs, which the records compute, dropped)."""
-    kind = MultiQuestionRecord if "questions" in line else StepRecord
+    kind = MultiQuestionRecord if "questions" in line else record_of_line(line)
     names = {f.name for f in dataclasses.fields(kind)}
     return kind(**{k: v for k, v in line.items() if k in names})
 
@@ -321,229 +366,3 @@ def multi_question_step_record(
         seconds=seconds,
         **executed.to_json(),
     )
-
-
-def flat_step_record(
-    *,
-    step: int,
-    question_id: str,
-    rewards: list[float | None],
-    sigma_r: float,
-    active: bool,
-    optimizer_step: bool,
-    prompt_len: int,
-    lengths: list[int],
-    executed: EngineCounters,
-    max_new_tokens: int,
-    params: int,
-    loss: float | None,
-    grad_norm: float | None,
-    seconds: dict[str, float],
-    category: PairCategory = PairCategory.FLAT,
-    reused: bool = False,
-    trained: list[int] | None = None,
-) -> StepRecord:
-    """A flat step's line; ``reused``: an update on an earlier step's rollouts
-    (``num_iterations``, ``generation_steps``), which sampled nothing (gen, pref, pad_pref and
-    untrim_gen 0); ``trained``: the completions the step's backward ran on (None: all)."""
-    category = PairCategory(category)
-    if not category.is_flat:
-        raise ValueError(f"a flat step's category must be flat or flat_warmup, got {category}")
-    # A completion no reward function scored (NaN, rlvr_fast.trl_compat) is recorded as null.
-    rewards = [None if r is None or math.isnan(r) else r for r in rewards]
-    group = len(lengths)
-    leaf = sum(lengths)
-    backward = [lengths[i] for i in trained] if trained is not None else lengths
-    pairs = [
-        [0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], category.value]
-        for i in range(0, group - 1, 2)
-    ]
-    return StepRecord(
-        step=step,
-        question_id=question_id,
-        rewards=rewards,
-        sigma_r=sigma_r,
-        homogeneous=sigma_r == 0,
-        active=active,
-        optimizer_step=optimizer_step,
-        pairs=pairs,
-        prompt_len=prompt_len,
-        lengths=lengths,
-        gen=0 if reused else leaf,
-        pref=0 if reused else group * prompt_len,
-        pad_pref=0 if reused else group * prompt_len,
-        untrim_gen=0 if reused else group * max(lengths),
-        leaf=leaf,
-        reused=reused,
-        trained=trained,
-        bwd_out=sum(backward) if active else 0,
-        bwd_full=len(backward) * prompt_len + sum(backward) if active else 0,
-        max_new_tokens=max_new_tokens,
-        params=params,
-        loss=loss,
-        grad_norm=grad_norm,
-        seconds=seconds,
-        **executed.to_json(),
-    )
-
-
-def parallel_step_record(
-    *,
-    step: int,
-    question_id: str,
-    rewards: list[float],
-    sigma_r: float,
-    homogeneous: bool,
-    active: bool,
-    optimizer_step: bool,
-    prompt_len: int,
-    lengths: list[int],
-    parallel: ParallelStats,
-    executed: EngineCounters,
-    max_new_tokens: int,
-    params: int,
-    loss: float | None,
-    grad_norm: float | None,
-    seconds: dict[str, float],
-) -> StepRecord:
-    """The ledger line of a parallel-path step: ``lengths`` and ``rewards`` (returns) per path,
-    response-major; ``homogeneous``: no token had a nonzero advantage."""
-    paths = len(lengths)
-    leaf = sum(lengths)
-    summaries, contexts = parallel.summary_lengths, parallel.summary_prompt_lens
-    pairs = [
-        [0, 0, lengths[i], lengths[i + 1], rewards[i], rewards[i + 1], PairCategory.FLAT.value]
-        for i in range(0, paths - 1, 2)
-    ]
-    return StepRecord(
-        step=step,
-        question_id=question_id,
-        rewards=rewards,
-        sigma_r=sigma_r,
-        homogeneous=homogeneous,
-        active=active,
-        optimizer_step=optimizer_step,
-        pairs=pairs,
-        prompt_len=prompt_len,
-        lengths=lengths,
-        gen=leaf + sum(summaries),
-        pref=paths * prompt_len + sum(contexts),
-        pad_pref=paths * prompt_len + len(contexts) * max(contexts, default=0),
-        untrim_gen=paths * max(lengths) + len(summaries) * max(summaries, default=0),
-        leaf=leaf,
-        bwd_out=leaf + sum(summaries) if active else 0,
-        bwd_full=paths * prompt_len + leaf + sum(contexts) + sum(summaries) if active else 0,
-        max_new_tokens=max_new_tokens,
-        params=params,
-        loss=loss,
-        grad_norm=grad_norm,
-        seconds=seconds,
-        parallel=parallel,
-        **executed.to_json(),
-    )
-
-
-def tree_step_record(
-    *,
-    step: int,
-    question_id: str,
-    rewards: list[float],
-    sigma_r: float,
-    active: bool,
-    optimizer_step: bool,
-    prompt_len: int,
-    pairs: Sequence[TreePair],
-    stage2_gen: int,
-    executed: EngineCounters,
-    max_new_tokens: int,
-    params: int,
-    loss: float | None,
-    grad_norm: float | None,
-    seconds: dict[str, float],
-) -> StepRecord:
-    """The ledger line of a two-stage K x 2 tree step; rewards are per leaf, k-major (leaf 2k + b).
-    stage2_gen is the number of tokens Stage 2 sampled, as the sampler counted it."""
-    if not pairs:
-        raise ValueError("a tree step needs at least one pair")
-    if len(rewards) != 2 * len(pairs):
-        raise ValueError(f"need one reward per leaf ({2 * len(pairs)}), got {len(rewards)}")
-    for pair in pairs:
-        if pair.category not in TREE_CATEGORIES:
-            raise ValueError(
-                f"unknown tree category {str(pair.category)!r} "
-                f"(valid: {', '.join(map(str, TREE_CATEGORIES))})"
-            )
-        if len(pair.leaves) != 2:
-            raise ValueError(f"a pair has 2 leaves, got lengths {pair.lengths}")
-    tuples = [
-        [
-            p.prefix_len,
-            p.prefix_len,
-            p.lengths[0],
-            p.lengths[1],
-            rewards[2 * k],
-            rewards[2 * k + 1],
-            PairCategory(p.category).value,
-        ]
-        for k, p in enumerate(pairs)
-    ]
-    lengths = [n for p in pairs for n in p.lengths]
-    stage1_lengths = [p.stage1_len for p in pairs]
-    leaf = sum(lengths)
-    gen, pref, pad_pref, untrim_gen = tree_token_counts(
-        tuples, stage1_lengths, stage2_gen, prompt_len
-    )
-    return StepRecord(
-        step=step,
-        question_id=question_id,
-        rewards=rewards,
-        sigma_r=sigma_r,
-        homogeneous=sigma_r == 0,
-        active=active,
-        optimizer_step=optimizer_step,
-        pairs=tuples,
-        prompt_len=prompt_len,
-        lengths=lengths,
-        gen=gen,
-        pref=pref,
-        pad_pref=pad_pref,
-        untrim_gen=untrim_gen,
-        leaf=leaf,
-        bwd_out=leaf if active else 0,
-        bwd_full=len(lengths) * prompt_len + leaf if active else 0,
-        max_new_tokens=max_new_tokens,
-        params=params,
-        loss=loss,
-        grad_norm=grad_norm,
-        seconds=seconds,
-        stage1_lengths=stage1_lengths,
-        stage2_gen=stage2_gen,
-        **executed.to_json(),
-    )
-
-
-def continued_branches(pairs: list[list]) -> list[tuple[int, int]]:
-    """(pl, L) of every branch Stage 2 continued, read off the tuples' categories."""
-    return [
-        (pair[b], pair[2 + b])
-        for pair in pairs
-        for b in (0, 1)
-        if pair[6] in TREE_CATEGORIES and PairCategory(pair[6]).continues(b)
-    ]
-
-
-def tree_token_counts(
-    pairs: list[list], stage1_lengths: list[int], stage2_gen: int, prompt_len: int
-) -> tuple[int, int, int, int]:
-    """(gen, pref, pad_pref, untrim_gen) of a tree step by the module's formulas."""
-    roots = len(pairs)
-    continued = continued_branches(pairs)
-    gen = sum(stage1_lengths) + stage2_gen
-    pref = roots * prompt_len + sum(prompt_len + pl for pl, _ in continued)
-    pad_pref = roots * prompt_len + len(continued) * max(
-        (prompt_len + pl for pl, _ in continued), default=0
-    )
-    untrim_gen = roots * max(stage1_lengths) + len(continued) * max(
-        (length - pl for pl, length in continued), default=0
-    )
-    return gen, pref, pad_pref, untrim_gen

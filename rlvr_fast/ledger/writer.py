@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from rlvr_fast.ledger.laws import check_conservation
-from rlvr_fast.ledger.records import MultiQuestionRecord, StepRecord
+from rlvr_fast.ledger.records import LedgerRecord
 
 
 class LedgerWriter:
@@ -19,7 +19,7 @@ class LedgerWriter:
         self.path = path
         self.file = open(path, "a", encoding="utf-8")
 
-    def write(self, record: StepRecord | MultiQuestionRecord) -> None:
+    def write(self, record: LedgerRecord) -> None:
         check_conservation(record)
         self.file.write(json.dumps(record.to_json()) + "\n")
         self.file.flush()

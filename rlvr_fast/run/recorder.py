@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rlvr_fast.data.problems import Problem
-from rlvr_fast.ledger.records import MultiQuestionRecord, StepRecord
+from rlvr_fast.ledger.records import LedgerRecord
 from rlvr_fast.ledger.writer import LedgerWriter
 from rlvr_fast.run.checkpoint import Checkpointer
 from rlvr_fast.run.directory import open_run_directory, whole_lines
@@ -56,7 +56,7 @@ class RunRecorder:
     def start_ledger(self) -> None:
         self.ledger = LedgerWriter(self.layout.ledger)
 
-    def write_step(self, record: StepRecord | MultiQuestionRecord, line: dict) -> None:
+    def write_step(self, record: LedgerRecord, line: dict) -> None:
         self.check_lock()
         self.ledger.write(record)
         self.check_lock()

@@ -109,18 +109,21 @@ def policy_loss(
     old_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     temperature: float = 1.0,
+    masks: list[list[int]] | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """TRL's loss of one group (``fused_policy_loss``): ``completions`` (an empty one stands for a
     completion masked out of the loss, which TRL still counts as a sequence), their
-    ``advantages`` [G], the old and reference log-probabilities of their tokens [N] (None: the
-    current ones, detached; none)."""
-    lengths = [len(c) for c in completions]
+    ``advantages`` [G], the old and reference log-probabilities of their scored tokens [N]
+    (None: the current ones, detached; none). ``masks``: per completion, 1 on the tokens the
+    loss scores and 0 on those it only reads (a tool's result in a conversation; TRL's
+    tool_mask); None: every token scored."""
+    lengths = scored_lengths(completions, masks)
     if not any(lengths):
         # Every completion masked out (a step's share of truncated ones): TRL's loss is 0, its
         # gradient zero.
         empty = torch.zeros(0, device=model.lm_head.weight.device)
         return model.lm_head.weight.sum() * 0.0, PolicyLossStats(empty, empty, empty, empty)
-    hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
+    hidden, targets = scored_hidden(model, prompt_ids, completions, masks)
     return fused_policy_loss(
         hidden,
         model.lm_head.weight,
@@ -134,25 +137,52 @@ def policy_loss(
     )
 
 
+def scored_lengths(completions: list[list[int]], masks: list[list[int]] | None) -> list[int]:
+    """Each completion's count of scored tokens (all of them without ``masks``)."""
+    if masks is None:
+        return [len(c) for c in completions]
+    return [sum(m) for m in masks]
+
+
+def scored_hidden(
+    model, prompt_ids: list[int], completions: list[list[int]], masks: list[list[int]] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``completion_hidden`` of the non-empty ``completions``, kept at their scored tokens: a
+    masked token is read as context by the pass and left out of what it scores."""
+    hidden, targets = completion_hidden(model, prompt_ids, [c for c in completions if c])
+    if masks is None:
+        return hidden, targets
+    keep = torch.tensor([bool(m) for mask in masks for m in mask], device=hidden.device)
+    return hidden[keep], targets[keep]
+
+
 def completion_logprobs(
-    model, prompt_ids: list[int], completions: list[list[int]], temperature: float = 1.0
+    model,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    temperature: float = 1.0,
+    masks: list[list[int]] | None = None,
 ) -> torch.Tensor:
-    """log pi(y_t) [N] at ``temperature`` of every token of the non-empty ``completions``, from
-    ``model`` without gradients (fused, no [tokens, vocab] logits)."""
-    return completion_stats(model, prompt_ids, completions, temperature).logprobs
+    """log pi(y_t) [N] at ``temperature`` of every scored token (``masks``, as ``policy_loss``
+    reads them) of the non-empty ``completions``, from ``model`` without gradients (fused, no
+    [tokens, vocab] logits)."""
+    return completion_stats(model, prompt_ids, completions, temperature, masks).logprobs
 
 
 def completion_stats(
-    model, prompt_ids: list[int], completions: list[list[int]], temperature: float = 1.0
+    model,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    temperature: float = 1.0,
+    masks: list[list[int]] | None = None,
 ) -> PolicyLossStats:
     """The fused pass's per-token figures [N] (log p and entropy at ``temperature``, ratio ones,
-    kl zeros) of every token of the non-empty ``completions``, without gradients."""
-    kept = [c for c in completions if c]
-    if not kept:  # every completion masked out of the loss: no tokens, no pass
+    kl zeros) of every scored token of the non-empty ``completions``, without gradients."""
+    if not any(scored_lengths(completions, masks)):  # nothing scored: no tokens, no pass
         none = torch.zeros(0, device=model.lm_head.weight.device)
         return PolicyLossStats(none, none, none, none)
     with torch.no_grad():
-        hidden, targets = completion_hidden(model, prompt_ids, kept)
+        hidden, targets = scored_hidden(model, prompt_ids, completions, masks)
         return fused_token_logprobs(hidden, model.lm_head.weight, targets, temperature=temperature)
 
 

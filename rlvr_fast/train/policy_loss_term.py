@@ -40,12 +40,17 @@ class TRLPolicyLoss:
             )
         self.entropy_control = EntropyControl(config) if config.use_adaptive_entropy else None
 
-    def logprobs(self, model, prompt_ids: list[int], completions: list[list[int]]):
-        """``model``'s log-probabilities [N] of the tokens of ``completions``, no gradients."""
-        return completion_logprobs(model, prompt_ids, completions, self.temperature)
+    def logprobs(self, model, prompt_ids: list[int], completions: list[list[int]], masks=None):
+        """``model``'s log-probabilities [N] of the scored tokens of ``completions`` (``masks``:
+        ``rlvr_fast.train.losses.policy_loss``'s), no gradients."""
+        return completion_logprobs(model, prompt_ids, completions, self.temperature, masks)
 
     def loss(
-        self, prompt_ids: list[int], completions: list[list[int]], terms: PolicyTerms
+        self,
+        prompt_ids: list[int],
+        completions: list[list[int]],
+        terms: PolicyTerms,
+        masks: list[list[int]] | None = None,
     ) -> torch.Tensor:
         """TRL's loss of one group (one micro-batch), at the coefficient the adaptive entropy
         control applies this step, which then takes the step's entropy; ``terms.stats`` keeps
@@ -62,6 +67,7 @@ class TRLPolicyLoss:
             old_logprobs=terms.old_logprobs,
             ref_logprobs=terms.ref_logprobs,
             temperature=self.temperature,
+            masks=masks,
         )
         if self.config.entropy_bonus:
             entropy = policy_term_entropy(terms.stats.entropy, terms.lengths, settings)
@@ -73,11 +79,17 @@ class TRLPolicyLoss:
         return loss
 
     def measure(
-        self, prompt_ids: list[int], completions: list[list[int]], terms: PolicyTerms
+        self,
+        prompt_ids: list[int],
+        completions: list[list[int]],
+        terms: PolicyTerms,
+        masks: list[list[int]] | None = None,
     ) -> None:
         """The figures of a group whose loss does not run this step (``terms.stats``): a pass
         of the fused op without gradients."""
-        terms.stats = completion_stats(self.policy.model, prompt_ids, completions, self.temperature)
+        terms.stats = completion_stats(
+            self.policy.model, prompt_ids, completions, self.temperature, masks
+        )
 
     def figures(
         self, terms: list[PolicyTerms], micro_batches: list[list[int]] | None = None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr_fast.engine import EngineCounters
-from rlvr_fast.ledger.records import MultiQuestionRecord, StepRecord, multi_question_step_record
+from rlvr_fast.ledger.records import LedgerRecord, multi_question_step_record
 from rlvr_fast.train import distributed
 from rlvr_fast.train.decision import StepDecision, decide_step
 from rlvr_fast.train.kinds import Question, RecordInputs, StepKind
@@ -95,7 +95,7 @@ class StepResult:
 
     rewards: list[float]
     texts: list[str]
-    ledger_record: StepRecord | MultiQuestionRecord
+    ledger_record: LedgerRecord
     line: dict
 
     @functools.cached_property
@@ -201,7 +201,7 @@ def rederive_step(
     active_steps: int,
     *,
     regrade: bool = True,
-) -> StepRecord | MultiQuestionRecord:
+) -> LedgerRecord:
     """The ledger line step ``line["step"]`` should have, given ``active_steps`` backward
     steps before it: its kind's record re-derived, or on a multi-question step each question's,
     stepped by the step's decision. ``regrade=False`` takes the recorded rewards as given (a

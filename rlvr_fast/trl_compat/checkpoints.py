@@ -8,6 +8,9 @@ written by the run's ``rlvr_fast.run.checkpoint.Checkpointer``. Resuming loads t
 replays what is a function of the step alone (the learning-rate schedule, the prompts' order),
 so a resumed run continues bit for bit as the uninterrupted one.
 
+A checkpoint TRL wrote (``optimizer.pt`` in place of rlvr_fast's state) resumes through
+``rlvr_fast.trl_compat.trl_checkpoint``.
+
 ``save_total_limit`` rotates as transformers does (None, 0 or less: keep every checkpoint; N:
 the newest N), but only over the checkpoints this run wrote, which each checkpoint's manifest
 records (so a resumed run knows its earlier ones): a user's ``checkpoint-99`` is never counted or
@@ -28,6 +31,7 @@ import re
 import warnings
 from pathlib import Path
 
+from rlvr_fast.trl_compat.trl_checkpoint import is_trl_checkpoint
 from rlvr_fast.utils.files import UnreadableFileError, read_json, replaced_directory
 
 PREFIX = "checkpoint-"
@@ -65,7 +69,7 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: Path) -> Path | None:
     path = Path(resume_from_checkpoint)
     if not (path / TRAINER_STATE).is_file():
         raise ValueError(f"Can't find a valid checkpoint at {path}")
-    if not (path / STATE_FILE).is_file():
+    if not (path / STATE_FILE).is_file() and not is_trl_checkpoint(path):
         raise ValueError(
             f"{path} was saved with save_only_model=True: it has the model but not the optimizer "
             "and RNG state a resumed run continues from"

@@ -17,12 +17,13 @@ import torch
 from rlvr_fast.credit.group import scored_std
 from rlvr_fast.engine import EngineCounters, SamplingParams
 from rlvr_fast.rollouts.generation import sample_groups
+from rlvr_fast.rollouts.turns import sample_turns
 from rlvr_fast.train.kinds import Question
 from rlvr_fast.train.kinds.flat import Rollouts
 from rlvr_fast.trl_compat.reporting import step_metrics, window_means
 
 
-def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
+def batch_loss(rlvr, batch, prompts, completions, texts, groups, masks=None) -> dict:
     """TRL's eval loss of one batch (its compute_loss without gradients, at ratio 1: each
     prompt's loss through the run's kind, pooled over the batch as a training step pools them)
     and the policy figures, as a ledger record holds them; the study's sum type: no loss (the
@@ -33,8 +34,11 @@ def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
     rewards = [g.rewards.tolist() for g in groups]
     step_std = scored_std([r for q in rewards for r in q])
     questions = []
-    for problem, ids, tokens, text, reward in zip(batch, prompts, completions, texts, rewards):
-        question = Question(problem, ids, Rollouts(tokens, EngineCounters()))
+    masks = masks or [None] * len(batch)
+    for problem, ids, tokens, text, reward, mask in zip(
+        batch, prompts, completions, texts, rewards, masks
+    ):
+        question = Question(problem, ids, Rollouts(tokens, EngineCounters(), masks=mask))
         batch_std = step_std if config.advantage_std == "batch" else None
         question.credit = kind.question_credit(question, text, reward, batch_std)
         if kind.reference is not None:
@@ -47,6 +51,25 @@ def batch_loss(rlvr, batch, prompts, completions, texts, groups) -> dict:
     figures = kind.figures(questions)
     figures.pop("entropy_coef", None)  # TRL logs the coefficient at training steps only
     return {"loss": loss, "policy": figures}
+
+
+def sample_batch(trainer, task, prompts, group: int, sampling, generator):
+    """A batch's groups, as conversations when the run has tools (``task.turns``)."""
+    engine, turns = trainer.trainer.engine, task.turns
+    if turns is None:
+        return sample_groups(engine, prompts, group, sampling, generator=generator)
+    out = sample_turns(
+        engine,
+        prompts,
+        group,
+        sampling,
+        turns.begin(prompts, group),
+        max_rounds=turns.max_rounds,
+        max_completion_tokens=sampling.max_new_tokens,
+        generator=generator,
+    )
+    turns.end(out)
+    return out
 
 
 def eval_order(rows: int, seed: int) -> list[int]:
@@ -72,8 +95,11 @@ def evaluate_dataset(
     for start in range(0, rows, per_batch):
         batch = [problems[i] for i in order[start : start + per_batch]]
         prompts = [task.prompt_ids(p) for p in batch]
-        out = sample_groups(trainer.trainer.engine, prompts, group, sampling, generator=generator)
+        out = sample_batch(trainer, task, prompts, group, sampling, generator)
         completions = [out.tokens[q * group : (q + 1) * group] for q in range(len(batch))]
+        masks = None
+        if task.turns is not None:
+            masks = [out.masks[q * group : (q + 1) * group] for q in range(len(batch))]
         texts = [policy.tokenizer.decode_batch(c) for c in completions]
         task.rewards(batch, texts, completions)
         values = step_metrics(
@@ -82,8 +108,10 @@ def evaluate_dataset(
             eos,
             trainer.reward_func_names,
             trainer.state.num_input_tokens_seen,
-            batch_loss(trainer.trainer, batch, prompts, completions, texts, task.groups),
+            batch_loss(trainer.trainer, batch, prompts, completions, texts, task.groups, masks),
         )
+        if task.turns is not None:
+            values.update(task.tool_metrics)
         losses.append(values.pop("loss"))
         for name, value in values.items():
             metrics.setdefault(name, []).append(value)

@@ -67,7 +67,8 @@ def model_directory(model) -> Path | None:
 
 
 def load_processing_class(model, processing_class):
-    """The caller's processing class, else ``AutoTokenizer`` over the model's directory."""
+    """The caller's processing class, else ``AutoTokenizer`` over the model's directory,
+    padding and truncating on the left as TRL loads it."""
     if processing_class is not None:
         return processing_class
     directory = model_directory(model)
@@ -77,7 +78,9 @@ def load_processing_class(model, processing_class):
         )
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(
+        directory, truncation_side="left", padding_side="left"
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -124,12 +127,16 @@ def tokenizer_of(processing_class, eos_token_ids: list[int]) -> Tokenizer:
 
 
 def meta_transformers_model(directory: Path):
-    """A ``transformers`` model of the checkpoint's config with no weights (meta device)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A ``transformers`` model of the checkpoint's config with no weights (meta device), with
+    its generation config as ``from_pretrained`` reads it (the directory's, when it has one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)
+    if (directory / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(directory)
+    return model
 
 
 def synced_transformers_model(policy: Policy, hf_model, weights=None):
@@ -142,7 +149,9 @@ def synced_transformers_model(policy: Policy, hf_model, weights=None):
         point_weights_to(policy, hf_model, weights)
         return hf_model
     if next(hf_model.parameters()).device.type == "meta":
-        return shared_transformers_model(policy, hf_model.config, weights)
+        shared = shared_transformers_model(policy, hf_model.config, weights)
+        shared.generation_config = hf_model.generation_config
+        return shared
     tensors = hf_tensors(policy, weights)
     with torch.no_grad():
         for name, param in hf_model.named_parameters():

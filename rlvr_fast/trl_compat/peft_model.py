@@ -9,15 +9,18 @@ holds). With ``beta`` > 0 the reference is the adapted model as handed over, as 
 adapter into a frozen "ref" adapter (``rlvr_fast.train.policy.ReferenceModel``). The trained
 adapters are copied back into the caller's PeftModel, which saves itself (peft's own
 ``save_pretrained``: its ``adapter_config.json``, ``adapter_model.safetensors`` and model card).
+A ``peft_config=`` run's ``adapter_config.json`` is written by peft too (``write_adapter_config``).
 """
 
 from __future__ import annotations
 
+import copy
 import sys
+from pathlib import Path
 
 import torch
 
-from rlvr_fast.models.lora import PEFT_PREFIX
+from rlvr_fast.models.lora import ALL_LINEAR, PEFT_PREFIX
 from rlvr_fast.trl_compat.lora import lora_fields
 
 
@@ -92,3 +95,17 @@ def copy_adapters_into(peft_model, adapters, weights=None) -> None:
     params = dict(peft_model.named_parameters())
     for key, tensor in adapters.peft_state(name, weights).items():
         params[key].copy_(tensor)
+
+
+def write_adapter_config(peft_config, adapters, base_model: str, directory: Path) -> None:
+    """``adapter_config.json`` of a ``peft_config=`` run as a PeftModel of it saves it: the
+    caller's LoraConfig written by peft (``save_pretrained``: every field, ``peft_version``),
+    with the base model, ``inference_mode`` on and the target modules peft resolved (the
+    adapted projections' names; a regular expression stays as given)."""
+    config = copy.deepcopy(peft_config)
+    targets = config.target_modules
+    if not (isinstance(targets, str) and targets != ALL_LINEAR):
+        config.target_modules = set(adapters.targets())
+    config.base_model_name_or_path = base_model
+    config.inference_mode = True
+    config.save_pretrained(str(directory))

@@ -98,8 +98,7 @@ def policy_metrics(config, figures: dict) -> dict:
 def step_metrics(groups, config, eos_ids, names: list[str], num_tokens: int, record: dict) -> dict:
     """One step's TRL metrics (module docstring) from its scored groups and its ledger
     ``record``; ``num_tokens`` the running total."""
-    ids = [c for g in groups for c in g.completion_ids]
-    lengths = [len(c) for c in ids]
+    lengths = [n for g in groups for n in g.lengths]
     truncated = [[c[-1] not in eos_ids for c in g.completion_ids] for g in groups]
     cut = [t for group in truncated for t in group]
     terminated = [n for n, c in zip(lengths, cut) if not c] or [0]

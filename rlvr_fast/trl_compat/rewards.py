@@ -103,12 +103,22 @@ class ScoredGroup:
     completion_ids: list[list[int]]
     prompts: list
     completions: list
+    # Conversations (tools=): 1 on sampled tokens, 0 on tool results; None: all sampled.
+    masks: list[list[int]] | None = None
+
+    @property
+    def lengths(self) -> list[int]:
+        """The completions' lengths as TRL logs them: their sampled tokens."""
+        if self.masks is None:
+            return [len(c) for c in self.completion_ids]
+        return [sum(m) for m in self.masks]
 
 
 class RewardFunctionsTask:
     """Prompt ids and rewards for ``rlvr_fast.train.trainer.RLVRTrainer`` from dataset rows.
     ``Problem.id`` is the row's index; ``encode(prompt)`` gives a row's prompt ids. ``groups``
-    holds the last scored step's questions."""
+    holds the last scored step's questions. ``turns`` (tools=, ``rlvr_fast.trl_compat.tools``):
+    the rollouts are conversations, which the reward functions get as completions."""
 
     def __init__(
         self,
@@ -122,8 +132,10 @@ class RewardFunctionsTask:
         log_metric,
         log_extra,
         normalize_each: bool = False,
+        turns=None,
     ) -> None:
         self.rows, self.reward_funcs, self.normalize_each = rows, reward_funcs, normalize_each
+        self.turns = turns
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.encode, self.gate_min_chars = encode, gate_min_chars
         self.trainer_state, self.log_metric, self.log_extra = trainer_state, log_metric, log_extra
@@ -156,13 +168,19 @@ class RewardFunctionsTask:
         for row, group_texts, group_ids in zip(rows, texts, completions, strict=True):
             conversational = is_conversational(row["prompt"])
             prompts += [copy.deepcopy(row["prompt"]) for _ in group_texts]
-            answers += [
-                [{"role": "assistant", "content": t}] if conversational else t for t in group_texts
-            ]
+            if self.turns is not None:
+                answers += self.turns.conversations[len(answers) : len(answers) + len(group_texts)]
+            else:
+                answers += [
+                    [{"role": "assistant", "content": t}] if conversational else t
+                    for t in group_texts
+                ]
             ids += [list(c) for c in group_ids]
             for key in row:
                 if key not in ("prompt", "completion", "completion_ids"):
                     columns.setdefault(key, []).extend([row[key]] * len(group_texts))
+        if self.turns is not None:  # the tools/* metrics of these conversations
+            self.tool_metrics = self.turns.metrics()
         per_function = self.call_functions(prompts, answers, ids, columns)
         summed = per_function
         if self.normalize_each:
@@ -187,6 +205,7 @@ class RewardFunctionsTask:
                     ids[part],
                     prompts[part],
                     answers[part],
+                    None if self.turns is None else self.turns.masks[part],
                 )
             )
             start += len(group_texts)

@@ -1,11 +1,9 @@
 """What ``GRPOTrainer`` builds before its first step: the dataset rows, the rlvr_fast settings of
-a ``GRPOConfig``, the refusal of constructor arguments rlvr_fast does not implement, and the
-model card."""
+a ``GRPOConfig`` and the refusal of constructor arguments rlvr_fast does not implement."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 
 import torch
@@ -25,7 +23,6 @@ def refuse_unsupported_arguments(**arguments) -> None:
     reasons = {
         "optimizers": "rlvr_fast steps its own AdamW (with the zero-gradient step)",
         "quantization_config": "quantized models",
-        "tools": "tool calling",
         "rollout_func": "custom rollouts",
         "environment_factory": "environments",
     }
@@ -194,40 +191,3 @@ def train_config(
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.
     return TrainConfig(**settings)
-
-
-def model_card(trainer, model_name, dataset_name, tags) -> str:
-    """A model card: what was trained from what, how, with which settings."""
-    args = trainer.args
-    base = str(trainer.model_dir) if trainer.model_dir is not None else "a transformers model"
-    tags = [tags] if isinstance(tags, str) else list(tags or [])
-    settings = {
-        name: getattr(args, name)
-        for name in (
-            "learning_rate",
-            "num_generations",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "max_completion_length",
-            "temperature",
-            "loss_type",
-            "scale_rewards",
-            "seed",
-        )
-    }
-    lines = [
-        "---",
-        f"tags: {json.dumps(['rlvr_fast', 'grpo', *tags])}",
-        "---",
-        f"# {model_name or args.output_dir}",
-        "",
-        f"Trained from {base} with GRPO on rlvr_fast's drop-in for TRL's GRPOTrainer"
-        + (f", on {dataset_name}." if dataset_name else "."),
-        "",
-        f"Steps: {trainer.state.global_step}. Reward functions: "
-        f"{', '.join(trainer.reward_func_names)}.",
-        "",
-        "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
-        "",
-    ]
-    return "\n".join(lines)

@@ -12,9 +12,16 @@ from rlvr_fast.train.nonfinite import NonFiniteError, first_nonfinite_weight
 from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.evaluation import evaluate_dataset
 from rlvr_fast.trl_compat.model_io import requested_dtype, synced_transformers_model
-from rlvr_fast.trl_compat.peft_model import copy_adapters_into
+from rlvr_fast.trl_compat.peft_model import copy_adapters_into, write_adapter_config
 from rlvr_fast.utils.files import files_into
-from rlvr_fast.trl_compat.run_setup import eval_datasets, model_card
+from rlvr_fast.trl_compat.run_files import (
+    card_model_name,
+    model_card,
+    record_stateful_callbacks,
+    write_training_args,
+)
+from rlvr_fast.trl_compat.run_setup import eval_datasets
+from rlvr_fast.trl_compat.trl_checkpoint import is_trl_checkpoint, resume_from_trl_checkpoint
 
 ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
 
@@ -55,7 +62,8 @@ class SavingAndSurface:
 
     def _write_model(self, directory: Path) -> None:
         """The model's files, or with LoRA peft's adapter files (as TRL saves a PeftModel: a
-        caller's PeftModel saves itself); the processing class's beside them."""
+        caller's PeftModel saves itself); the processing class's and training_args.bin beside
+        them."""
         self._sync_model()
         adapters = self.policy.adapters
         if self.peft_model is not None:
@@ -63,9 +71,11 @@ class SavingAndSurface:
         elif adapters is None:
             self.model.save_pretrained(directory)
         else:
-            base = self.model_dir or self.model.config._name_or_path
-            adapters.write_files(directory, str(base), self.trainer.saved_weights())
+            base = str(self.model_dir or self.model.config._name_or_path)
+            adapters.write_files(directory, base, self.trainer.saved_weights())
+            write_adapter_config(self.peft_config, adapters, base, directory)
         self.processing_class.save_pretrained(directory)
+        write_training_args(self.args, directory)
 
     def _save_checkpoint(self) -> None:
         if not distributed.is_main():
@@ -78,6 +88,9 @@ class SavingAndSurface:
                 self.trainer.checkpointer.save(path, step, world)
 
         output_dir = Path(self.args.output_dir)
+        # As TRL: the model card in output_dir, then the checkpoint.
+        self.create_model_card(model_name=card_model_name(self.args))
+        record_stateful_callbacks(self.state, self.control, self.callback_handler.callbacks)
         written = checkpoints.write_checkpoint(
             output_dir,
             self.state.global_step,
@@ -100,19 +113,28 @@ class SavingAndSurface:
                 "resume_from_checkpoint: a run with ledger=True resumes through its ledger "
                 "directory (rlvr-fast train --resume), not from checkpoint-N"
             )
+        saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
+        if is_trl_checkpoint(checkpoint):
+            # TRL's files: its weights, optimizer, schedule and RNG (trl_checkpoint).
+            resume_from_trl_checkpoint(self, checkpoint)
+        else:
+            self._resume_rlvr_fast(checkpoint, saved.global_step)
+        for name in ("global_step", "epoch", "log_history", "num_input_tokens_seen", "total_flos"):
+            setattr(self.state, name, getattr(saved, name))
+
+    def _resume_rlvr_fast(self, checkpoint: Path, trainer_step: int) -> None:
+        """A checkpoint of ours: its files checked against its manifest, every component's
+        state loaded, the schedule stepped to its step."""
         checkpoints.check_manifest(checkpoint)
         # Those of them in this output_dir are the run's to rotate (a checkpoint given from
         # elsewhere brings none).
         if checkpoint.parent.resolve() == Path(self.args.output_dir).resolve():
             self._checkpoints_written = checkpoints.checkpoints_written(checkpoint)
-        saved = TrainerState.load_from_json(str(checkpoint / checkpoints.TRAINER_STATE))
         step = self.trainer.load_checkpoint(checkpoint / checkpoints.STATE_FILE)
-        if step != saved.global_step:
+        if step != trainer_step:
             raise ValueError(
-                f"{checkpoint}: state of step {step}, trainer state of step {saved.global_step}"
+                f"{checkpoint}: state of step {step}, trainer state of step {trainer_step}"
             )
-        for name in ("global_step", "epoch", "log_history", "num_input_tokens_seen", "total_flos"):
-            setattr(self.state, name, getattr(saved, name))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             for _ in range(step):
@@ -170,7 +192,8 @@ class SavingAndSurface:
         save_state(self)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs) -> None:
-        """A README.md model card in output_dir: base model, datasets, tags, the settings."""
+        """A README.md model card in output_dir (``rlvr_fast.trl_compat.run_files``), as TRL
+        writes at every checkpoint."""
         if not distributed.is_main():
             return
         path = Path(self.args.output_dir) / "README.md"

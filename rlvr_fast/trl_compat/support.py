@@ -102,6 +102,7 @@ HONOURED = {
     "log_completions": "a table of prompts and completions printed and saved as JSONL",
     "num_completions_to_print": "rows of the printed table",
     "log_unique_prompts": "one row per prompt in the saved table",
+    "max_tool_calling_iterations": "rounds of tool calls a conversation runs (tools=)",
     # The settings declared as TRL fields (rlvr_fast.trl_compat.mapping.TRL_SETTINGS).
     **{name: f.metadata["help"] for name, (f, _) in TRL_SETTINGS.items()},
 }
@@ -189,7 +190,6 @@ NO_EFFECT = {
     "vllm_importance_sampling_clip_max": NO_VLLM,
     "vllm_importance_sampling_clip_min": NO_VLLM,
     "vllm_importance_sampling_cap": NO_VLLM,
-    "max_tool_calling_iterations": "only with tools (refused by GRPOTrainer)",
     "log_multimodal": "rlvr_fast trains text models",
     "use_transformers_continuous_batching": "rlvr_fast's engine batches continuously already",
     "transformers_continuous_batching_config": "rlvr_fast's engine batches continuously already",

@@ -57,6 +57,7 @@ from rlvr_fast.trl_compat.reporting import (
     step_policy_figures,
     window_means,
 )
+from rlvr_fast.trl_compat.run_files import TRAINER_STATE_EVAL_STEPS, mirror_pad_token
 from rlvr_fast.trl_compat.rewards import RewardFunctionsTask, RewardModel, callable_name
 from rlvr_fast.trl_compat.run_setup import (
     dataset_rows,
@@ -67,6 +68,7 @@ from rlvr_fast.trl_compat.run_setup import (
 )
 
 from rlvr_fast.trl_compat.saving import ALLOW_NONFINITE, SavingAndSurface
+from rlvr_fast.trl_compat.tools import tool_calling
 
 
 def completion_end_ids(tokenizer) -> set[int]:
@@ -130,7 +132,11 @@ def trainer_state(args, epoch_steps: int):
         num_train_epochs=math.ceil(max_steps / epoch_steps),
         train_batch_size=args.per_device_train_batch_size,
         logging_steps=args.resolve_steps(args.logging_steps, max_steps),
-        eval_steps=args.resolve_steps(args.eval_steps or args.logging_steps, max_steps),
+        eval_steps=(
+            args.resolve_steps(args.eval_steps or args.logging_steps, max_steps)
+            if args.eval_steps is not None or args.strategy("eval_strategy") != "no"
+            else TRAINER_STATE_EVAL_STEPS
+        ),
         save_steps=args.resolve_steps(args.save_steps, max_steps),
         is_world_process_zero=distributed.is_main(),
         is_local_process_zero=distributed.is_main(),
@@ -174,7 +180,6 @@ class GRPOTrainer(SavingAndSurface):
         refuse_unsupported_arguments(
             optimizers=optimizers,
             quantization_config=quantization_config,
-            tools=tools,
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
@@ -197,7 +202,9 @@ class GRPOTrainer(SavingAndSurface):
         self.model = (
             model if is_transformers_model(model) else meta_transformers_model(self.model_dir)
         )
+        mirror_pad_token(self.model, self.processing_class, args.gradient_checkpointing)
 
+        self.tool_calling = tool_calling(tools, self.processing_class, args, self.policy)
         self.reward_funcs = reward_functions(reward_funcs, reward_processing_classes, args, device)
         self.reward_func_names = [callable_name(f) for f in self.reward_funcs]
 
@@ -211,6 +218,8 @@ class GRPOTrainer(SavingAndSurface):
         # checkpoint-N directories this run wrote (recorded in each one's manifest): the only
         # ones save_total_limit rotates.
         self._checkpoints_written: list[str] = []
+        # The LoraConfig of a peft_config= run, which its adapter_config.json is written from.
+        self.peft_config = peft_config
         config = train_config(
             args, max_steps, self.prompts_per_step, peft_config, adapter_weights is not None
         )
@@ -255,6 +264,7 @@ class GRPOTrainer(SavingAndSurface):
             log_metric=self._record,
             log_extra=lambda column, values: None,
             normalize_each=self.args.multi_objective_aggregation == "normalize_then_sum",
+            turns=self.tool_calling,
         )
 
     def _scheduler(self, max_steps: int):
@@ -423,9 +433,7 @@ class GRPOTrainer(SavingAndSurface):
         groups = self.task.groups
         config = self.trainer.config
         self.state.num_input_tokens_seen += sum(
-            len(self.task.encoded[g.row]) * len(g.completion_ids)
-            + sum(len(c) for c in g.completion_ids)
-            for g in groups
+            len(self.task.encoded[g.row]) * len(g.completion_ids) + sum(g.lengths) for g in groups
         )
         values = step_metrics(
             groups,
@@ -436,6 +444,8 @@ class GRPOTrainer(SavingAndSurface):
             dict(record, policy=step_policy_figures(self, self.state.global_step - 1)),
         )
         self._loss_total += values["loss"]
+        if self.tool_calling is not None:
+            values.update(self.task.tool_metrics)
         values["step_time"] = seconds
         for name, value in values.items():
             self._record(name, value)
@@ -455,7 +465,9 @@ class GRPOTrainer(SavingAndSurface):
         list, its tokenizer for text; the last max_prompt_length kept."""
         from rlvr_fast.trl_compat.rewards import is_conversational
 
-        if is_conversational(prompt):
+        if self.tool_calling is not None:
+            ids = self.tool_calling.encode_prompt(prompt)
+        elif is_conversational(prompt):
             ids = self.processing_class.apply_chat_template(
                 [prompt],
                 add_generation_prompt=True,

@@ -66,11 +66,14 @@ def test_print_config_reads_back_to_the_same_run(tmp_path, capsys):
 
 def test_the_command_line_overrides_the_file(tmp_path, capsys):
     path = tmp_path / "run.yaml"
-    path.write_text("arm: ra_flat\nout: runs/x\nsteps: 7\nlr: 1e-5\ngroup_size: 4\n")
-    text = printed_config(
-        ["train", "--config", str(path), "--steps", "9", "--set", "lr=3e-4"], capsys
+    path.write_text(
+        "arm: ra_flat\nout: runs/x\nsteps: 7\nlr: 1e-5\ngroup_size: 4\n"
+        "eval: {a: 'synthetic:test:4'}\n"
     )
+    argv = ["train", "--config", str(path), "--steps", "9", "--set", "lr=3e-4"]
+    text = printed_config([*argv, "--eval", "b=synthetic:test:5"], capsys)
     assert "\nsteps: 9\n" in text and "\nlr: 0.0003\n" in text
+    assert "\neval: {a: 'synthetic:test:4', b: 'synthetic:test:5'}\n" in text, "--eval adds"
     assert "\ngroup_size: 4\n" in text and "\nlr: 1.0e-05" not in text
 
 

@@ -1,6 +1,6 @@
-"""README's fenced blocks and what each one's marker says to do with it.
+"""The fenced blocks of README.md and docs/*.md and what each one's marker says to do with it.
 
-Every fenced block of README.md is preceded by a marker, an HTML comment (invisible in the
+Every fenced block of README.md and of each page of docs/ is preceded by a marker, an HTML comment (invisible in the
 rendered page) holding one JSON object:
 
 - ``{"run": "all"}`` or ``{"run": [1, 4]}``: run every command of the block, or those numbered
@@ -12,7 +12,7 @@ rendered page) holding one JSON object:
   ``run`` execute in order in one namespace; ``"set": {"max_steps": 2}`` replaces the value of
   every keyword argument of that name in the block's calls.
 - ``{"output": "make demo", "exact": [1, 2], "arithmetic": FINGERPRINT}``: the block is what the
-  named command (of the run block before it) prints. On a machine of that arithmetic
+  named command (of the run block before it, on the same page) prints. On a machine of that arithmetic
   (``tests/arithmetic.py``; without ``arithmetic``, on any machine: figures that no float sum
   decides) the lines numbered in ``exact`` must appear as printed; elsewhere, and for the other
   lines, with any number in place of each number. ``...`` matches anything in either.
@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# The pages whose blocks are run: README first, then docs/ (each page's blocks in its own order).
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- test: (\{.*\}) -->$")
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
@@ -41,10 +43,11 @@ class Block:
     text: str
     marker: dict | None
     commands: list[str] = field(default_factory=list)
+    page: Path = README
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
 def read_blocks(path: Path = README) -> list[Block]:
@@ -63,7 +66,7 @@ def read_blocks(path: Path = README) -> list[Block]:
         found = MARKER.match(previous.strip())
         marker = json.loads(found.group(1)) if found else None
         text = "\n".join(line[indent:] for line in lines[start + 1 : end])
-        block = Block(start + 1, lang, text, marker)
+        block = Block(start + 1, lang, text, marker, page=path)
         if lang == "bash":
             block.commands = shell_commands(text)
         blocks.append(block)
@@ -72,7 +75,8 @@ def read_blocks(path: Path = README) -> list[Block]:
 
 
 def shell_commands(text: str) -> list[str]:
-    """The block's commands: continuation lines joined, comments and blank lines dropped."""
+    """The block's commands: continuation lines joined, comments and blank lines dropped; a
+    redirection or pipe written as a word of its own (``> FILE``, ``| tee``) stays one."""
     commands, pending = [], ""
     for line in text.splitlines():
         pending += line[:-1] + " " if line.endswith("\\") else line
@@ -80,9 +84,12 @@ def shell_commands(text: str) -> list[str]:
             continue
         words = shlex.split(pending, comments=True)
         if words:
-            commands.append(shlex.join(words))
+            commands.append(" ".join(w if w in SHELL_OPERATORS else shlex.quote(w) for w in words))
         pending = ""
     return commands
+
+
+SHELL_OPERATORS = ("|", ">", ">>", "<")
 
 
 def selected_commands(block: Block) -> list[str]:

@@ -1,4 +1,5 @@
-"""README's commands run as printed, and print what README shows (markers: readme_blocks.py).
+"""The commands of README and docs/ run as printed, and print what the page shows (markers:
+readme_blocks.py); every docs/ page is linked from README and every relative link resolves.
 
 A block whose command was renamed, whose flag went away, whose path moved or whose printed
 output went stale fails here. README's printed figures were measured on one arithmetic (its
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 from arithmetic import arithmetic_fingerprint
 from readme_blocks import (
+    PAGES,
+    README,
     ROOT,
     Block,
     line_pattern,
@@ -34,7 +37,8 @@ GOLDEN_HASHES = ROOT / "tests" / "golden" / "hashes.json"
 # of README's figure: 3 binomial standard errors of 200 problems near 75% (3 points each).
 ACCURACY_POINTS = 10.0
 ACCURACY = re.compile(r"accuracy ([\d.]+)% -> ([\d.]+)%")
-BLOCKS = read_blocks()
+BLOCKS = [block for page in PAGES for block in read_blocks(page)]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def run_blocks() -> list[Block]:
@@ -42,8 +46,9 @@ def run_blocks() -> list[Block]:
 
 
 def output_of(block: Block) -> dict[str, Block]:
-    """The output blocks after ``block`` (up to the next run block), by the command they show."""
-    later = BLOCKS[BLOCKS.index(block) + 1 :]
+    """The output blocks after ``block`` on its page (up to the next run block), by the command
+    they show."""
+    later = [b for b in BLOCKS[BLOCKS.index(block) + 1 :] if b.page == block.page]
     outputs = {}
     for other in later:
         if other.marker and "run" in other.marker:
@@ -123,7 +128,7 @@ def shell(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", run_blocks(), ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", run_blocks(), ids=lambda b: f"{b.page.stem}:{b.line}")
 def test_readme_commands_run_as_printed(block, tmp_path):
     cwd = scratch_directory(tmp_path)
     outputs = output_of(block)
@@ -138,9 +143,19 @@ def test_readme_commands_run_as_printed(block, tmp_path):
             assert not problems, "\n".join(problems) + f"\nprinted:\n{result.stdout}"
 
 
+def python_pages() -> list[Path]:
+    return sorted({b.page for b in BLOCKS if b.lang == "python" and b.marker and "run" in b.marker})
+
+
 @pytest.mark.slow
-def test_readme_python_examples_run(tmp_path):
-    blocks = [b for b in BLOCKS if b.lang == "python" and b.marker and "run" in b.marker]
+@pytest.mark.parametrize("page", python_pages(), ids=lambda p: p.name)
+def test_readme_python_examples_run(page, tmp_path):
+    """A page's Python blocks, in order, in one namespace (one script per page)."""
+    blocks = [
+        b
+        for b in BLOCKS
+        if b.page == page and b.lang == "python" and b.marker and "run" in b.marker
+    ]
     script = tmp_path / "readme_examples.py"
     script.write_text("\n\n".join(python_source(b) for b in blocks) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -166,3 +181,37 @@ def test_a_stale_output_block_fails():
     assert output_problems(printed, shown, exact_arithmetic=True)
     assert output_problems(printed, shown, exact_arithmetic=False), "a line that lost words"
     assert not output_problems(printed.replace(", 336 block copies", ""), shown, False)
+
+
+def test_every_docs_page_is_linked_from_readme():
+    linked = set(LINK.findall(README.read_text(encoding="utf-8")))
+    missing = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in linked]
+    assert not missing, f"docs pages README does not link: {missing}"
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of ``page``'s headings (outside fenced blocks)."""
+    anchors, fenced = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif line.startswith("#") and not fenced:
+            title = line.lstrip("#").strip().lower()
+            anchors.add("".join(c for c in title if c.isalnum() or c in " -_").replace(" ", "-"))
+    return anchors
+
+
+def test_every_relative_link_resolves():
+    """README's and docs/'s links to files and headings point at what exists."""
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -16,7 +16,7 @@ from rlvr_fast.engine.token_sampler import derive_seed
 from rlvr_fast.rollouts.generation import base_seed, sample_group
 from rlvr_fast.credit.judge import GenerativeJudge
 from rlvr_fast.ledger.laws import check_conservation
-from rlvr_fast.ledger.records import LedgerError, StepRecord
+from rlvr_fast.ledger.records import LedgerError, read_record
 from rlvr_fast.rollouts.parallel import sample_parallel, summarise, summary_context
 from rlvr_fast.credit.paths import normalise, parallel_credit
 from rlvr_fast.models.policy import load_policy
@@ -224,10 +224,6 @@ def read_lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def record_of(line: dict) -> StepRecord:
-    return StepRecord(**{k: v for k, v in line.items() if not k.startswith("flops_")})
-
-
 @pytest.fixture(scope="module")
 def summary_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("summary_run")
@@ -239,7 +235,7 @@ def summary_run(tmp_path_factory):
 def test_summary_arm_ledger_and_rollouts(summary_run):
     lines = read_lines(summary_run / "ledger.jsonl")
     for line in lines:
-        check_conservation(record_of(line))
+        check_conservation(read_record(line))
         stats = line["parallel"]
         assert len(stats["summary_lengths"]) == 2 and len(stats["phi"]) == 6
         assert stats["utility_calls"] == 2 * 8  # exact: R 2^K
@@ -281,7 +277,7 @@ def test_the_parallel_laws_catch_a_broken_line(summary_run, mutate, law):
     line = read_lines(summary_run / "ledger.jsonl")[0]
     mutate(line)
     with pytest.raises(LedgerError, match=law):
-        check_conservation(record_of(line))
+        check_conservation(read_record(line))
 
 
 def test_judge_utility_with_monte_carlo_credit(tiny, tmp_path):
@@ -291,7 +287,7 @@ def test_judge_utility_with_monte_carlo_credit(tiny, tmp_path):
     trainer = RLVRTrainer(tiny, config, [EASY], out_dir=tmp_path, progress=False)
     trainer.train()
     line = read_lines(tmp_path / "ledger.jsonl")[0]
-    check_conservation(record_of(line))
+    check_conservation(read_record(line))
     stats = line["parallel"]
     assert stats["path_utility"] == "judge" and stats["permutations"] == 4
     assert all(se >= 0 for se in stats["phi_se"]) and 2 <= stats["utility_calls"] <= 16

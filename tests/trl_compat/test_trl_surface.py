@@ -174,7 +174,7 @@ def test_trainer_surface_scripts_call(tmp_path, capsys):
     [
         ({"quantization_config": object()}, "quantization_config=object"),
         ({"optimizers": (object(), None)}, "optimizers=tuple"),
-        ({"tools": [print]}, "tools=list"),
+        ({"rollout_func": print}, "rollout_func=builtin_function_or_method"),
     ],
 )
 def test_constructor_arguments_it_does_not_implement_are_refused_by_name(

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlvr_fast.data.synthetic import synthetic_problems
-from trl_side_by_side import chat_model_dir, trl_modules
+from trl_side_by_side import chat_model_dir, tool_model_dir, trl_modules
 
 HERE = Path(__file__).parent
 TRL_IMPORT = "from trl import GRPOConfig, GRPOTrainer  # drop-in: the line the tests swap"
@@ -69,6 +69,21 @@ def numina(directory: Path) -> None:
     write_jsonl(directory / "test.jsonl", rows[:4])
 
 
+def biogrid(directory: Path) -> None:
+    """grpo_agent.py's two datasets: BioGRID interactions (its column names, spaces and all) and
+    yes/no questions about them."""
+    interactions = [
+        {"Alt IDs Interactor A": a, "Alt IDs Interactor B": b, "Aliases Interactor A": a.lower()}
+        for a, b in (("JNKK", "MAPK8"), ("TP53", "MDM2"), ("BRCA1", "BARD1"))
+    ]
+    write_jsonl(directory / "biogrid" / "train.jsonl", interactions)
+    questions = [
+        {"question": f"Does the gene {a} interact with {b}?", "answer": answer}
+        for a, b, answer in (("TP53", "MDM2", "Yes"), ("JNKK", "TP53", "No"))
+    ] * 2 + [{"question": "Which genes interact with TP53?", "answer": "MDM2"}]
+    write_jsonl(directory / "biogrid_qa" / "train.jsonl", questions)
+
+
 # name: (script, its data, its command line (MODEL, DATA, OUT filled in), what rlvr_fast does:
 # "runs", or the pattern of the refusal it must print)
 SCRIPTS = {
@@ -94,6 +109,15 @@ SCRIPTS = {
         "runs",
     ),
     "hf_cookbook_grpo_peft_model": ("cookbook_grpo_peft.py", numina, [], "runs"),
+    "trl_examples_grpo_agent": (
+        "grpo_agent.py",
+        biogrid,
+        ["--model_name_or_path", "{MODEL}", "--output_dir", "{OUT}", "--use_cpu"]
+        + ["--max_completion_length", "24", "--num_generations", "4"]
+        + ["--per_device_train_batch_size", "4", "--max_steps", "2", "--log_completions"]
+        + ["--report_to", "none", "--logging_steps", "1", "--max_tool_calling_iterations", "2"],
+        "runs",
+    ),
     "community_willccbb_gsm8k": ("willccbb_grpo_demo.py", gsm8k, [], "runs"),
     "community_philschmid_mini_r1": (
         "philschmid_run_r1_grpo.py",
@@ -139,7 +163,10 @@ def printed_logs(output: str) -> list[dict]:
 def test_published_script_runs_with_only_its_import_changed(name, tmp_path, monkeypatch, capsys):
     trl_modules()
     script, make_data, argv, expected = SCRIPTS[name]
-    model = chat_model_dir(tmp_path)
+    # A tool-calling script's model has a chat template that renders and parses tool calls.
+    model = (tool_model_dir if "tools=" in (HERE / script).read_text() else chat_model_dir)(
+        tmp_path
+    )
     data = tmp_path / "data"
     if make_data is not None:
         make_data(data)

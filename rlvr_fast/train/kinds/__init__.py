@@ -1,5 +1,8 @@
 """Step kinds: flat groups, two-stage trees, parallel paths, each one module behind the
-protocol of ``base.StepKind``. ``config.sampler`` names the kind of a run."""
+protocol of ``base.StepKind`` with its ledger record (``flat_record``, ``tree_record``,
+``parallel_record``: registered in ``rlvr_fast.ledger.records`` on import, so importing this
+package is what lets the ledger read their lines back). ``config.sampler`` names the kind of a
+run."""
 
 from __future__ import annotations
 

@@ -16,11 +16,12 @@ import torch
 
 from rlvr_fast.credit.group import group_stats, scored_std, standardised_advantages
 from rlvr_fast.engine import EngineCounters, SamplingParams
-from rlvr_fast.ledger.records import StepRecord, flat_step_record
 from rlvr_fast.rollouts.generation import sample_groups
 from rlvr_fast.rollouts.pairs import PairCategory
+from rlvr_fast.rollouts.turns import sample_turns
 from rlvr_fast.rollouts.trees import TreeRollout
 from rlvr_fast.train import distributed
+from rlvr_fast.train.kinds.flat_record import FlatRecord, flat_step_record
 from rlvr_fast.train.kinds.base import (
     Question,
     RecordInputs,
@@ -30,7 +31,7 @@ from rlvr_fast.train.kinds.base import (
     regraded,
 )
 from rlvr_fast.ops.loss_types import loss_type
-from rlvr_fast.train.losses import sequence_scales, study_loss
+from rlvr_fast.train.losses import scored_lengths, sequence_scales, study_loss
 from rlvr_fast.train.policy import PolicyTerms
 from rlvr_fast.train.policy_loss_term import TRLPolicyLoss
 from rlvr_fast.utils.phases import Phases
@@ -45,6 +46,9 @@ class Rollouts:
     completions: list[list[int]]
     executed: EngineCounters
     tree: TreeRollout | None = None
+    # Per completion, 1 on the tokens the loss scores, 0 on appended ones (a conversation's
+    # tool results); None: every token scored.
+    masks: list[list[int]] | None = None
 
 
 @dataclass
@@ -92,8 +96,12 @@ class FlatKind:
 
     def sample(self, questions: list[Question], bases, *, active_steps: int) -> None:
         """Every question's G rollouts in one engine batch; question q from base seed
-        ``bases[q]`` (default: one draw of the run's generator per question)."""
+        ``bases[q]`` (default: one draw of the run's generator per question). A task with
+        ``turns`` (tool calling) makes each rollout a conversation (``sample_conversations``)."""
         group = self.config.group_size
+        if getattr(self.task, "turns", None) is not None:
+            self.sample_conversations(questions, bases)
+            return
         out = sample_groups(
             self.engine,
             [q.prompt_ids for q in questions],
@@ -105,6 +113,28 @@ class FlatKind:
         for index, question in enumerate(questions):
             tokens = out.tokens[index * group : (index + 1) * group]
             question.rollouts = Rollouts(tokens, out.counters)
+
+    def sample_conversations(self, questions: list[Question], bases) -> None:
+        """Every question's G rollouts as conversations (``rollouts.turns.sample_turns``): the
+        task's ``turns`` says what each row's turn is followed by (a tool's result, appended to
+        the live sequence and masked out of the loss) and keeps the conversations."""
+        turns, group = self.task.turns, self.config.group_size
+        prompts = [q.prompt_ids for q in questions]
+        out = sample_turns(
+            self.engine,
+            prompts,
+            group,
+            self.sampling,
+            turns.begin(prompts, group),
+            max_rounds=turns.max_rounds,
+            max_completion_tokens=self.config.max_new_tokens,
+            generator=self.generator,
+            bases=bases,
+        )
+        turns.end(out)
+        for index, question in enumerate(questions):
+            part = slice(index * group, (index + 1) * group)
+            question.rollouts = Rollouts(out.tokens[part], out.counters, masks=out.masks[part])
 
     def credit(self, questions: list[Question], phase: Phases) -> None:
         """Every question's rewards from one call of the task (the whole step's rollouts), then
@@ -146,7 +176,8 @@ class FlatKind:
         masked = self.truncated(question) if config.mask_truncated else None
         if self.policy_loss:
             cut = masked or [False] * len(lengths)
-            kept = [0 if m else n for n, m in zip(lengths, cut)]
+            scored = scored_lengths(question.rollouts.completions, question.rollouts.masks)
+            kept = [0 if m else n for n, m in zip(scored, cut)]
             terms = PolicyTerms(advantages, kept)
             return QuestionCredit(texts, rewards, lengths, sigma, advantages, [], terms)
         scales = sequence_scales(lengths, masked)
@@ -158,20 +189,33 @@ class FlatKind:
         kept = question.credit.policy.lengths
         return [c if n else [] for c, n in zip(question.rollouts.completions, kept)]
 
+    def loss_masks(self, question: Question) -> list[list[int]] | None:
+        """The masks of ``loss_completions`` (None: every token scored)."""
+        masks = question.rollouts.masks
+        if masks is None:
+            return None
+        return [m if n else [] for m, n in zip(masks, question.credit.policy.lengths)]
+
     def add_old_logprobs(self, question: Question) -> None:
         """The policy's log-probabilities of the loss tokens before the generation's first
         update, by the loss's own fused pass without gradients (TRL's old_per_token_logps):
         the engine's at sampling time would be those of its bf16 decode copy, through other
         kernels and the sampler's top-p, so the first update's ratio would not be exactly 1."""
         question.credit.policy.old_logprobs = self.policy_loss.logprobs(
-            self.policy.model, question.prompt_ids, self.loss_completions(question)
+            self.policy.model,
+            question.prompt_ids,
+            self.loss_completions(question),
+            self.loss_masks(question),
         )
 
     def add_reference_logprobs(self, question: Question) -> None:
         """The reference model's log-probabilities of the question's loss tokens, once per
         generation (TRL's ref_per_token_logps)."""
         question.credit.policy.ref_logprobs = self.policy_loss.logprobs(
-            self.reference.model, question.prompt_ids, self.loss_completions(question)
+            self.reference.model,
+            question.prompt_ids,
+            self.loss_completions(question),
+            self.loss_masks(question),
         )
 
     def truncated(self, question: Question) -> list[bool]:
@@ -192,7 +236,8 @@ class FlatKind:
         if not self.normaliser.counts_tokens:
             return len(picked)
         cut = self.truncated(question) if self.config.mask_truncated else [False] * len(completions)
-        return sum(len(completions[i]) for i in picked if not cut[i])
+        scored = scored_lengths(completions, question.rollouts.masks)
+        return sum(scored[i] for i in picked if not cut[i])
 
     def step_normaliser(self, questions: list[Question]) -> float:
         """The sum a pooled step on ``questions`` normalises by (of this rank): their loss
@@ -211,8 +256,8 @@ class FlatKind:
 
     def loss(self, question: Question) -> torch.Tensor:
         if self.policy_loss:
-            terms, completions = self.step_terms(question)
-            return self.policy_loss.loss(question.prompt_ids, completions, terms)
+            terms, completions, masks = self.step_terms(question)
+            return self.policy_loss.loss(question.prompt_ids, completions, terms, masks)
         config, credit = self.config, question.credit
         return study_loss(
             self.policy.trained_model,
@@ -224,14 +269,17 @@ class FlatKind:
             config.temperature if config.tempered_logprobs else 1.0,
         )
 
-    def step_terms(self, question: Question) -> tuple[PolicyTerms, list[list[int]]]:
-        """The policy terms and loss completions of the question this step: its share's (kept
-        as ``credit.share_policy``) when the step trains on a share of the generation."""
+    def step_terms(self, question: Question):
+        """The policy terms, loss completions and their masks of the question this step: its
+        share's (kept as ``credit.share_policy``) when the step trains on a share of the
+        generation."""
         terms, completions = question.credit.policy, self.loss_completions(question)
+        masks = self.loss_masks(question)
         if question.share is not None:
             terms = question.credit.share_policy = terms.subset(question.share)
             completions = [completions[i] for i in question.share]
-        return terms, completions
+            masks = None if masks is None else [masks[i] for i in question.share]
+        return terms, completions, masks
 
     def measure(self, questions: list[Question], phase: Phases) -> None:
         """On TRL's loss types, the figures of ``questions``, whose loss does not run this step
@@ -243,8 +291,8 @@ class FlatKind:
         self.policy.model.train()
         with phase("measure"):
             for question in questions:
-                terms, completions = self.step_terms(question)
-                self.policy_loss.measure(question.prompt_ids, completions, terms)
+                terms, completions, masks = self.step_terms(question)
+                self.policy_loss.measure(question.prompt_ids, completions, terms, masks)
 
     def figures(
         self, questions: list[Question], micro_batches: list[list[int]] | None = None
@@ -258,7 +306,7 @@ class FlatKind:
             terms = [q.credit.share_policy for q in questions]
         return self.policy_loss.figures(terms, micro_batches)
 
-    def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
+    def record(self, question: Question, inputs: RecordInputs) -> FlatRecord:
         return flat_step_record(
             lengths=question.credit.lengths,
             category=self.category,
@@ -301,7 +349,7 @@ class FlatKind:
     @classmethod
     def rederive(
         cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
-    ) -> StepRecord:
+    ) -> FlatRecord:
         """The ledger record ``line`` (a rollouts line) should have: rewards re-graded from its
         texts (or, ``regrade=False``, the recorded ones), sigma_R, the stepping rule, the token
         counts; engine counts, timings, loss and gradient norm copied from ``recorded`` (nothing

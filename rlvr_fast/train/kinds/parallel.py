@@ -19,8 +19,12 @@ from rlvr_fast.credit.paths import ParallelCredit, outcome_utility, parallel_cre
 from rlvr_fast.credit.shapley import MajorityVote
 from rlvr_fast.engine import EngineCounters, SamplingParams
 from rlvr_fast.grading import final_answer, grade_many
-from rlvr_fast.ledger.records import ParallelStats, StepRecord, parallel_step_record
 from rlvr_fast.rollouts.parallel import ParallelRollout, sample_parallel
+from rlvr_fast.train.kinds.parallel_record import (
+    ParallelRecord,
+    ParallelStats,
+    parallel_step_record,
+)
 from rlvr_fast.train.kinds.base import (
     Question,
     RecordInputs,
@@ -201,7 +205,7 @@ class ParallelKind:
             summary_rewards=credit.summary_returns.tolist(),
         )
 
-    def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
+    def record(self, question: Question, inputs: RecordInputs) -> ParallelRecord:
         credit: ParallelCredit = question.credit.credit
         return parallel_step_record(
             rewards=credit.path_returns.tolist(),
@@ -260,7 +264,7 @@ class ParallelKind:
     @classmethod
     def rederive(
         cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
-    ) -> StepRecord:
+    ) -> ParallelRecord:
         """The paths' and summaries' grades re-derived from their texts, r_out by the
         aggregator, and, for every deterministic credit (exact Shapley, leave-one-out,
         independent), phi and the path returns recomputed by the trainer's own functions.

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rlvr_fast.credit.tree import tree_credit
-from rlvr_fast.ledger.records import StepRecord, tree_step_record
 from rlvr_fast.rollouts.pairs import PairCategory, TreePair
 from rlvr_fast.rollouts.trees import sample_trees_ids
 from rlvr_fast.train.kinds.base import Question, RecordInputs, require_token_weighted
 from rlvr_fast.train.kinds.flat import FlatKind, QuestionCredit, Rollouts
+from rlvr_fast.train.kinds.flat_record import FlatRecord
+from rlvr_fast.train.kinds.tree_record import TreeRecord, tree_step_record
 
 
 class TreeKind(FlatKind):
@@ -86,7 +87,7 @@ class TreeKind(FlatKind):
             texts, rewards, lengths, credit.sigma, None, credit.token_weights(leaf_lengths)
         )
 
-    def record(self, question: Question, inputs: RecordInputs) -> StepRecord:
+    def record(self, question: Question, inputs: RecordInputs) -> FlatRecord | TreeRecord:
         tree = question.rollouts.tree
         if tree is None:
             return super().record(question, inputs)
@@ -113,7 +114,7 @@ class TreeKind(FlatKind):
     @classmethod
     def rederive(
         cls, line: dict, recorded: dict, config, params: int, active_steps: int, *, regrade=True
-    ) -> StepRecord:
+    ) -> FlatRecord | TreeRecord:
         """As a flat step during the warmup; on tree steps the pairs rebuilt from the rollouts
         line's categories, prefix and Stage-1 lengths."""
         tree_step = cls.trees_due(config, active_steps)
