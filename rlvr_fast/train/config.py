@@ -34,8 +34,8 @@ Types are read from the annotations (overrides arrive from the command line as J
 type is refused by name here rather than failing inside a comparison later; ints are accepted
 where floats are). A field's own range is checked by its ``check``; checks across fields of one
 step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. ``TrainConfig`` nests
-its components by concept (``sampling_options``, ``policy_loss``, ``tree``, ``paths``,
-``device``, ``lora``: each a settings class of its own in its module,
+its components by concept (``optim``, ``sampling_options``, ``policy_loss``, ``tree``,
+``paths``, ``device``, ``lora``: each a settings class of its own in its module,
 ``rlvr_fast.utils.settings.NestedSettings``), built, read and set by the
 settings' flat names all the same (``config.epsilon`` is ``config.policy_loss.epsilon``);
 config.json is flat. Its order is the order of the fields, each component's in its place:
@@ -84,6 +84,7 @@ from rlvr_fast.train.sampler_config import SamplerOptionsConfig
 from rlvr_fast.train.tree_config import TreeConfig
 from rlvr_fast.train.paths_config import PathsConfig
 from rlvr_fast.train.device_config import DeviceConfig
+from rlvr_fast.train.optimizer_config import OptimizerConfig
 
 
 SAMPLERS = tuple(KINDS)
@@ -146,30 +147,7 @@ class TrainConfig(NestedSettings):
         lambda v: 1 <= v <= MAX_NEW_TOKENS,
         f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {{value}}",
     )
-    # Past 1e30 AdamW's first step size, lr / (1 - beta1), leaves float32 (a traceback in
-    # torch's AdamW); a learning rate that large only tests the non-finite stop.
-    lr: float = setting(
-        1e-5, "AdamW learning rate", lambda v: 0 < v <= 1e30, "lr must be in (0, 1e30], got {value}"
-    )
-    betas: tuple[float, float] = setting(
-        (0.9, 0.999),
-        "AdamW betas",
-        lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
-        "betas must be two numbers in [0, 1), got {value}",
-    )
-    eps: float = setting(1e-8, "AdamW epsilon", lambda v: v > 0, "eps must be > 0, got {value}")
-    weight_decay: float = setting(
-        0.01,
-        "AdamW decoupled weight decay",
-        lambda v: v >= 0,
-        "weight_decay must be >= 0, got {value}",
-    )
-    max_grad_norm: float | None = setting(
-        1.0,
-        "clip the gradient's total norm to this (None: no clipping; the norm is logged before)",
-        lambda v: v is None or v > 0,
-        "max_grad_norm must be > 0 or None, got {value}",
-    )
+    optim: OptimizerConfig = component(OptimizerConfig)
     loss_order: str = setting(
         "sum_then_scale",
         "sum_then_scale: -A_i sum_t log p per sequence (the seed's baseline); token_weighted: "
