@@ -183,3 +183,39 @@ def test_bad_monitoring_options_are_refused_in_one_line(tmp_path, capsys, option
     assert main(["train", "--arm", "baseline", "--out", str(tmp_path / "run"), *option]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_monitors_as_one_that_was_not_stopped(tmp_path):
+    tensorboard = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    options = [
+        *EVAL,
+        "--eval-every",
+        "1",
+        "--report-to",
+        "tensorboard",
+        "--set",
+        "checkpoint_every=1",
+    ]
+    train(tmp_path / "whole", *options)
+    out = tmp_path / "resumed"
+    train(out, *options, steps=2)
+    train(out, *options, "--resume")
+    assert without_seconds(ledger(out)) == without_seconds(ledger(tmp_path / "whole"))
+    history = [(out / "eval_steps.jsonl"), (tmp_path / "whole" / "eval_steps.jsonl")]
+    resumed, whole = ([json.loads(line) for line in p.read_text().splitlines()] for p in history)
+    assert [line["step"] for line in resumed] == [0, 1, 2, 3, 4]
+    assert [line["sets"] for line in resumed] == [line["sets"] for line in whole]
+    events = tensorboard.EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("eval/t/accuracy")] == [0, 1, 2, 3, 4]
+
+
+def test_a_checkpoint_swap_cut_by_a_kill_is_restored_by_the_resume(tmp_path):
+    out = tmp_path / "run"
+    train(out, "--save-every", "2", steps=2)
+    # Killed between the swap's two renames: the old directory moved aside, no new one yet.
+    (out / "checkpoint-2").rename(out / ".checkpoint-2.old")
+    train(out, "--save-every", "2", "--resume", steps=3)
+    assert (out / "checkpoint-2" / "model.safetensors").is_file()
+    assert not (out / ".checkpoint-2.old").exists()
