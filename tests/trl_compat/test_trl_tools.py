@@ -402,7 +402,7 @@ def test_grpo_agents_sql_tool_gives_trls_conversations_and_gradient(tmp_path, mo
 
 def test_what_tools_cannot_run_on_is_refused_by_name(tmp_path):
     """A template that cannot render a tool call (TRL's error), the study's arms and sum loss,
-    and prompts that are not conversations."""
+    its ledger, and prompts that are not conversations."""
     from datasets import Dataset
 
     from trl_side_by_side import chat_model_dir, text_rows
@@ -423,6 +423,8 @@ def test_what_tools_cannot_run_on_is_refused_by_name(tmp_path):
         build(chat_model_dir(tmp_path))
     with pytest.raises(ValueError, match="tools= is not supported by rlvr_fast with arm="):
         build(tool_model_dir(tmp_path), loss_type="sum")
+    with pytest.raises(ValueError, match="with ledger=True: the study's ledger"):
+        build(tool_model_dir(tmp_path), ledger=True)
     with pytest.raises(ValueError, match="tools= needs conversational prompts"):
         build(tool_model_dir(tmp_path), train_dataset=Dataset.from_list(text_rows(8)))
 
