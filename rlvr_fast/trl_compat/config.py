@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import ARMS
 from rlvr_fast.trl_compat.fields import TRLFields, trl_field
+from rlvr_fast.trl_compat.launch import refuse_accelerate_settings
 from rlvr_fast.trl_compat.support import UnsupportedFieldError, check_setting, plain
 
 __all__ = ["GRPOConfig", "UnsupportedFieldError"]
@@ -70,6 +71,7 @@ class GRPOConfig(TRLFields):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_checked", False)
+        refuse_accelerate_settings()  # before TrainingArguments builds accelerate's plugins
         for f in dataclasses.fields(self):
             if f.init:
                 check_setting(f.name, getattr(self, f.name), field_default(f))

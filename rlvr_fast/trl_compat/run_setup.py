@@ -11,6 +11,7 @@ import torch
 from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.train.arms import arm_settings
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.trl_compat.launch import mixed_precision, uses_cpu
 from rlvr_fast.trl_compat.lora import lora_fields
 from rlvr_fast.trl_compat.mapping import mapped_settings
 from rlvr_fast.trl_compat.support import TRL_OPTIMIZERS
@@ -78,8 +79,9 @@ def sampler_settings(args) -> dict:
 
 
 def training_device(args) -> torch.device:
-    """CUDA when there is a GPU and use_cpu is not set, as the Trainer chooses."""
-    return torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+    """CUDA when there is a GPU and neither use_cpu nor accelerate launch --cpu is set, as the
+    Trainer chooses."""
+    return torch.device("cuda" if torch.cuda.is_available() and not uses_cpu(args) else "cpu")
 
 
 def optimizer_settings(args) -> dict:
@@ -182,11 +184,12 @@ def train_config(
             )
         settings["tree_k"] = args.num_generations // 2
         settings.pop("advantage_std")
-    if args.fp16:
+    precision = mixed_precision(args)
+    if precision == "fp16":
         # accelerate's fp16 is autocast with a GradScaler on CUDA and neither on the CPU (it
         # turns native AMP on for fp16 only off the CPU): there TRL trains in float32.
         settings["precision"] = "fp16-mixed" if training_device(args).type == "cuda" else "fp32"
-    elif args.bf16 is False:
+    elif precision != "bf16":
         settings["precision"] = "fp32"
     # bf16 (TRL's default unless fp16) leaves precision None: bf16-mixed on CUDA (Hugging Face
     # Trainer's bf16 is mixed precision over fp32 weights), float32 on the CPU.

@@ -84,7 +84,7 @@ def test_loss_equals_hand_computed_grpo_loss(hf_qwen3):
         torch.testing.assert_close(fused_grad, p.grad, rtol=1e-4, atol=5e-6)
 
 
-def test_fused_sum_then_scale_loss_matches_the_eager_one(hf_qwen3):
+def test_the_sum_then_scale_study_loss_matches_the_eager_one(hf_qwen3):
     model = load_model(hf_qwen3[1])
     prompt, completions = [5, 6, 7], [[8, 9, 10, 0], [11], [12, 13], [14, 15, 16, 17, 18]]
     advantages = torch.tensor([0.5, -1.5, 2.0, -1.0])
