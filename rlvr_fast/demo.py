@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
-    print_train_table(summary)
-    print(f"  wall time {time.perf_counter() - started:.0f} s; run directory {args.out}")
+    print_train_table(summary, args.out, time.perf_counter() - started)
     return 0
 
 

@@ -8,7 +8,8 @@ non-reference arm, eval set and metric (accuracy, and the cap-hit rate where eit
 cap): paired per-seed differences against the reference arm, their mean, a two-level (seed x
 question) bootstrap 95% CI and a pooled-item bootstrap 95% CI (``rlvr_fast.analysis.stats``). Items are paired by id, so every run must
 have graded the same eval sets on the same items at the same cap; anything else is refused.
-Before-training evaluations, where runs saved them, give the "base model (0 updates)" row.
+Before-training evaluations, where runs saved them, give the "base model (0 updates)" row. Runs
+without evaluations (none of them has any) compare on their ledgers' totals alone.
 """
 
 from __future__ import annotations
@@ -227,16 +228,15 @@ def shown(value) -> str:
 
 def eval_item_ids(runs: list[Run]) -> dict[str, list[str]]:
     """Eval set -> item ids, the first run's order; every run (and every saved before-training
-    evaluation) must have graded exactly these."""
+    evaluation) must have graded exactly these. None of them having evaluations is allowed (the
+    tables then hold the ledgers' totals only); some of them is not."""
     first = runs[0]
     names = sorted(first.eval_files())
-    if not names:
-        raise CompareError(f"{first.path}: no evaluations saved (evals/NAME.jsonl)")
     item_ids = {name: _ids(first, name, before=False) for name in names}
     for run in runs:
         if sorted(run.eval_files()) != names:
             raise CompareError(
-                f"mixed eval sets: {first.path} has {', '.join(names)}; "
+                f"mixed eval sets: {first.path} has {', '.join(names) or 'none'}; "
                 f"{run.path} has {', '.join(sorted(run.eval_files())) or 'none'}"
             )
         for before in (False, True):

@@ -5,8 +5,12 @@ Figures (one file each):
 - ``base_lengths_NAME.png`` for every before-training eval NAME: the PASS 1 picture, response
   lengths of the base model split into short answers (``\\boxed`` within the first 30 characters,
   or no box) and derivations, each mode's share and accuracy in the legend (seed §3.1);
-- ``accuracy.png``: accuracy per arm and eval set, bars at the mean over seeds, two-level
-  bootstrap 95% CI bars, one dot per seed;
+- ``accuracy.png`` (runs with evaluations): accuracy per arm and eval set, bars at the mean over
+  seeds, two-level bootstrap 95% CI bars, one dot per seed;
+- ``training_over_steps.png``: the ledger's training curves (reward, accuracy of the training
+  groups, loss, grad norm, tokens and seconds per phase; ``rlvr_fast.analysis.training_figures``);
+- ``eval_over_steps.png`` (runs evaluated during training, ``--eval-every``): accuracy per eval
+  set at each evaluation;
 - ``reward_over_steps.png``: per-step group reward mean and sigma_R, mean over seeds;
 - ``length_over_steps.png``: rollout length and short-answer fraction per step;
 - ``compute.png``: tokens and FLOPs per arm, stacked by phase (prefill, generation, backward)
@@ -27,6 +31,7 @@ from matplotlib.figure import Figure
 from rlvr_fast.analysis.compare import BASE_LABEL, Comparison, compare_runs
 from rlvr_fast.run.reader import Run, RunDirError, load_runs, question_lines
 from rlvr_fast.analysis.tables import markdown
+from rlvr_fast.analysis.training_figures import evaluation_figure, training_figure
 from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.grading import passes_gate
 from rlvr_fast.rollouts.pairs import PairCategory
@@ -145,14 +150,33 @@ def draw_figures(
                     f"Base model on {name} before training: response lengths by mode",
                 )
             )
+    if comparison.eval_sets:
+        figures.append(
+            save(
+                accuracy_figure(comparison, resamples, seed),
+                directory,
+                "accuracy.png",
+                "Accuracy per arm after training (mean over seeds, two-level 95% CI)",
+            )
+        )
     figures.append(
         save(
-            accuracy_figure(comparison, resamples, seed),
+            training_figure(by_arm),
             directory,
-            "accuracy.png",
-            "Accuracy per arm after training (mean over seeds, two-level 95% CI)",
+            "training_over_steps.png",
+            "Training curves from the ledger: reward, accuracy, loss, grad norm, tokens, seconds",
         )
     )
+    evaluations = evaluation_figure(by_arm)
+    if evaluations is not None:
+        figures.append(
+            save(
+                evaluations,
+                directory,
+                "eval_over_steps.png",
+                "Held-out accuracy at each evaluation during training (--eval-every)",
+            )
+        )
     figures.append(
         save(
             reward_figure(by_arm),
@@ -488,9 +512,14 @@ def report_markdown(
     lines = [
         REPORT_TITLE,
         "",
-        f"{len(runs)} runs: {arms}. Eval sets: "
-        + ", ".join(f"{n} ({k} items)" for n, k in comparison.eval_sets.items())
-        + f", greedy at a {comparison.eval_cap}-token cap."
+        f"{len(runs)} runs: {arms}. "
+        + (
+            "Eval sets: "
+            + ", ".join(f"{n} ({k} items)" for n, k in comparison.eval_sets.items())
+            + f", greedy at a {comparison.eval_cap}-token cap."
+            if comparison.eval_sets
+            else "No evaluations saved: the figures and tables are the ledgers'."
+        )
         + (
             f" Differences are arm minus {comparison.reference}, paired by seed and item."
             if comparison.reference

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from rlvr_fast.cli.options import (
@@ -28,25 +29,31 @@ from rlvr_fast.rollouts.selection import PassRange, SelectionSettings, select_da
 from rlvr_fast.run.eval_output import EvalOutput
 from rlvr_fast.run.directory import read_run_meta
 from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.run.loggers import parse_report_to
 from rlvr_fast.train import distributed
+from rlvr_fast.ledger.metrics import step_metrics
+from rlvr_fast.run.reader import read_jsonl
 from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.monitor import Monitoring
 from rlvr_fast.train.precision import load_dtype, resolve_precision
 from rlvr_fast.train.trainer import RLVRTrainer
 
 
 def train_inputs(args):
     """What ``train`` checks before anything runs (``--nproc`` checks it before starting a
-    rank): the settings, the device and the data."""
+    rank): the settings, the monitoring, the device and the data."""
     overrides = training_overrides(args)
     config = TrainConfig.from_arm(args.arm, steps=args.steps, seed=args.seed, **overrides)
     if args.profile < 0:
         raise ValueError(f"--profile must be >= 0, got {args.profile}")
     device = parse_device(args.device)
     train_data = load_data(args.train_data, limit=config.questions_needed)
+    monitoring(args)  # checked here: --nproc checks before starting a rank
     return config, device, train_data, parse_eval_sets(args.eval)
 
 
 def run_train(args) -> dict:
+    started = time.perf_counter()
     config, device, train_data, eval_sets = train_inputs(args)
     device = distributed.init(str(device), args.dist_timeout)
     dtype = load_dtype(resolve_precision(config.precision, device))
@@ -60,17 +67,76 @@ def run_train(args) -> dict:
         resume=args.resume,
         progress=not args.quiet,
         profile_steps=args.profile,
+        monitoring=monitoring(args),
     )
     summary = trainer.train()
     if distributed.is_main():
-        print_train_table(summary)
+        print_train_table(summary, args.out, time.perf_counter() - started)
     distributed.shutdown()
     return summary
 
 
-def print_train_table(summary: dict) -> None:
+def print_train_table(summary: dict, run_dir: Path, wall_seconds: float) -> None:
+    """The end of a run: its figures first (reward over the training steps, from its ledger;
+    held-out accuracy before -> after), where it is and how long it took, then the token and
+    FLOP accounting."""
     totals = summary["totals_this_run"]
     print(f"\narm {summary['arm']}, {summary['steps']} steps")
+    print(f"  {reward_line(RunLayout(run_dir).ledger)}")
+    print_evaluations(summary)
+    print(f"  run directory {run_dir}, wall time {wall_seconds:.0f} s")
+    print(
+        "  tokens: "
+        + ", ".join(
+            f"{k} {int(totals.get(k, 0)):,}"
+            for k in ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")
+        )
+    )
+    print(
+        f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
+        f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
+        f"block copies (the seed's pref / untrim_gen above)"
+    )
+    print(
+        "  TFLOPs: "
+        + ", ".join(
+            f"{label} {totals.get(k, 0) / 1e12:.4f}"
+            for label, k in (
+                ("Out", "flops_out"),
+                ("Full", "flops_full"),
+                ("PadFull", "flops_pad_full"),
+            )
+        )
+    )
+    phases = {k.removeprefix("seconds_"): v for k, v in totals.items() if k.startswith("seconds_")}
+    print(
+        "  seconds per phase: "
+        + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}" for k, v in phases.items())
+    )
+
+
+# What the summary calls a phase whose ledger name says what it serves, not what it does.
+PHASE_LABELS = {"reward": "grading"}
+
+
+def reward_line(ledger: Path) -> str:
+    """The training groups' reward at the start and the end of the run (the mean of its first
+    and last steps, up to 10 each) and how many steps ran a backward pass."""
+    metrics = [step_metrics(line) for line in read_jsonl(ledger)]
+    rewards = [m["reward"] for m in metrics if "reward" in m]
+    active = sum(int(m["active"]) for m in metrics)
+    if not rewards:
+        return f"no rewards recorded; {active} of {len(metrics)} steps ran a backward pass"
+    window = max(1, min(10, len(rewards) // 2))
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    return (
+        f"reward {first:.3f} -> {last:.3f} (mean of the first and last {window} steps), "
+        f"{active} of {len(metrics)} steps ran a backward pass"
+    )
+
+
+def print_evaluations(summary: dict) -> None:
+    """Held-out accuracy before -> after (and of the Polyak average)."""
     for name, after in summary.get("eval_after", {}).items():
         before = summary.get("eval_before", {}).get(name)
         if before:
@@ -98,31 +164,19 @@ def print_train_table(summary: dict) -> None:
                 f"  {name} (Polyak average): accuracy {result['accuracy']:.1%}, short answers "
                 f"{result['short_guess_fraction']:.1%}, cap hits {result['cap_hits']}"
             )
-    print(
-        "  tokens: "
-        + ", ".join(
-            f"{k} {int(totals.get(k, 0)):,}"
-            for k in ("gen", "pref", "pad_pref", "untrim_gen", "bwd_out", "bwd_full")
-        )
+
+
+def monitoring(args) -> Monitoring:
+    """--log-every, --report-to, --eval-every, --save-every and --save-total-limit."""
+    if args.eval_every and not args.eval:
+        raise ValueError("--eval-every N evaluates the --eval sets: give at least one")
+    return Monitoring(
+        log_every=args.log_every,
+        report_to=parse_report_to(args.report_to),
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+        save_total_limit=args.save_total_limit,
     )
-    print(
-        f"  executed: prefill {int(totals.get('prefill_run', 0)):,} tokens, decode "
-        f"{int(totals.get('decode_rows', 0)):,} rows, {int(totals.get('block_copies', 0)):,} "
-        f"block copies (the seed's pref / untrim_gen above)"
-    )
-    print(
-        "  TFLOPs: "
-        + ", ".join(
-            f"{label} {totals.get(k, 0) / 1e12:.4f}"
-            for label, k in (
-                ("Out", "flops_out"),
-                ("Full", "flops_full"),
-                ("PadFull", "flops_pad_full"),
-            )
-        )
-    )
-    phases = {k.removeprefix("seconds_"): v for k, v in totals.items() if k.startswith("seconds_")}
-    print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
 
 def eval_inputs(args):

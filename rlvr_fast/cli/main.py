@@ -53,6 +53,7 @@ from rlvr_fast.cli.options import (
     add_config_arguments,
     add_device_arguments,
     add_launch_arguments,
+    add_monitoring_arguments,
     add_training_options,
 )
 
@@ -105,6 +106,7 @@ def add_train_command(commands, config: Path | None) -> None:
     )
     add_training_options(train)
     add_launch_arguments(train)
+    add_monitoring_arguments(train)
     add_config_arguments(train)
     if config is not None:
         apply_config_file(train, config)

@@ -178,6 +178,51 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_monitoring_arguments(parser: argparse.ArgumentParser) -> None:
+    """How ``train`` reports while it trains (``rlvr_fast.train.monitor``): nothing here changes
+    what it trains, so a resume may change any of it."""
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print one line of the step's figures (reward, accuracy, loss, grad norm, KL, "
+        "entropy, clip fraction when on) every N steps (default 0: none; the progress bar "
+        "shows the latest step's)",
+    )
+    parser.add_argument(
+        "--report-to",
+        default="none",
+        metavar="LOGGERS",
+        help="none, or a comma-separated list of tensorboard (OUT/tensorboard/) and wandb "
+        "(OUT/wandb/, offline without a login): every step's figures and every evaluation "
+        "as scalars, tagged train/NAME and eval/SET/NAME as TRL's are",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="evaluate the --eval sets every N steps too (OUT/evals/step-N/, a line of "
+        "OUT/eval_steps.jsonl and of output each; default 0: before and after training only)",
+    )
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="save a Hugging Face checkpoint every N steps as OUT/checkpoint-N/ (what "
+        "transformers and rlvr-fast eval load; default 0: final/ only)",
+    )
+    parser.add_argument(
+        "--save-total-limit",
+        type=int,
+        metavar="K",
+        help="keep the newest K of the run's checkpoint-N/ directories, deleting its older ones "
+        "(default: keep all)",
+    )
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options ``train`` and ``sweep`` share: model, data, steps, overrides, device."""
     parser.add_argument("--model", default="tiny", help="'tiny' or a local Hugging Face directory")

@@ -39,8 +39,9 @@ from typing import Sequence
 import torch
 
 from rlvr_fast.data.problems import Problem
-from rlvr_fast.run.layout import RunLayout
+from rlvr_fast.run.layout import HF_CHECKPOINT_PREFIX, RunLayout
 from rlvr_fast.utils.files import (
+    OLD_SUFFIX,
     UnreadableFileError,
     file_kind,
     is_temp_name,
@@ -175,8 +176,19 @@ def open_run_directory(
     except DirectoryLockedError as err:
         raise RunDirectoryError(str(err)) from None
     meta = check_may_open(out_dir, signature, config, train_data, resume)
-    remove_stale_files(lock, SWAPPED_DIRECTORIES)
+    remove_stale_files(lock, swapped_directories(out_dir))
     return meta, lock
+
+
+def swapped_directories(out_dir: Path) -> tuple[str, ...]:
+    """The directories of ``out_dir`` that a run swaps in whole: final/, final_polyak/ and the
+    checkpoint-N/ of --save-every (those whose swap a kill may have cut: a .checkpoint-N.old)."""
+    checkpoints = [
+        entry.name[1 : -len(OLD_SUFFIX)]
+        for entry in out_dir.iterdir()
+        if entry.name.startswith(f".{HF_CHECKPOINT_PREFIX}") and entry.name.endswith(OLD_SUFFIX)
+    ]
+    return SWAPPED_DIRECTORIES + tuple(checkpoints)
 
 
 def check_may_open(

@@ -11,6 +11,8 @@
     RUN/evals/NAME.jsonl       per-item grades after training (``evaluation.ItemGrade``)
     RUN/evals/before/NAME.jsonl  the same before training
     RUN/evals/polyak/NAME.jsonl  the same for the Polyak average of the weights (polyak_start)
+    RUN/eval_steps.jsonl       with --eval-every: one line per evaluation, its step and each
+                               set's summary (the items under evals/step-N/)
     RUN/summary.json           written last: a run that has it is finished
 
 Files are read when first asked for. Anything missing or unreadable raises ``RunDirError`` with
@@ -138,6 +140,12 @@ class Run:
     @property
     def rollouts(self) -> list[dict]:
         return self._load("rollouts", lambda: read_jsonl(RunLayout(self.path).rollouts))
+
+    @property
+    def eval_steps(self) -> list[dict]:
+        """eval_steps.jsonl's lines (none for a run without --eval-every)."""
+        path = RunLayout(self.path).eval_steps
+        return self._load("eval_steps", lambda: read_jsonl(path) if path.exists() else [])
 
     @property
     def signature(self) -> dict:

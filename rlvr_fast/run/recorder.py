@@ -8,6 +8,7 @@ summary.json. Before each of these writes it checks that it still holds the dire
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -15,15 +16,25 @@ from rlvr_fast.data.problems import Problem
 from rlvr_fast.ledger.records import LedgerRecord
 from rlvr_fast.ledger.writer import LedgerWriter
 from rlvr_fast.run.checkpoint import Checkpointer
-from rlvr_fast.run.directory import open_run_directory, whole_lines
-from rlvr_fast.run.layout import RunLayout
-from rlvr_fast.utils.files import append_line, write_json_atomic
+from rlvr_fast.run.directory import open_run_directory, sha256_json, whole_lines
+from rlvr_fast.run.layout import HF_CHECKPOINT_MARKER, HF_CHECKPOINT_PREFIX, RunLayout
+from rlvr_fast.utils.files import (
+    append_line,
+    replaced_directory,
+    write_json_atomic,
+    write_text_atomic,
+)
 from rlvr_fast.utils.locks import DirectoryLock
+
+
+# What names the run in its checkpoint-N/ markers: the same for a resume and an extension.
+RUN_ID_FIELDS = ("arm", "seed", "settings_sha256", "model_sha256")
 
 
 class RunRecorder:
     def __init__(self, root: Path) -> None:
         self.layout = RunLayout(root)
+        self.run_id = ""
         self.ledger: LedgerWriter | None = None
         self.lock: DirectoryLock | None = None
 
@@ -32,6 +43,7 @@ class RunRecorder:
     ) -> dict | None:
         """Check that the run may start (or resume) here; the recorded config.json when
         resuming, None when starting. Nothing is written when a check fails."""
+        self.run_id = sha256_json({key: signature[key] for key in RUN_ID_FIELDS})[:16]
         recorded, self.lock = open_run_directory(
             self.layout.root, signature, config, train_data, resume
         )
@@ -72,6 +84,54 @@ class RunRecorder:
         self.check_lock()
         policy.save(self.layout.model(polyak), weights)
 
+    def save_hf_checkpoint(self, policy, steps: int, weights=None, keep: int | None = None) -> None:
+        """checkpoint-``steps``/: a Hugging Face directory of the model after ``steps`` steps
+        (swapped in whole), marked as this run's; then, with ``keep``, the run's older ones
+        past the newest ``keep`` deleted (a directory another run or a person put there is
+        left alone)."""
+        self.check_lock()
+        with replaced_directory(self.layout.hf_checkpoint(steps)) as staging:
+            policy.write_files(staging, weights)
+            marker = {"run": self.run_id, "steps": steps}
+            (staging / HF_CHECKPOINT_MARKER).write_text(json.dumps(marker) + "\n")
+        if keep is not None:
+            for old in self.hf_checkpoints()[:-keep]:
+                self.check_lock()
+                shutil.rmtree(self.layout.hf_checkpoint(old))
+
+    def hf_checkpoints(self) -> list[int]:
+        """The steps of the Hugging Face checkpoints this run wrote, in order."""
+        steps = []
+        for path in self.layout.root.glob(f"{HF_CHECKPOINT_PREFIX}*"):
+            number = path.name.removeprefix(HF_CHECKPOINT_PREFIX)
+            marker = path / HF_CHECKPOINT_MARKER
+            if not number.isdecimal() or path.is_symlink() or not marker.is_file():
+                continue
+            try:
+                recorded = json.loads(marker.read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError):
+                continue
+            if isinstance(recorded, dict) and recorded.get("run") == self.run_id:
+                steps.append(int(number))
+        return sorted(steps)
+
+    def write_eval_steps(self, steps: int, summaries: dict[str, dict]) -> None:
+        """One line of eval_steps.jsonl: the evaluation after ``steps`` steps."""
+        self.check_lock()
+        append_line(self.layout.eval_steps, json.dumps({"step": steps, "sets": summaries}))
+
+    def keep_eval_steps(self, steps: int) -> None:
+        """A resume at ``steps`` drops the evaluations an earlier attempt made after it."""
+        path = self.layout.eval_steps
+        if not path.is_file():
+            return
+        self.check_lock()
+        lines = path.read_text(encoding="utf-8").split("\n")
+        kept = [line for line in lines[:-1] if evaluated_at(line) is not None]
+        kept = [line for line in kept if evaluated_at(line) <= steps]
+        if kept != lines[:-1] or lines[-1]:
+            write_text_atomic(path, "".join(line + "\n" for line in kept))
+
     def finish(self, summary: dict) -> None:
         self.check_lock()
         write_json_atomic(self.layout.summary, summary)
@@ -80,6 +140,15 @@ class RunRecorder:
     def close(self) -> None:
         if self.ledger is not None:
             self.ledger.close()
+
+
+def evaluated_at(line: str) -> int | None:
+    """The step of an eval_steps.jsonl line; None for one that is not whole."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def finished_summary(layout: RunLayout) -> dict | None:

@@ -131,14 +131,20 @@ def shard(count: int) -> slice:
     return slice(r * count // w, (r + 1) * count // w)
 
 
-def check_questions_per_step(questions_per_step: int) -> None:
-    """A step's questions are split evenly over the ranks."""
+def check_step_split(questions_per_step: int, generation_steps: int) -> None:
+    """A step's questions are split evenly over the ranks, and a generation serving several steps
+    runs on one process."""
     w = world_size()
     if questions_per_step % w:
         raise ValueError(
             f"a {w}-rank run splits each step's questions over its ranks: "
             f"questions_per_step must be a multiple of {w}, got "
             f"{questions_per_step} (--set questions_per_step=...)"
+        )
+    if generation_steps > 1 and w > 1:
+        raise ValueError(
+            "generation_steps > 1 runs on one process: the shuffle of a generation over "
+            "several ranks is not built"
         )
 
 

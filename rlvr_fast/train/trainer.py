@@ -21,7 +21,9 @@ Per step, for the next ``questions_per_step`` training questions (one by default
      num_iterations x generation_steps steps, each of generation_steps on its share of the
      generation's shuffled completions (``rlvr_fast.train.steps.generation_shares``);
   5. one checked ledger line and one rollouts line (``rlvr_fast.train.steps``,
-     ``rlvr_fast.run.recorder``).
+     ``rlvr_fast.run.recorder``), and the step's figures to the monitor
+     (``rlvr_fast.train.monitor``: the progress bar, --log-every lines, the --report-to
+     loggers, --eval-every evaluations and --save-every Hugging Face checkpoints).
 Every ``checkpoint_every`` steps the components (weights, optimizer, RNG states, Polyak sums,
 the evaluation before training) are checkpointed (``rlvr_fast.run.checkpoint``); a killed run
 resumes from there to the same bytes. The study's ablations are settings of this loop: the
@@ -77,6 +79,7 @@ from rlvr_fast.train.evaluator import Evaluator
 from rlvr_fast.train.kinds import Question, step_kind
 from rlvr_fast.train.checkpointing import host_memory
 from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
+from rlvr_fast.train.monitor import Monitoring, TrainingMonitor
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
 from rlvr_fast.train.precision import resolve_precision
@@ -107,6 +110,7 @@ class RLVRTrainer:
         profile_steps: int = 0,
         task=None,
         adapter_weights: dict | None = None,
+        monitoring: Monitoring | None = None,
     ) -> None:
         """``adapter_weights``: the LoRA adapters' starting tensors by peft's saved names (a
         ``peft.PeftModel``'s), in place of peft's initialisation."""
@@ -117,12 +121,7 @@ class RLVRTrainer:
         self.policy, self.config = policy, config
         add_adapters(policy, config, adapter_weights)
         self.task = task or MathTask(policy.tokenizer, config.gate_min_chars)
-        distributed.check_questions_per_step(config.questions_per_step)
-        if config.generation_steps > 1 and distributed.world_size() > 1:
-            raise ValueError(
-                "generation_steps > 1 runs on one process: the shuffle of a generation over "
-                "several ranks is not built"
-            )
+        distributed.check_step_split(config.questions_per_step, config.generation_steps)
         self.train_data = list(train_data)
         self.eval_data = {
             check_eval_name(name): problems for name, problems in (eval_data or {}).items()
@@ -174,31 +173,17 @@ class RLVRTrainer:
             progress=self.progress,
             layout=self.recorder.layout if self.recorder is not None else None,
         )
+        self.monitor = TrainingMonitor(monitoring or Monitoring(), self)
         # Allocated after the engine, so that a device short of memory keeps the KV cache.
         self.polyak = PolyakAverage(self.trained_weights) if config.polyak_start else None
-        components = {
-            "model": policy.model,
-            "optimizer": self.stepping,
-            "generator": GeneratorState(self.generator),
-            "torch_rng": GlobalRNGState(),
-            "polyak": self.polyak,
-            "eval_before": self.evaluator,
-            **(self.sharded.components(self.precision) if self.sharded else {}),
-        }
-        if self.stepping.masters is not None:
-            components["masters"] = self.stepping.masters
-        if self.stepping.scaler is not None:
-            components["loss_scale"] = self.stepping.scaler
-        if self.kind.reference is not None and self.kind.reference.owns_weights:
-            components["reference"] = self.kind.reference
-        if self.kind.entropy_control is not None:
-            components["entropy_control"] = self.kind.entropy_control
         # As config.json holds it: what the resume signature and the checkpoint identity hash.
         self.config_json = json.loads(json.dumps(config.to_json()))
         identity = checkpoint_identity(
             settings_sha256(self.config_json), config.seed, self.precision
         )
-        self.checkpointer = Checkpointer(components, steps=config.steps, identity=identity)
+        self.checkpointer = Checkpointer(
+            checkpointed_components(self), steps=config.steps, identity=identity
+        )
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
         self.generation: list[Question] | None = None
@@ -238,7 +223,7 @@ class RLVRTrainer:
         config = self.config
         summary: dict = {"arm": config.arm}
         if config.eval_before and self.start_step == 0 and self.eval_data:
-            self.evaluator.run("before")
+            self.monitor.evaluated(0, self.evaluator.run("before"))
         if self.evaluator.before is not None:
             summary["eval_before"] = self.evaluator.before
         totals: dict[str, float] = {}
@@ -261,6 +246,7 @@ class RLVRTrainer:
                 profiler.step_done(step + 1 - self.start_step)
                 add_to_totals(totals, result.record)
                 step += 1
+                self.monitor.step_done(step, result.record, bar)
                 bar.update()
                 if self.polyak is not None and step >= config.polyak_start:
                     self.polyak.add(self.trained_weights)
@@ -271,11 +257,14 @@ class RLVRTrainer:
                     or self.reached_active_steps()
                 ):
                     self.save_checkpoint(step)
+                self.monitor.during_training(step)
         profiler.stop()
         summary["steps"] = step
         summary["totals_this_run"] = totals
         if self.eval_data:
             summary["eval_after"] = self.evaluator.run("after")
+            self.monitor.evaluated(step, summary["eval_after"])
+        self.monitor.close()
         weights = self.saved_weights() if self.layout is not None else None
         if self.recorder is not None:
             self.recorder.save_model(self.policy, weights=weights)
@@ -412,6 +401,8 @@ class RLVRTrainer:
                 return
         if self.recorder is not None:
             self.recorder.keep_steps(self.start_step)
+            self.recorder.keep_eval_steps(self.start_step)
+            self.monitor.open_loggers(self.layout.root, self.config_json, self.start_step)
         self.active_steps = count_active_steps(self.layout, self.start_step)
         distributed.agree((self.start_step, self.active_steps), "the step to resume from")
         if self.recorder is None:
@@ -446,6 +437,29 @@ class RLVRTrainer:
             self.sharded.after_load(self.precision)
         self.policy.refresh_decoder()
         return step
+
+
+def checkpointed_components(trainer: RLVRTrainer) -> dict:
+    """What a checkpoint of ``trainer`` holds, by name: every component with a state_dict."""
+    stepping, kind = trainer.stepping, trainer.kind
+    components = {
+        "model": trainer.policy.model,
+        "optimizer": stepping,
+        "generator": GeneratorState(trainer.generator),
+        "torch_rng": GlobalRNGState(),
+        "polyak": trainer.polyak,
+        "eval_before": trainer.evaluator,
+        **(trainer.sharded.components(trainer.precision) if trainer.sharded else {}),
+    }
+    if stepping.masters is not None:
+        components["masters"] = stepping.masters
+    if stepping.scaler is not None:
+        components["loss_scale"] = stepping.scaler
+    if kind.reference is not None and kind.reference.owns_weights:
+        components["reference"] = kind.reference
+    if kind.entropy_control is not None:
+        components["entropy_control"] = kind.entropy_control
+    return components
 
 
 def check_memory(

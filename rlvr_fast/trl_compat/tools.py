@@ -90,7 +90,8 @@ def check_tool_calls(calls) -> None:
 
 def tool_calling(tools, tokenizer, args, policy) -> ToolCalling | None:
     """The run's ``ToolCalling`` (None without tools); refused by name with what it does not
-    run on: the study's arms, tree rollouts and sum loss, whose rollouts are no conversations."""
+    run on: the study's arms, tree rollouts and sum loss, whose rollouts are no conversations,
+    and its ledger."""
     if not tools:
         return None
     if not isinstance(tools, (list, tuple)):
@@ -99,6 +100,12 @@ def tool_calling(tools, tokenizer, args, policy) -> ToolCalling | None:
         raise ValueError(
             "GRPOTrainer: tools= is not supported by rlvr_fast with arm=, tree=True or "
             "loss_type='sum': tool calling runs on flat groups with TRL's loss types"
+        )
+    if args.ledger:
+        raise ValueError(
+            "GRPOTrainer: tools= is not supported by rlvr_fast with ledger=True: the study's "
+            "ledger records single-turn completions (its laws count one sampled turn each, "
+            "and verify re-derives no tool turn)"
         )
     return ToolCalling(list(tools), tokenizer, args, policy.config.max_position_embeddings)
 

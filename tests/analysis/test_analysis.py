@@ -311,6 +311,7 @@ def test_report_draws_every_figure_beside_the_tables(sweep_dir, tree_run, tmp_pa
     figures = [
         "base_lengths_t.png",
         "accuracy.png",
+        "training_over_steps.png",
         "reward_over_steps.png",
         "length_over_steps.png",
         "compute.png",
@@ -325,6 +326,32 @@ def test_report_draws_every_figure_beside_the_tables(sweep_dir, tree_run, tmp_pa
     assert "`rlvr-fast verify`: 5 of 5 runs PASS" in report
     assert sorted(p.name for p in out.iterdir()) == sorted(figures + ["report.md", LOCK_NAME])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report")], "staging removed"
+
+
+def test_report_and_compare_read_runs_without_evaluations(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for arm in ("baseline", "ra_flat"):
+        config = TrainConfig.from_arm(arm, seed=1, **SHORT)
+        RLVRTrainer(load_policy("tiny"), config, TRAIN, out_dir=runs / arm, progress=False).train()
+    out = tmp_path / "report"
+    assert main(["report", str(runs), "--out", str(out)]) == 0
+    figures = ["training_over_steps.png", "reward_over_steps.png", "length_over_steps.png"]
+    for name in [*figures, "compute.png"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    report = (out / "report.md").read_text()
+    assert "No evaluations saved: the figures and tables are the ledgers'." in report
+    assert "accuracy.png" not in report and not (out / "accuracy.png").exists()
+    assert main(["compare", str(runs)]) == 0
+    table = capsys.readouterr().out
+    assert "| baseline |" in table and "Compute (Out / Full / PadFull TFLOPs" in table
+    # Some runs evaluated and others not do not compare.
+    evaluated = tmp_path / "evaluated"
+    config = TrainConfig.from_arm("ra_flat", seed=2, **SHORT)
+    RLVRTrainer(
+        load_policy("tiny"), config, TRAIN, EVAL_SETS, out_dir=evaluated, progress=False
+    ).train()
+    assert main(["compare", str(runs / "baseline"), str(evaluated)]) == 2
+    assert "mixed eval sets: " in capsys.readouterr().err
 
 
 def test_sweep_wrote_compare_and_report(sweep_dir):

@@ -32,6 +32,12 @@ def test_train_then_eval_from_the_command_line(tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "test: accuracy" in printed and "TFLOPs" in printed
+    lines = printed.splitlines()
+    # The figures first, then where the run is and how long it took, then the accounting.
+    assert lines[lines.index("arm ra_flat, 2 steps") + 1].startswith("  reward ")
+    assert "(mean of the first and last 1 steps)" in printed
+    assert f"  run directory {out}, wall time " in printed
+    assert "seconds per phase: rollout " in printed and ", grading " in printed
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["arm"] == "ra_flat" and config["config"]["gate_min_chars"] == 30
     assert "torch" in config["versions"]
@@ -54,6 +60,17 @@ def test_train_then_eval_from_the_command_line(tmp_path, capsys):
         == 0
     )
     assert json.loads((tmp_path / "ev" / "summary.json").read_text())["test"]["items"] == 8
+
+
+def test_log_every_prints_a_line_of_figures_every_n_steps(tmp_path, capsys):
+    argv = ["train", "--arm", "baseline", "--steps", "4", "--log-every", "2"]
+    assert main([*argv, "--out", str(tmp_path / "run"), *SHORT]) == 0
+    steps = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 2/4", "step 4/4"]
+    # baseline steps backward on every step: each line has its loss and gradient norm.
+    assert all("reward " in line and "loss " in line and "grad_norm " in line for line in steps)
+    assert main([*argv[:-1], "-1", "--out", str(tmp_path / "bad"), *SHORT]) == 2
+    assert "--log-every must be >= 0" in capsys.readouterr().err
 
 
 def write_bad_jsonl(path):

@@ -318,7 +318,7 @@ def test_one_process_helpers_are_the_identity():
     assert distributed.world_size() == 1 and distributed.rank() == 0 and distributed.is_main()
     assert distributed.shard(5) == slice(0, 5)
     assert distributed.sum_over_ranks(3) == 3 and distributed.all_gather("x") == ["x"]
-    distributed.check_questions_per_step(3)
+    distributed.check_step_split(3, generation_steps=4)
     with pytest.raises(ValueError, match="resume it with 2"):
         distributed.check_world_size(2, RunLayout(Path("run")).checkpoint)
     assert without_nproc(["train", "--nproc", "2", "--arm", "x", "--nproc=3"]) == [

@@ -27,6 +27,8 @@ from rlvr_fast.cli.main import main
 from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.sharding import check_sharding
+from rlvr_fast.run.state_file import load_state
+from rlvr_fast.utils.locks import LOCK_NAME
 
 from tests.train.test_distributed import child_env, cli, read_jsonl, rounded_floats
 
@@ -117,6 +119,72 @@ def test_two_sharded_ranks_resumed_on_four_sharded_ranks_finish_the_run(runs, tm
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert_same_run(one, resumed)
+
+
+def test_one_process_resumed_on_two_sharded_ranks_finishes_the_run(runs, tmp_path):
+    one, _ = runs
+    stopped, resumed = tmp_path / "stopped", tmp_path / "run"
+    assert main(["train", *RUN, "--steps", "2", "--out", str(stopped)]) == 0
+    shutil.copytree(stopped, resumed)  # (this process still holds the lock of the one it ran)
+    done = cli(
+        "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--steps", "3",
+        "--out", str(resumed), "--resume",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, resumed)
+
+
+KILLED_RUN = Path(__file__).with_name("sharded_killed_run.py")
+
+
+def kill_sharded_run(out: Path, point: str, times: int) -> None:
+    """A 2-rank sharded run of 3 steps, a checkpoint after each, SIGKILLed at ``point`` the
+    ``times``-th time it gets there (``sharded_killed_run.py``); torchrun ends the other rank."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(KILLED_RUN), point, str(times), "train", "--shard", "fsdp", *RUN]
+        + ["--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "Signal 9 (SIGKILL)" in done.stderr, done.stderr
+
+
+def temp_files(run: Path) -> list[str]:
+    return sorted(p.name for p in run.rglob(".*") if p.name != LOCK_NAME)
+
+
+def test_a_sharded_run_killed_mid_step_resumes_on_its_ranks_and_finishes_the_run(runs, tmp_path):
+    one, _ = runs
+    out = tmp_path / "run"
+    # In step 1, where both ranks run losses (the zero-gradient step 0 moves the weights too:
+    # its refresh is the first).
+    kill_sharded_run(out, "step", 2)
+    assert [line["step"] for line in read_jsonl(out / "ledger.jsonl")] == [0]
+    assert load_state(out / "checkpoint" / "state.safetensors")["next_step"] == 1
+    done = cli(
+        "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--set", "checkpoint_every=1",
+        "--steps", "3", "--out", str(out), "--resume",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, out)
+
+
+def test_a_sharded_run_killed_mid_save_keeps_its_last_checkpoint_and_resumes_on_one_process(
+    runs, tmp_path
+):
+    one, _ = runs
+    out = tmp_path / "run"
+    kill_sharded_run(out, "save", 2)  # the checkpoint after step 1, written but not renamed
+    checkpoint = out / "checkpoint" / "state.safetensors"
+    assert load_state(checkpoint)["next_step"] == 1, "the previous checkpoint, whole"
+    assert temp_files(checkpoint.parent), "the killed save's temp file"
+    args = ["train", *RUN, "--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)]
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(one, out)
+    assert temp_files(out) == []
 
 
 def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):

@@ -1,0 +1,53 @@
+"""One rank of a sharded ``rlvr-fast train`` that SIGKILLs itself at a named point (torchrun
+then ends the other ranks, as a kill of the job would):
+
+    torchrun --nproc-per-node 2 sharded_killed_run.py POINT N train ARGS...
+
+POINT is where the run dies, on the N-th time (1-based) it gets there:
+- ``step``: in a training step, every rank: the shards stepped and the engine's copy refreshed
+  from them, the step's ledger line and checkpoint not written;
+- ``save``: in a checkpoint save, rank 0 (the writer): the new state file written whole to its
+  temp name beside ``checkpoint/state.safetensors``, not yet renamed onto it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from rlvr_fast.cli.main import main
+from rlvr_fast.run import state_file
+from rlvr_fast.train import sharding
+
+
+def die_on_call(owner, name: str, times: int) -> None:
+    """Replace ``owner.name`` with a function that runs it, and the ``times``-th time, once it
+    has run, SIGKILLs this process."""
+    original, calls = getattr(owner, name), [0]
+
+    def dies(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == times:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(owner, name, dies)
+
+
+def run(point: str, times: int, argv: list[str]) -> int:
+    if point == "step":
+        # ShardedModel.refresh ends the step's optimizer update (the engine's copy gathered
+        # from the stepped shards); the step's ledger line and checkpoint come after it.
+        die_on_call(sharding.ShardedModel, "refresh", times)
+    elif point == "save":
+        if os.environ.get("RANK") == "0":
+            die_on_call(state_file, "save_file", times)
+    else:
+        raise SystemExit(f"unknown kill point {point!r} (step or save)")
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
