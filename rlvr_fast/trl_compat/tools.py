@@ -23,6 +23,7 @@ import asyncio
 import inspect
 import sys
 
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.rollouts.turns import TurnsOutput
 
 # What TRL checks a template renders: a tool call's name, argument and a tool message's content.
@@ -96,7 +97,7 @@ def tool_calling(tools, tokenizer, args, policy) -> ToolCalling | None:
         return None
     if not isinstance(tools, (list, tuple)):
         raise TypeError(f"tools must be a list of functions, got {type(tools).__name__}")
-    if args.arm is not None or args.tree or args.loss_type == "sum":
+    if args.arm is not None or args.tree or not loss_type(args.loss_type).fused:
         raise ValueError(
             "GRPOTrainer: tools= is not supported by rlvr_fast with arm=, tree=True or "
             "loss_type='sum': tool calling runs on flat groups with TRL's loss types"
