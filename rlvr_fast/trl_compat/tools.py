@@ -19,12 +19,12 @@ appended: the conversation ends there, without it. The appended tokens are out o
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import sys
 
 from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.rollouts.turns import TurnsOutput
+from rlvr_fast.trl_compat.rewards import await_all
 
 # What TRL checks a template renders: a tool call's name, argument and a tool message's content.
 _SENTINELS = ("tool_name_s1", "tool_arg_key_s2", "tool_arg_value_s3", "tool_content_s4")
@@ -249,7 +249,7 @@ class ToolCalling:
                 self.failures += 1
                 results.append((name, {"error": str(error)}))
         if pending:
-            outcomes = asyncio.run(_gather([coroutine for _, coroutine in pending]))
+            outcomes = await_all([coroutine for _, coroutine in pending], return_exceptions=True)
             for (name, _), outcome in zip(pending, outcomes):
                 if isinstance(outcome, Exception):
                     self.failures += 1
@@ -292,10 +292,6 @@ class ToolCalling:
                 "differently once the message follows (it is not prefix-preserving)"
             )
         return full[len(prefix) :]
-
-
-async def _gather(coroutines: list) -> list:
-    return list(await asyncio.gather(*coroutines, return_exceptions=True))
 
 
 def _training_template(tokenizer) -> str | None:

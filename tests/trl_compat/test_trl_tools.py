@@ -452,3 +452,21 @@ def test_evaluation_runs_the_tool_loop_and_logs_its_own_tools_metrics(tmp_path, 
     assert evaluation["eval_tools/call_frequency"] == pytest.approx(9 / 8)
     assert evaluation["eval_tools/failure_frequency"] == pytest.approx(4 / 9)
     assert evaluation["eval_completions/max_length"] < 256
+
+
+def test_async_tools_and_rewards_are_awaited_inside_a_running_event_loop():
+    """In a notebook the thread's event loop already runs (asyncio.run refuses there): the
+    coroutines are awaited on a worker thread's loop, an exception returned as TRL returns it."""
+    import asyncio
+
+    from rlvr_fast.trl_compat.rewards import await_all
+
+    async def fails():
+        raise ValueError("no")
+
+    async def inside_a_loop():
+        return await_all([double(3), double(4)]), await_all([fails()], return_exceptions=True)
+
+    results, (error,) = asyncio.run(inside_a_loop())
+    assert results == [6, 8] and isinstance(error, ValueError)
+    assert await_all([double(5)]) == [10]
