@@ -7,8 +7,9 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   ``sampling_options``: ``top_k``, ``min_p``, ``repetition_penalty``, off by default),
   ``max_new_tokens``, ``max_batch``, ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or
   parallel);
-- optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
-  ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
+- optimizer: every setting of ``optim`` (``lr``, ``betas``, ``eps``, ``weight_decay``,
+  ``max_grad_norm``), ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's
+  Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
   ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types every
@@ -17,18 +18,20 @@ Settings by section (each field's ``metadata["help"]`` says what it does):
   and the loop's around them: the reference sync, ``num_iterations``, ``generation_steps``,
   the adaptive entropy control);
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
-- trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
-  ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
-- parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
-  ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
-  ``lambda_path``, ``judge_model``;
+- trees: every setting of ``tree`` (``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``,
+  ``t_max``, ``beta``, ``alpha``, ``clamped_prefix``, ``bifurcate_after_active``,
+  ``tree_reprefill``), ``zero_cont_mass``;
+- parallel paths: every setting of ``paths`` (``num_paths``, ``aggregator``, ``path_utility``,
+  ``path_credit``, ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``,
+  ``lambda_outcome``, ``lambda_path``, ``judge_model``);
 - the study's Table 3 ablations: ``questions_per_step`` (and ``combine_questions``),
   ``polyak_start``, ``active_steps``;
 - LoRA: every setting of ``lora`` (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every
   weight trains), ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
-- device: ``precision`` (``rlvr_fast.train.precision``), ``shard``,
-  ``activation_checkpointing``, and the engine's ``kv_memory_fraction``, ``kv_blocks``,
-  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated).
+- device: every setting of ``device``: ``precision`` (``rlvr_fast.train.precision``),
+  ``activation_checkpointing``, the engine's ``kv_memory_fraction``, ``kv_blocks``,
+  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated),
+  ``shard``.
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
