@@ -4,14 +4,15 @@ package knows about a loss type is asked of its ``LossType``, never of its name.
 A record holds the loss type's per-token objective (TRL 1.16's ``_compute_loss`` on the [S, T]
 padded layout) or, for the study's sum, its loss through ``weighted_token_nll`` in one
 ``loss_order`` (two records: sum_then_scale, arm 1's, and token_weighted), its ``Normaliser`` (how the summed per-token
-loss is divided, and so what a question's share of a pooled step counts), the settings of
-``PolicyLossSettings`` it reads, and its figures: the function computing them from a
-micro-batch's ratios and the names they carry, in the ledger and in TRL's logs alike, with the
-value TRL logs on a step that has none.
+loss is divided, and so what a question's share of a pooled step counts), the shared settings
+of ``PolicyLossSettings`` it reads and the settings of its own it declares (``own_setting``:
+fields of ``PolicyLossSettings``, and from there the run's settings and the facade's), and its
+figures: the function computing them from a micro-batch's ratios and the names they carry, in
+the ledger and in TRL's logs alike, with the value TRL logs on a step that has none.
 
-Adding a loss type is one ``register(LossType(...))`` here (its objective, a normaliser, its
-figures) plus, when it reads settings of its own, their fields in ``PolicyLossSettings``. The
-registry holds one record per (loss type, loss order): TRL's types are token-weighted only.
+Adding a loss type is one ``register(LossType(...))`` here: its objective, a normaliser, its
+settings of its own, its figures. The registry holds one record per (loss type, loss order):
+TRL's types are token-weighted only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from rlvr_fast.utils.settings import setting
 
 from rlvr_fast.ops.weighted_nll import weighted_token_nll
 
@@ -240,8 +243,9 @@ class LossType:
     per_token_logps, log_ratio, mask, settings)`` -> per-token loss [S, T] (TRL's types);
     ``study_loss(hidden [N, H], lm_head weight, targets [N], advantages [G], token_weights,
     lengths)`` -> the loss of a group through ``weighted_token_nll`` (the study's sum, in
-    ``order``); ``reads``: the ``PolicyLossSettings`` fields it reads of its own, ``requires`` those of them
-    that must be set; ``figures(ratio [N], advantages [S], lengths, settings)`` -> its figures
+    ``order``); ``reads``: the shared ``PolicyLossSettings`` fields it reads, ``requires`` those
+    that must be set; ``settings``: its own settings (``own_setting``), which
+    ``PolicyLossSettings`` holds after the shared ones; ``figures(ratio [N], advantages [S], lengths, settings)`` -> its figures
     of one micro-batch; ``metrics``: the names TRL logs for it, each with the value logged on a
     step without it (a study step clips nothing: 0)."""
 
@@ -252,6 +256,7 @@ class LossType:
     study_loss: Callable | None = None
     reads: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    settings: tuple[tuple, ...] = ()
     figures: Callable = no_figures
     metrics: dict[str, float | None] = field(default_factory=dict)
 
@@ -262,6 +267,36 @@ class LossType:
 
 
 LOSS_TYPES: dict[tuple[str, str], LossType] = {}  # by (loss type, loss order)
+
+
+def own_setting(name: str, hint, default, help: str, check=None, error: str = "", trl=True):
+    """A setting a loss type reads of its own: (name, type, field) of ``PolicyLossSettings``,
+    among the settings of the ratio's term; ``trl``: TRL's GRPOConfig field of the same name
+    (``rlvr_fast.utils.settings``)."""
+    return (name, hint, setting(default, help, check, error, trl=trl or None, part="ratio"))
+
+
+def sapo_setting(sign: str, default: float):
+    return own_setting(
+        f"sapo_temperature_{sign}",
+        float,
+        default,
+        f"sapo's gate temperature of {'positive' if sign == 'pos' else 'negative'} advantages",
+        lambda v: v > 0,
+        "sapo temperatures must be > 0",
+    )
+
+
+def vespo_setting(name: str, default: float, what: str):
+    """One of VESPO's gamma weight parameters (TRL's ``vespo_*``)."""
+    return own_setting(
+        name,
+        float,
+        default,
+        f"vespo's gamma {what}",
+        math.isfinite,
+        "vespo's k and lambda must be finite numbers, got {value}",
+    )
 
 
 def register(loss: LossType) -> LossType:
@@ -302,7 +337,7 @@ register(
         "sapo",
         sapo_objective,
         SEQUENCE_MEANS,
-        reads=("sapo_temperature_pos", "sapo_temperature_neg"),
+        settings=(sapo_setting("pos", 1.0), sapo_setting("neg", 1.05)),
     )
 )
 register(
@@ -310,7 +345,12 @@ register(
         "vespo",
         vespo_objective,
         GENERATION_TOKENS,
-        reads=("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+        settings=(
+            vespo_setting("vespo_k_pos", 2.0, "shape k of positive advantages"),
+            vespo_setting("vespo_lambda_pos", 3.0, "rate lambda of positive advantages"),
+            vespo_setting("vespo_k_neg", 3.0, "shape k of negative advantages"),
+            vespo_setting("vespo_lambda_neg", 2.0, "rate lambda of negative advantages"),
+        ),
         figures=vespo_figures,
         metrics={"vespo/phi_seq_mean": None},
     )
@@ -323,6 +363,8 @@ FUSED_LOSS_TYPE_NAMES = tuple(
     dict.fromkeys(name for (name, _), loss in LOSS_TYPES.items() if loss.fused)
 )
 LOSS_ORDERS = tuple(dict.fromkeys(order for _, order in LOSS_TYPES))
+# Every loss type's own settings, in registration order: fields of PolicyLossSettings.
+LOSS_TYPE_SETTINGS = tuple(s for loss in LOSS_TYPES.values() for s in loss.settings)
 # Every loss type's own figures, ledger and TRL names alike.
 LOSS_TYPE_FIGURES = tuple(dict.fromkeys(m for loss in LOSS_TYPES.values() for m in loss.metrics))
 

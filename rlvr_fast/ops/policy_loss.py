@@ -16,14 +16,14 @@ generality is one more logits GEMM per chunk than ``weighted_token_nll`` (4 GEMM
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from rlvr_fast.ops import launch
-from rlvr_fast.ops.loss_types import loss_type, padded, unpadded
+from rlvr_fast.ops.loss_types import LOSS_TYPE_SETTINGS, loss_type, padded, unpadded
 from rlvr_fast.kernels.policy_loss import (
     policy_rows_grad_torch,
     policy_rows_grad_triton,
@@ -44,23 +44,13 @@ BACKENDS = {
 }
 
 
-def _vespo_setting(default: float, what: str):
-    """One of VESPO's gamma weight parameters (TRL's ``vespo_*``)."""
-    return setting(
-        default,
-        f"vespo's gamma {what}",
-        math.isfinite,
-        "vespo's k and lambda must be finite numbers, got {value}",
-        trl=True,
-        part="ratio",
-    )
-
-
 @dataclass(frozen=True)
-class PolicyLossSettings:
+class SharedPolicyLossSettings:
     """TRL 1.16 GRPOConfig's loss fields, with its names and defaults; ``loss_type`` names a
-    fused record of ``rlvr_fast.ops.loss_types``. Each field declared by ``setting`` is a
-    setting of a run, declared here once (default, help, checks): ``TrainConfig``'s field
+    fused record of ``rlvr_fast.ops.loss_types``. These are the settings every loss type may
+    read; ``PolicyLossSettings`` adds each loss type's own (its record's ``settings``). Each
+    field declared by ``setting`` is a setting of a run, declared here once (default, help,
+    checks): ``TrainConfig``'s field
     (``rlvr_fast.train.policy_config``), the facade's ``GRPOConfig`` field and its line of
     ``support.HONOURED`` are derived from it. The other fields are values of one call:
     ``num_items_in_batch`` normalises dapo, cispo and vespo (TRL: the generation batch's
@@ -115,26 +105,6 @@ class PolicyLossSettings:
         trl=True,
         part="ratio",
     )
-    sapo_temperature_pos: float = setting(
-        1.0,
-        "sapo's gate temperature of positive advantages",
-        lambda v: v > 0,
-        "sapo temperatures must be > 0",
-        trl=True,
-        part="ratio",
-    )
-    sapo_temperature_neg: float = setting(
-        1.05,
-        "sapo's gate temperature of negative advantages",
-        lambda v: v > 0,
-        "sapo temperatures must be > 0",
-        trl=True,
-        part="ratio",
-    )
-    vespo_k_pos: float = _vespo_setting(2.0, "shape k of positive advantages")
-    vespo_lambda_pos: float = _vespo_setting(3.0, "rate lambda of positive advantages")
-    vespo_k_neg: float = _vespo_setting(3.0, "shape k of negative advantages")
-    vespo_lambda_neg: float = _vespo_setting(2.0, "rate lambda of negative advantages")
     max_completion_length: int | None = None
     num_items_in_batch: float | None = None
     gradient_accumulation_steps: int = 1
@@ -169,6 +139,19 @@ class PolicyLossSettings:
         for name in loss.requires:
             if getattr(self, name) is None:
                 raise ValueError(f"loss_type {self.loss_type} needs {name}")
+
+
+PolicyLossSettings = dataclasses.make_dataclass(
+    "PolicyLossSettings",
+    LOSS_TYPE_SETTINGS,
+    bases=(SharedPolicyLossSettings,),
+    frozen=True,
+    namespace={
+        "__module__": __name__,
+        "__doc__": "The fused policy loss's settings: the shared ones and every loss type's own.",
+    },
+)
+DEFAULT_SETTINGS = PolicyLossSettings()
 
 
 class PolicyLossStats(NamedTuple):
@@ -334,7 +317,7 @@ def fused_policy_loss(
     old_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     sequence_lengths: list[int],
-    settings: PolicyLossSettings = PolicyLossSettings(),
+    settings: PolicyLossSettings = DEFAULT_SETTINGS,
     *,
     ref_logprobs: torch.Tensor | None = None,
     temperature: float = 1.0,

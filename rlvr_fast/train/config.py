@@ -3,51 +3,54 @@
 Settings by section (each field's ``metadata["help"]`` says what it does):
 - run: ``arm`` (the preset, ``rlvr_fast.train.arms``), ``steps``, ``seed``, ``checkpoint_every``,
   ``allow_nonfinite``;
-- rollouts: ``group_size``, ``temperature``, ``top_p`` (and TRL's ``top_k``, ``min_p``,
-  ``repetition_penalty``, off by default), ``max_new_tokens``, ``max_batch``,
-  ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or parallel);
-- optimizer: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_grad_norm``,
-  ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's Adafactor);
+- rollouts: ``group_size``, ``temperature``, ``top_p`` (and TRL's sampler options of
+  ``sampling_options``: ``top_k``, ``min_p``, ``repetition_penalty``, off by default),
+  ``max_new_tokens``, ``max_batch``, ``cuda_graphs``, ``sampler`` (the step kind: flat, tree or
+  parallel);
+- optimizer: every setting of ``optim`` (``lr``, ``betas``, ``eps``, ``weight_decay``,
+  ``max_grad_norm``), ``fused_zero_grad_step``, ``adamw_fused``, ``optimizer`` (AdamW, or TRL's
+  Adafactor);
 - reward and stepping: ``gate_min_chars``, ``skip_zero_var``, ``zero_var_step``;
 - loss: ``loss_order`` and, on flat arms, TRL's ``loss_type``, ``scale_rewards``,
-  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types (``rlvr_fast.train.policy``)
-  ``kl_beta`` (TRL's beta), ``use_bias_correction_kl``, ``sync_ref_model``,
-  ``ref_model_sync_steps``, ``ref_model_mixup_alpha``, ``importance_sampling_level``,
-  ``epsilon``, ``epsilon_high``, ``delta``, ``sapo_temperature_pos`` / ``_neg``,
-  ``vespo_k_pos`` / ``_neg``, ``vespo_lambda_pos`` / ``_neg``,
-  ``num_iterations``, ``generation_steps``, ``top_entropy_quantile``, ``entropy_coef``,
-  ``use_adaptive_entropy`` (``entropy_target``, ``entropy_coef_min`` / ``_max`` / ``_delta``),
-  ``off_policy_mask_threshold``;
+  ``tempered_logprobs``, ``mask_truncated`` and ``advantage_std``; for TRL's loss types every
+  setting of ``policy_loss`` (``rlvr_fast.train.policy_config``: the fused op's, declared in
+  ``PolicyLossSettings``, e.g. ``kl_beta`` (TRL's beta), ``epsilon``, ``sapo_temperature_pos``;
+  and the loop's around them: the reference sync, ``num_iterations``, ``generation_steps``,
+  the adaptive entropy control);
 - evaluation: ``eval_max_new_tokens``, ``eval_before``;
-- trees: ``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``, ``t_max``, ``beta``, ``alpha``,
-  ``clamped_prefix``, ``bifurcate_after_active``, ``tree_reprefill``, ``zero_cont_mass``;
-- parallel paths: ``num_paths``, ``aggregator``, ``path_utility``, ``path_credit``,
-  ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``, ``lambda_outcome``,
-  ``lambda_path``, ``judge_model``;
+- trees: every setting of ``tree`` (``early_eos_mode``, ``tree_k``, ``tree_b``, ``t_min``,
+  ``t_max``, ``beta``, ``alpha``, ``clamped_prefix``, ``bifurcate_after_active``,
+  ``tree_reprefill``), ``zero_cont_mass``;
+- parallel paths: every setting of ``paths`` (``num_paths``, ``aggregator``, ``path_utility``,
+  ``path_credit``, ``shapley_permutations``, ``shapley_antithetic``, ``path_reward_norm``,
+  ``lambda_outcome``, ``lambda_path``, ``judge_model``);
 - the study's Table 3 ablations: ``questions_per_step`` (and ``combine_questions``),
   ``polyak_start``, ``active_steps``;
-- LoRA (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every weight trains),
-  ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
-- device: ``precision`` (``rlvr_fast.train.precision``), ``shard``,
-  ``activation_checkpointing``, and the engine's ``kv_memory_fraction``, ``kv_blocks``,
-  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated).
+- LoRA: every setting of ``lora`` (``rlvr_fast.train.lora_config``): ``lora_r`` (unset: every
+  weight trains), ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ``use_rslora``;
+- device: every setting of ``device``: ``precision`` (``rlvr_fast.train.precision``),
+  ``activation_checkpointing``, the engine's ``kv_memory_fraction``, ``kv_blocks``,
+  ``max_model_len`` (``rlvr_fast.train.memory_plan`` sizes them before anything is allocated),
+  ``shard``.
 
 Types are read from the annotations (overrides arrive from the command line as JSON, so a wrong
 type is refused by name here rather than failing inside a comparison later; ints are accepted
 where floats are). A field's own range is checked by its ``check``; checks across fields of one
-step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. The field order is the
-order of ``config.json``, which resumed runs compare: new fields go at the end.
+step kind live in that kind (``rlvr_fast.train.kinds``); the rest below. ``TrainConfig`` nests
+its components by concept (``optim``, ``sampling_options``, ``policy_loss``, ``tree``,
+``paths``, ``device``, ``lora``: each a settings class of its own in its module,
+``rlvr_fast.utils.settings.NestedSettings``), built, read and set by the
+settings' flat names all the same (``config.epsilon`` is ``config.policy_loss.epsilon``);
+config.json is flat. Its order is the order of the fields, each component's in its place:
+resumed runs compare config.json, so new fields go at the end (or are written only when set).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from dataclasses import dataclass
 
-from rlvr_fast.credit.paths import PATH_CREDITS, PATH_REWARD_NORMS, PATH_UTILITIES
-from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS, MAX_PERMUTATIONS, MAX_PLAYERS
+from rlvr_fast.credit.shapley import MAX_EXACT_PLAYERS
 from rlvr_fast.rollouts.limits import (
     MAX_BATCH,
     MAX_GROUP_SIZE,
@@ -55,19 +58,24 @@ from rlvr_fast.rollouts.limits import (
     MAX_QUESTIONS_PER_STEP,
     MAX_SEED,
 )
-from rlvr_fast.rollouts.parallel import AGGREGATORS
-from rlvr_fast.rollouts.trees import EARLY_EOS_MODES
 from rlvr_fast.train.arms import ARMS, arm_settings
 from rlvr_fast.ops.loss_types import FUSED_LOSS_TYPE_NAMES, LOSS_ORDERS, LOSS_TYPE_NAMES
 from rlvr_fast.ops.loss_types import LossType, loss_type
 from rlvr_fast.train.decision import ZERO_VAR_STEPS
-from rlvr_fast.train.precision import PRECISIONS
 from rlvr_fast.train.kinds import KINDS, step_kind
 from rlvr_fast.train.steps import QUESTION_COMBINATIONS
 from rlvr_fast.train.stepping import OPTIMIZERS, check_optimizer_settings
-from rlvr_fast.utils.settings import check_settings, must_be_one_of, one_of, setting
-from rlvr_fast.train.fields import type_name, unknown_setting_error
-from rlvr_fast.train.checkpointing import CHECKPOINTING_ERROR, CHECKPOINTING_HELP, is_checkpointing
+from rlvr_fast.utils.settings import (
+    NestedSettings,
+    check_settings,
+    check_types,
+    component,
+    flat_fields,
+    must_be_one_of,
+    one_of,
+    setting,
+)
+from rlvr_fast.train.fields import unknown_setting_error
 from rlvr_fast.train.lora_config import AdapterConfig, check_lora
 from rlvr_fast.train.policy_config import (
     FLAT_ONLY,
@@ -76,7 +84,10 @@ from rlvr_fast.train.policy_config import (
     check_micro_batch_settings,
 )
 from rlvr_fast.train.sampler_config import SamplerOptionsConfig
-from rlvr_fast.train.sharding import SHARD_ERROR, SHARD_HELP, SHARDINGS
+from rlvr_fast.train.tree_config import TreeConfig
+from rlvr_fast.train.paths_config import PathsConfig
+from rlvr_fast.train.device_config import DeviceConfig
+from rlvr_fast.train.optimizer_config import OptimizerConfig
 
 
 SAMPLERS = tuple(KINDS)
@@ -86,14 +97,6 @@ ADAMW_FUSED_HELP = (
     "torch's fused AdamW kernel (TRL's default optim): none of the temporaries the single-tensor "
     "step takes (twice the largest parameter); zero-gradient steps then run it on zero gradients"
 )
-PRECISION_HELP = (
-    "fp32; bf16-mixed: bf16 forward and backward, fp32 master weights, gradients and optimizer "
-    "state; fp16-mixed: the same in fp16 with a dynamic loss scale (rlvr_fast.train.loss_scale); "
-    "bf16-true: bf16 weights stepped directly (the study's recipe); None: bf16-mixed on CUDA, "
-    "fp32 elsewhere"
-)
-PRECISION_ERROR = f"precision must be one of {', '.join(PRECISIONS)} or None, got {{value!r}}"
-WHEN_SET = dict(written_when_set=True)
 OPTIMIZER_HELP = (
     "adamw: torch's AdamW (lr, betas, eps, weight_decay); adafactor: transformers' Adafactor as "
     "TRL's optim='adafactor' builds it (lr, weight_decay; factored second moments, no first "
@@ -104,8 +107,11 @@ OPTIMIZER_ERROR = must_be_one_of("optimizer", OPTIMIZERS)
 STEPS_ERROR = "steps must be in [1, 1,000,000,000], got {value}"
 
 
-@dataclass
-class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
+@dataclass(init=False)
+class TrainConfig(NestedSettings):
+    sampling_options: SamplerOptionsConfig = component(SamplerOptionsConfig)
+    policy_loss: PolicyLossConfig = component(PolicyLossConfig)
+    lora: AdapterConfig = component(AdapterConfig)
     arm: str = setting(
         "baseline",
         "the arm whose preset the settings start from (rlvr_fast.train.arms)",
@@ -144,30 +150,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         lambda v: 1 <= v <= MAX_NEW_TOKENS,
         f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {{value}}",
     )
-    # Past 1e30 AdamW's first step size, lr / (1 - beta1), leaves float32 (a traceback in
-    # torch's AdamW); a learning rate that large only tests the non-finite stop.
-    lr: float = setting(
-        1e-5, "AdamW learning rate", lambda v: 0 < v <= 1e30, "lr must be in (0, 1e30], got {value}"
-    )
-    betas: tuple[float, float] = setting(
-        (0.9, 0.999),
-        "AdamW betas",
-        lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
-        "betas must be two numbers in [0, 1), got {value}",
-    )
-    eps: float = setting(1e-8, "AdamW epsilon", lambda v: v > 0, "eps must be > 0, got {value}")
-    weight_decay: float = setting(
-        0.01,
-        "AdamW decoupled weight decay",
-        lambda v: v >= 0,
-        "weight_decay must be >= 0, got {value}",
-    )
-    max_grad_norm: float | None = setting(
-        1.0,
-        "clip the gradient's total norm to this (None: no clipping; the norm is logged before)",
-        lambda v: v is None or v > 0,
-        "max_grad_norm must be > 0 or None, got {value}",
-    )
+    optim: OptimizerConfig = component(OptimizerConfig)
     loss_order: str = setting(
         "sum_then_scale",
         "sum_then_scale: -A_i sum_t log p per sequence (the seed's baseline); token_weighted: "
@@ -234,101 +217,8 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         one_of(SAMPLERS),
         must_be_one_of("sampler", SAMPLERS),
     )
-    early_eos_mode: str = setting(
-        "terminal_dup",
-        "tree branching rule for a root that ends early (the seed's --early-eos-mode)",
-        one_of(EARLY_EOS_MODES),
-        must_be_one_of("early_eos_mode", EARLY_EOS_MODES),
-    )
-    tree_k: int = setting(
-        4,
-        "roots per tree (K)",
-        lambda v: 1 <= v <= MAX_GROUP_SIZE // 2,
-        f"tree_k must be in [1, {MAX_GROUP_SIZE // 2}], got {{value}}",
-    )
-    tree_b: int = setting(
-        2,
-        "branches per root (B)",
-        lambda v: v == 2,
-        "tree_b must be 2 (the ledger records pairs), got {value}",
-    )
-    t_min: int = setting(96, "Stage 1 stops at the first newline at or after this token")
-    t_max: int = setting(160, "Stage 1's cap")
-    beta: float = setting(
-        0.0,
-        "sibling-disagreement prefix bonus of TreeRL credit",
-        lambda v: 0 <= v <= 1,
-        "beta must be in [0, 1], got {value}",
-    )
-    alpha: float = setting(
-        0.5,
-        "continuation credit's mix of leaf and sibling advantage",
-        lambda v: 0 <= v <= 1,
-        "alpha must be in [0, 1], got {value}",
-    )
-    clamped_prefix: bool = setting(False, "one-sided clamped prefix credit (Proposition 3)")
-    bifurcate_after_active: int = setting(
-        0,
-        "tree arms sample flat groups until this many steps ran a backward pass",
-        lambda v: v >= 0,
-        "bifurcate_after_active must be >= 0",
-    )
-    tree_reprefill: bool = setting(
-        False, "re-prefill each Stage-2 branch instead of forking it (the seed's cost, measured)"
-    )
-    num_paths: int = setting(
-        4,
-        "paths per response (K) of parallel arms",
-        lambda v: 1 <= v <= MAX_PLAYERS,
-        f"num_paths must be in [1, {MAX_PLAYERS}], got {{value}}",
-    )
-    aggregator: str = setting(
-        "vote",
-        "how a response aggregates its paths: majority vote, or a generated summary",
-        one_of(AGGREGATORS),
-        must_be_one_of("aggregator", AGGREGATORS),
-    )
-    path_utility: str = setting(
-        "vote",
-        "utility of a coalition of paths",
-        one_of(PATH_UTILITIES),
-        must_be_one_of("path_utility", PATH_UTILITIES),
-    )
-    path_credit: str = setting(
-        "shapley",
-        "credit of a path: its Shapley value, leave-one-out, or graded alone",
-        one_of(PATH_CREDITS),
-        must_be_one_of("path_credit", PATH_CREDITS),
-    )
-    shapley_permutations: int = setting(
-        0,
-        "Monte-Carlo permutations of Shapley credit (0: exact)",
-        lambda v: 0 <= v <= MAX_PERMUTATIONS,
-        f"shapley_permutations must be in [0, {MAX_PERMUTATIONS}] (0: exact)",
-        also=(lambda v: v != 1, "Monte-Carlo Shapley needs shapley_permutations >= 2"),
-    )
-    shapley_antithetic: bool = setting(True, "Monte-Carlo orderings in antithetic pairs")
-    path_reward_norm: str = setting(
-        "zscore",
-        "normalisation of phi before it is mixed into the path reward",
-        one_of(PATH_REWARD_NORMS),
-        must_be_one_of("path_reward_norm", PATH_REWARD_NORMS),
-    )
-    lambda_outcome: float = setting(
-        0.5,
-        "weight of the outcome reward in a path's reward",
-        lambda v: v >= 0,
-        "lambda_outcome and lambda_path must be >= 0",
-    )
-    lambda_path: float = setting(
-        0.5,
-        "weight of the normalised Shapley value in a path's reward",
-        lambda v: v >= 0,
-        "lambda_outcome and lambda_path must be >= 0",
-    )
-    judge_model: str = setting(
-        "policy", "the judge of path_utility judge: the policy, or a model directory"
-    )
+    tree: TreeConfig = component(TreeConfig)
+    paths: PathsConfig = component(PathsConfig)
     allow_nonfinite: bool = setting(
         False, "train on after a non-finite loss, gradient norm or weight"
     )
@@ -348,37 +238,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     active_steps: int | None = setting(
         None, "end the run after this many steps with a backward pass"
     )
-    precision: str | None = setting(
-        None, PRECISION_HELP, lambda v: v is None or v in PRECISIONS, PRECISION_ERROR, **WHEN_SET
-    )
-    activation_checkpointing: bool | str = setting(
-        False, CHECKPOINTING_HELP, is_checkpointing, CHECKPOINTING_ERROR, written_when_set=True
-    )
-    kv_memory_fraction: float = setting(
-        0.5,
-        "share of free device memory (available memory on the CPU) the KV cache takes",
-        lambda v: 0 < v <= 1,
-        "kv_memory_fraction must be in (0, 1], got {value}",
-        written_when_set=True,
-    )
-    kv_blocks: int | None = setting(
-        None,
-        "KV cache blocks of 16 tokens (None: sized by kv_memory_fraction)",
-        lambda v: v is None or v >= 1,
-        "kv_blocks must be >= 1 or None, got {value}",
-        written_when_set=True,
-    )
-    max_model_len: int | None = setting(
-        None,
-        "the longest sequence the engine's CUDA graphs cover (None: the model's, at most "
-        "16,384); longer ones decode eagerly",
-        lambda v: v is None or v >= 1,
-        "max_model_len must be >= 1 or None, got {value}",
-        written_when_set=True,
-    )
-    shard: str | None = setting(
-        None, SHARD_HELP, lambda v: v is None or v in SHARDINGS, SHARD_ERROR, **WHEN_SET
-    )
+    device: DeviceConfig = component(DeviceConfig)
     combine_questions: str = setting(
         "unit_norm",
         "how a multi-question step combines its questions: unit_norm averages their gradients "
@@ -403,7 +263,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
     )
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         check_settings(self)
         _check_settings_of_other_samplers(self)
         _check_loss(self)
@@ -418,7 +278,7 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         """The arm's preset with ``overrides`` applied (any field of TrainConfig)."""
         if "arm" in overrides:
             raise ValueError("the arm is chosen by name (--arm), not overridden")
-        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        unknown = sorted(set(overrides) - set(setting_fields()))
         if unknown:
             raise ValueError(unknown_setting_error(unknown[0], list(setting_fields())))
         return cls(arm=name, **{**arm_settings(name), **overrides})
@@ -427,9 +287,9 @@ class TrainConfig(AdapterConfig, PolicyLossConfig, SamplerOptionsConfig):
         """config.json's settings: every field, less those written only when set that hold
         their default."""
         return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if not (f.metadata["written_when_set"] and getattr(self, f.name) == f.default)
+            name: getattr(self, name)
+            for name, f in setting_fields().items()
+            if not (f.metadata["written_when_set"] and getattr(self, name) == f.default)
         }
 
     @property
@@ -466,58 +326,15 @@ def _check_shapley(config: TrainConfig) -> None:
         )
 
 
-def _check_types(config: TrainConfig) -> None:
-    for name, allowed in _field_types().items():
-        value = getattr(config, name)
-        if allowed is tuple:
-            if not _is_number_pair(value):
-                raise ValueError(_wrong_type(name, value))
-            value = tuple(float(b) for b in value)
-            setattr(config, name, value)
-        elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ValueError(_wrong_type(name, value))
-        # JSON reads Infinity and NaN, which pass "> 0" checks and then poison every step.
-        values = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
-
-
 def setting_fields() -> dict[str, dataclasses.Field]:
     """Every setting of a run by name, in config.json's order, each a field whose metadata is
     ``rlvr_fast.utils.settings``' (help, checks, only_for, written_when_set, trl): what the
     command line's help and config files read."""
-    return {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-def _wrong_type(name: str, value) -> str:
-    return f"{name} is of type {type_name(typing.get_type_hints(TrainConfig)[name])}, got {value!r}"
-
-
-def _field_types() -> dict[str, tuple | type]:
-    """Python types each field accepts, read from its annotation; ``tuple`` for a pair of
-    numbers (``betas``)."""
-    hints = typing.get_type_hints(TrainConfig)
-    return {name: _accepted(hint) for name, hint in hints.items()}
-
-
-def _accepted(hint) -> tuple | type:
-    if typing.get_origin(hint) is tuple:
-        return tuple
-    members = typing.get_args(hint) or (hint,)
-    accepted = set()
-    for member in members:
-        accepted |= {float: {int, float}}.get(member, {member})
-    return tuple(sorted(accepted, key=lambda t: t.__name__))
-
-
-def _is_number_pair(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
-    )
+    return flat_fields(TrainConfig)
 
 
 def _check_settings_of_other_samplers(self: TrainConfig) -> None:
-    for f in dataclasses.fields(self):
+    for f in setting_fields().values():
         if f.metadata["only_for"] is None:
             continue
         kind, error = f.metadata["only_for"]
@@ -527,7 +344,7 @@ def _check_settings_of_other_samplers(self: TrainConfig) -> None:
 
 def _check_loss(self: TrainConfig) -> None:
     if not self.loss.fused:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        defaults = {name: f.default for name, f in setting_fields().items()}
         changed = [name for name in POLICY_SETTINGS if getattr(self, name) != defaults[name]]
         if changed:
             raise ValueError(f"{changed[0]} is a setting of TRL's loss types: set loss_type")

@@ -1,11 +1,10 @@
 """What a reader of the settings (the command line, config files, ``--help-settings``) says
-about them: the nearest names of an unknown one, a type as a user writes it. The settings
+about them: the nearest names of an unknown one. The settings
 themselves are declared by ``rlvr_fast.utils.settings.setting``."""
 
 from __future__ import annotations
 
 import difflib
-import typing
 
 
 def unknown_setting_error(name: str, valid: list[str]) -> str:
@@ -26,12 +25,3 @@ def nearest_names(name: str, valid: list[str], most: int = 3) -> list[str]:
         found += [v for v in valid if v.startswith(name)] + [v for v in valid if name in v]
     found += difflib.get_close_matches(name, valid, n=most, cutoff=0.6)
     return list(dict.fromkeys(found))[:most]
-
-
-def type_name(hint) -> str:
-    """An annotation as the values a command line's user writes: ``float | None`` -> "float or
-    null", ``tuple[float, float]`` -> "[float, float]"."""
-    if typing.get_origin(hint) is tuple:
-        return "[" + ", ".join(type_name(member) for member in typing.get_args(hint)) + "]"
-    members = typing.get_args(hint) or (hint,)
-    return " or ".join("null" if m is type(None) else m.__name__ for m in members)

@@ -20,7 +20,6 @@ TRL's, are taken once per generation, after sampling and before the generation's
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,25 +28,21 @@ import torch
 from rlvr_fast.models.lora import base_twin, merged_twin
 from rlvr_fast.ops.loss_types import loss_type, padded, token_mean
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats, high_entropy_mask
-
-
-# PolicyLossSettings' fields a run sets under other names (TrainConfig's beta is the tree bonus).
-RENAMED_SETTINGS = {"beta": "kl_beta", "max_completion_length": "max_new_tokens"}
+from rlvr_fast.train.policy_config import op_settings
 
 
 def policy_settings(config) -> PolicyLossSettings:
     """The fused policy loss's settings of a run: TRL's, on one question's group (its own tokens
     normalise dapo and cispo: ``rlvr_fast.train.steps.pooled_weights`` renormalises a step of
-    several questions). A field of ``PolicyLossSettings`` takes the run's setting of the same
-    name, or of its name in ``RENAMED_SETTINGS``; one the run has no setting for keeps its
-    default (the accumulation and the batch's tokens: one question's group)."""
-    names = {f.name for f in dataclasses.fields(config)}
-    values = {}
-    for f in dataclasses.fields(PolicyLossSettings):
-        ours = RENAMED_SETTINGS.get(f.name, f.name)
-        if ours in names:
-            values[f.name] = getattr(config, ours)
-    return PolicyLossSettings(**values)
+    several questions). Each setting of ``PolicyLossSettings`` takes the run's setting it was
+    derived into (``rlvr_fast.train.policy_config``: under its ``run_name``, beta's kl_beta),
+    ``loss_type`` and ``max_completion_length`` the run's loss_type and max_new_tokens; the
+    values of one call keep their defaults (the accumulation and the batch's tokens: one
+    question's group)."""
+    values = {f.name: getattr(config, f.metadata["run_name"] or f.name) for f in op_settings()}
+    return PolicyLossSettings(
+        loss_type=config.loss_type, max_completion_length=config.max_new_tokens, **values
+    )
 
 
 class EntropyControl:

@@ -9,13 +9,13 @@ stands for ``sapo_temperature_neg``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import typing
 from dataclasses import dataclass
 
 from rlvr_fast.train import config as config_module
 from rlvr_fast.train.config import TrainConfig, setting_fields
-from rlvr_fast.train.fields import type_name
+from rlvr_fast.utils.settings import flat_fields, flat_hints, is_component, type_name
 
 UNLISTED = "other"
 
@@ -33,7 +33,7 @@ def settings() -> list[Setting]:
     """Every setting, grouped by section in the docstring's order, fields in their own order."""
     sections = docstring_sections()
     order = {section: i for i, section in enumerate(dict.fromkeys(sections.values()))}
-    hints = typing.get_type_hints(TrainConfig)
+    hints = flat_hints(TrainConfig)
     found = [
         Setting(
             f.name,
@@ -49,9 +49,15 @@ def settings() -> list[Setting]:
 
 def docstring_sections() -> dict[str, str]:
     """Each field named under "Settings by section" in ``rlvr_fast.train.config``'s docstring,
-    with its section's title."""
+    with its section's title; a component named there (``policy_loss``) puts every setting
+    it nests in that section."""
     text = config_module.__doc__.split("Settings by section")[1].split("\n\n")[0]
     fields = set(setting_fields())
+    components = {
+        f.name: list(flat_fields(f.metadata["component"]))
+        for f in dataclasses.fields(TrainConfig)
+        if is_component(f)
+    }
     sections = {}
     for item in re.split(r"\n- ", text)[1:]:
         title, _, names = item.partition(":")
@@ -63,6 +69,8 @@ def docstring_sections() -> dict[str, str]:
             if name in fields:
                 sections.setdefault(name, title)
                 previous = name
+            for nested in components.get(name, ()):
+                sections.setdefault(nested, title)
     return sections
 
 

@@ -14,15 +14,14 @@ and one under another name than TRL's is a line of ``RENAMED`` by itself.
 from __future__ import annotations
 
 import dataclasses
-import typing
 
-from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.utils.settings import trl_name
+from rlvr_fast.train.config import TrainConfig, setting_fields
+from rlvr_fast.utils.settings import flat_hints, trl_name
 
-# TRL's name -> (TrainConfig's field, its type).
+# TRL's name -> (TrainConfig's setting, its type).
 TRL_SETTINGS = {
-    trl_name(f): (f, typing.get_type_hints(TrainConfig)[f.name])
-    for f in dataclasses.fields(TrainConfig)
+    trl_name(f): (f, flat_hints(TrainConfig)[name])
+    for name, f in setting_fields().items()
     if trl_name(f)
 }
 
@@ -62,7 +61,7 @@ TRANSFORMED = frozenset(
 def mapped_settings(args) -> dict:
     """The TrainConfig settings a GRPOConfig ``args`` gives as they are: its fields of the same
     name (but the ``TRANSFORMED``) and the ``RENAMED`` ones."""
-    ours = {f.name for f in dataclasses.fields(TrainConfig)}
+    ours = set(setting_fields())
     theirs = {f.name for f in dataclasses.fields(args) if f.init}
     values = {name: getattr(args, name) for name in sorted((ours & theirs) - TRANSFORMED)}
     values.update({ours: getattr(args, theirs) for theirs, ours in RENAMED.items()})

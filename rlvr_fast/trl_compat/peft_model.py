@@ -75,7 +75,8 @@ def adapter_state(peft_model) -> dict[str, torch.Tensor]:
     trained embedding, a bias) refused by name."""
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(peft_model)
+    name = next(iter(peft_model.peft_config))
+    state = get_peft_model_state_dict(peft_model, adapter_name=name)
     for name in state:
         if not name.startswith(PEFT_PREFIX) or not name.endswith(
             (".lora_A.weight", ".lora_B.weight")

@@ -231,7 +231,7 @@ class RewardFunctionsTask:
             else:
                 outputs[index] = func(**arguments)
         if pending:
-            done = asyncio.run(gather(list(pending.values())))
+            done = await_all(list(pending.values()))
             outputs = [done.pop(0) if i in pending else out for i, out in enumerate(outputs)]
         per_function = torch.empty(len(prompts), len(self.reward_funcs))
         for index, (func, out) in enumerate(zip(self.reward_funcs, outputs)):
@@ -256,5 +256,18 @@ def standardised_columns(values: torch.Tensor) -> torch.Tensor:
     return (values - mean) / (std + 1e-4)
 
 
-async def gather(coroutines: list) -> list:
-    return list(await asyncio.gather(*coroutines))
+def await_all(coroutines: list, return_exceptions: bool = False) -> list:
+    """The coroutines' results, awaited together (``asyncio.gather``); in a thread whose event
+    loop already runs (a notebook's), on a loop of a worker thread, as TRL runs them on a loop
+    of its own."""
+    import concurrent.futures
+
+    async def gather() -> list:
+        return list(await asyncio.gather(*coroutines, return_exceptions=return_exceptions))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        return worker.submit(asyncio.run, gather()).result()

@@ -19,11 +19,12 @@ appended: the conversation ends there, without it. The appended tokens are out o
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import sys
 
+from rlvr_fast.ops.loss_types import loss_type
 from rlvr_fast.rollouts.turns import TurnsOutput
+from rlvr_fast.trl_compat.rewards import await_all
 
 # What TRL checks a template renders: a tool call's name, argument and a tool message's content.
 _SENTINELS = ("tool_name_s1", "tool_arg_key_s2", "tool_arg_value_s3", "tool_content_s4")
@@ -90,15 +91,22 @@ def check_tool_calls(calls) -> None:
 
 def tool_calling(tools, tokenizer, args, policy) -> ToolCalling | None:
     """The run's ``ToolCalling`` (None without tools); refused by name with what it does not
-    run on: the study's arms, tree rollouts and sum loss, whose rollouts are no conversations."""
+    run on: the study's arms, tree rollouts and sum loss, whose rollouts are no conversations,
+    and its ledger."""
     if not tools:
         return None
     if not isinstance(tools, (list, tuple)):
         raise TypeError(f"tools must be a list of functions, got {type(tools).__name__}")
-    if args.arm is not None or args.tree or args.loss_type == "sum":
+    if args.arm is not None or args.tree or not loss_type(args.loss_type).fused:
         raise ValueError(
             "GRPOTrainer: tools= is not supported by rlvr_fast with arm=, tree=True or "
             "loss_type='sum': tool calling runs on flat groups with TRL's loss types"
+        )
+    if args.ledger:
+        raise ValueError(
+            "GRPOTrainer: tools= is not supported by rlvr_fast with ledger=True: the study's "
+            "ledger records single-turn completions (its laws count one sampled turn each, "
+            "and verify re-derives no tool turn)"
         )
     return ToolCalling(list(tools), tokenizer, args, policy.config.max_position_embeddings)
 
@@ -241,7 +249,7 @@ class ToolCalling:
                 self.failures += 1
                 results.append((name, {"error": str(error)}))
         if pending:
-            outcomes = asyncio.run(_gather([coroutine for _, coroutine in pending]))
+            outcomes = await_all([coroutine for _, coroutine in pending], return_exceptions=True)
             for (name, _), outcome in zip(pending, outcomes):
                 if isinstance(outcome, Exception):
                     self.failures += 1
@@ -284,10 +292,6 @@ class ToolCalling:
                 "differently once the message follows (it is not prefix-preserving)"
             )
         return full[len(prefix) :]
-
-
-async def _gather(coroutines: list) -> list:
-    return list(await asyncio.gather(*coroutines, return_exceptions=True))
 
 
 def _training_template(tokenizer) -> str | None:

@@ -86,13 +86,20 @@ def trained_tensors(trainer) -> dict[str, torch.Tensor]:
     return {n: p for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
 
 
+def adapter_name(trainer) -> str:
+    """The name TRL's adapter has: a caller's PeftModel's own, else peft's "default"."""
+    if trainer.peft_model is not None:
+        return next(iter(trainer.peft_model.peft_config))
+    return "default"
+
+
 def by_trl_name(trainer, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Views of ``tensors`` (by our names) under TRL's names: a LoRA adapter's peft names
-    (``...lora_A.default.weight``), else the Hugging Face projections' rows of our packed
+    (``...lora_A.<adapter>.weight``), else the Hugging Face projections' rows of our packed
     ones."""
     adapters = trainer.policy.adapters
     if adapters is not None:
-        return adapters.peft_state("default", tensors)
+        return adapters.peft_state(adapter_name(trainer), tensors)
     state = dict(tensors)
     if trainer.policy.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -119,17 +126,22 @@ def trl_parameter_order(trainer, names: list[str]) -> list[str]:
 
 
 def load_weights(trainer, checkpoint: Path, views: dict[str, torch.Tensor]) -> None:
-    """TRL's saved weights (the adapter's under LoRA) into ``views``: every name there, of the
-    same shape."""
+    """TRL's saved weights (the adapter's under LoRA, as peft saves it) into ``views``: every
+    name there, of the same shape."""
     from safetensors.torch import load_file
 
     adapter = trainer.policy.adapters is not None
-    pattern = "adapter_model.safetensors" if adapter else "*.safetensors"
+    folder, pattern = checkpoint, "*.safetensors"
+    if adapter:  # peft saves an adapter not named "default" in a folder of its name
+        name = adapter_name(trainer)
+        folder = checkpoint if name == "default" else checkpoint / name
+        pattern = "adapter_model.safetensors"
     saved = {}
-    for file in sorted(checkpoint.glob(pattern)):
+    for file in sorted(folder.glob(pattern)):
         saved.update(load_file(str(file)))
     if adapter:  # peft saves the names without the adapter's
-        saved = {f"{n.removesuffix('.weight')}.default.weight": t for n, t in saved.items()}
+        infix = adapter_name(trainer)
+        saved = {f"{n.removesuffix('.weight')}.{infix}.weight": t for n, t in saved.items()}
     with torch.no_grad():
         for name, view in views.items():
             if name not in saved:

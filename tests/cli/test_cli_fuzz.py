@@ -12,7 +12,6 @@ costs a policy load at most.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import io
 import json
@@ -29,9 +28,9 @@ from rlvr_fast.cli.main import main
 from rlvr_fast.models.policy import TINY_MODEL_DIR
 from rlvr_fast.rollouts import evaluation, selection
 from rlvr_fast.train.trainer import RLVRTrainer
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import setting_fields
 
-FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
+FIELDS = list(setting_fields())
 
 
 class ReachedTheRealWork(Exception):

@@ -5,7 +5,6 @@ and expected type for a bad --set."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ import rlvr_fast
 from rlvr_fast.cli.main import build_parser, main
 from rlvr_fast.cli.options import parse_device, training_precision
 from rlvr_fast.cli.plan import build_parser as build_plan_parser
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import setting_fields
 from rlvr_fast.train.precision import PRECISION_ALIASES, PRECISIONS
 from rlvr_fast.train.settings_reference import UNLISTED, settings
 
@@ -52,7 +51,7 @@ def test_help_settings_lists_every_setting_by_section(capsys):
         main(["train", "--help-settings"])
     assert exited.value.code == 0
     text = capsys.readouterr().out
-    for field in dataclasses.fields(TrainConfig):
+    for field in setting_fields().values():
         assert f"\n  {field.name} = " in text, field.name
     assert "\noptimizer:\n  lr = 1e-05  (float)\n      AdamW learning rate\n" in text
     assert "  max_grad_norm = 1.0  (float or null)" in text
@@ -64,7 +63,7 @@ def test_every_setting_has_a_section_and_help():
     found = settings()
     assert [s.name for s in found if s.section == UNLISTED] == []
     assert [s.name for s in found if not s.help.strip()] == []
-    assert sorted(s.name for s in found) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    assert sorted(s.name for s in found) == sorted(setting_fields())
 
 
 def test_lightning_precision_names_are_aliases():

@@ -48,7 +48,7 @@ def test_appended_turns_prefill_only_their_tokens(engine):
         assert mask[: turns[0]] == [1] * turns[0] and mask[cut : cut + turns[2]] == [1] * turns[2]
 
 
-def test_a_turn_after_an_appended_one_is_a_fresh_prefills(engine):
+def test_a_turn_after_an_appended_one_is_what_a_fresh_prefill_samples(engine):
     """Row i's last turn equals what a new sequence of the whole conversation so far samples
     from the same stream (its positions are the same): the kept cache holds what a prefill of
     the conversation would."""

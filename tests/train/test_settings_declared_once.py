@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 
 from rlvr_fast.ops.policy_loss import PolicyLossSettings
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import TrainConfig, setting_fields
 from rlvr_fast.train.policy_config import POLICY_SETTINGS, op_settings
 from rlvr_fast.trl_compat.config import GRPOConfig
 from rlvr_fast.trl_compat.mapping import RENAMED, TRL_SETTINGS
 from rlvr_fast.trl_compat.support import HONOURED
 
-RUN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+RUN_FIELDS = setting_fields()
 TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
 
@@ -68,3 +68,13 @@ def test_an_op_settings_check_refuses_in_the_op_and_in_the_run(name, run, value,
     op_message = message.replace("kl_beta", "beta")
     with pytest.raises(ValueError, match=op_message):
         PolicyLossSettings(**{name: value})
+
+
+def test_a_loss_types_own_settings_are_fields_of_the_op_and_settings_of_the_run():
+    from rlvr_fast.ops.loss_types import loss_type
+
+    for name in ("sapo", "vespo"):
+        own = loss_type(name).settings
+        assert own and all(n in RUN_FIELDS for n, _, _ in own), name
+        assert all(n in {f.name for f in op_settings("ratio")} for n, _, _ in own), name
+        assert all(n in TRL_SETTINGS for n, _, f in own if f.metadata["trl"]), name

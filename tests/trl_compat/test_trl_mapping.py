@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlvr_fast.train.config import TrainConfig
+from rlvr_fast.train.config import TrainConfig, setting_fields
 from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.trl_compat import GRPOConfig
 from rlvr_fast.trl_compat.mapping import RENAMED, TRANSFORMED, mapped_settings
 from rlvr_fast.trl_compat.run_setup import optimizer_settings, train_config
 from rlvr_fast.trl_compat.support import TRL_OPTIMIZERS
 
-OURS = {f.name for f in dataclasses.fields(TrainConfig)}
+OURS = set(setting_fields())
 THEIRS = {f.name for f in dataclasses.fields(GRPOConfig)}
 
 

@@ -40,18 +40,25 @@ def lora_config():
     return peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def run(side_config, side_trainer, output_dir: Path, max_steps: int, lora: bool, **kwargs):
+def run(side_config, side_trainer, output_dir: Path, max_steps: int, lora):
+    """A trainer of ``max_steps``: full (lora False), LoRA by ``peft_config`` (True) or on a
+    PeftModel ("peft_model", its adapter named "policy")."""
     from datasets import Dataset
+    from transformers import AutoModelForCausalLM
 
     args = side_config(output_dir=str(output_dir), max_steps=max_steps, **SETTINGS)
-    trainer = side_trainer(
-        model=MODEL,
+    model, peft_config = MODEL, lora_config() if lora else None
+    if lora == "peft_model":
+        base = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+        model = pytest.importorskip("peft").get_peft_model(base, peft_config, "policy")
+        peft_config = None
+    return side_trainer(
+        model=model,
         reward_funcs=varied_reward,
         args=args,
         train_dataset=Dataset.from_list(ROWS),
-        peft_config=lora_config() if lora else None,
+        peft_config=peft_config,
     )
-    return trainer
 
 
 def files(directory: Path) -> set[str]:
@@ -116,7 +123,7 @@ def trl_optimizer_by_name(trainer) -> tuple[dict, dict]:
     return moments, weights
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True, "peft_model"], ids=["full", "lora", "peft_model"])
 def test_a_checkpoint_trl_wrote_resumes_on_rlvr_fast_with_its_weights_moments_and_schedule(
     tmp_path, lora
 ):

@@ -13,6 +13,7 @@ import operator
 import sqlite3
 
 import pytest
+import torch
 
 from rlvr_fast.models.checkpoint import packed_to_hf
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer
@@ -99,7 +100,8 @@ class Recorder:
 
 
 def our_run(model_dir, tools, scripts, rows, tmp_path, monkeypatch, eval_rows=None, **settings):
-    """Our trainer's one step with scripted turns: (trainer, recorder, gradient, logs)."""
+    """Our trainer's run (one step by default) with scripted turns: (trainer, recorder, first
+    step's gradient, first log); ``trainer.steps`` holds every step's (gradient, weights)."""
     from datasets import Dataset
 
     recorder = Recorder()
@@ -116,24 +118,29 @@ def our_run(model_dir, tools, scripts, rows, tmp_path, monkeypatch, eval_rows=No
     before = engine.counters.prefill_run
     with monkeypatch.context() as patch:
         ScriptedTurns(trainer.processing_class, scripts).install(patch)
-        captured = {}
+        trainer.steps = []
         clip = trainer.trainer.stepping.clip_gradients
 
         def capture():
-            model = trainer.policy.model
-            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-            captured["grad"] = packed_to_hf(grads, trainer.policy.config)
+            params = dict(trainer.policy.model.named_parameters())
+            grads = {n: p.grad.clone() for n, p in params.items()}
+            weights = {n: p.detach().clone() for n, p in params.items()}
+            config = trainer.policy.config
+            trainer.steps.append((packed_to_hf(grads, config), packed_to_hf(weights, config)))
             return clip()
 
         trainer.trainer.stepping.clip_gradients = capture
         trainer.train()
-    trainer.prefilled = engine.counters.prefill_run - before  # the one step's
-    return trainer, recorder, captured["grad"], trainer.state.log_history[0]
+    trainer.prefilled = engine.counters.prefill_run - before  # the run's
+    return trainer, recorder, trainer.steps[0][0], trainer.state.log_history[0]
 
 
-def trl_run(trl, model_dir, tools, rows, prompt_ids, sequences, turns, tmp_path, **settings):
+def trl_run(
+    trl, model_dir, tools, rows, prompt_ids, sequences, turns, tmp_path, at=None, **settings
+):
     """TRL's trainer on the same rows, its generation given our turns: (trainer, recorder,
-    gradient, prepared inputs)."""
+    gradient, prepared inputs); ``at``: (generation weights, update weights) of a second
+    iteration on the generation (num_iterations 2), whose gradient it is then."""
     from datasets import Dataset
 
     recorder = Recorder()
@@ -160,11 +167,25 @@ def trl_run(trl, model_dir, tools, rows, prompt_ids, sequences, turns, tmp_path,
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
     batch = [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows for _ in range(4)]
-    inputs = trainer._prepare_inputs(batch[: args.per_device_train_batch_size])
+    batch = batch[: args.per_device_train_batch_size]
+    load(trainer, at[0] if at else None)
+    trainer._step = 0
+    inputs = trainer._prepare_inputs(batch)
+    if at:  # a later iteration on the buffered generation, at the weights it reached
+        load(trainer, at[1])
+        trainer._step = 1
+        inputs = trainer._prepare_inputs(batch)
     loss = trainer.compute_loss(trainer.model, inputs)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     return trainer, recorder, grads, inputs
+
+
+def load(trainer, weights) -> None:
+    if weights is not None:
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                param.copy_(weights[name])
 
 
 def next_turn(asked, prompt_ids, sequences, turns) -> list[int]:
@@ -189,12 +210,18 @@ def assert_gradient_within(ours, theirs, rel: float) -> float:
     return worst
 
 
-def side_by_side(tmp_path, monkeypatch, tools, scripts, rows, **settings):
+def side_by_side(tmp_path, monkeypatch, tools, scripts, rows, second=False, **settings):
+    """Our step and TRL's from the same turns (``second``: the second update on the
+    generation, num_iterations 2)."""
     trl = trl_modules()
     model_dir = tool_model_dir(tmp_path)
     ours, our_recorder, our_grad, logs = our_run(
         model_dir, tools, scripts, rows, tmp_path, monkeypatch, **settings
     )
+    at = None
+    if second:
+        (_, first), (our_grad, later) = ours.steps
+        at = (first, later)
     groups = ours.task.groups
     prompt_ids = [ours.task.encoded[g.row] for g in groups for _ in g.completion_ids]
     completions = [c for g in groups for c in g.completion_ids]
@@ -206,7 +233,7 @@ def side_by_side(tmp_path, monkeypatch, tools, scripts, rows, **settings):
     # One micro-batch: the order of its rows changes no figure; unshuffled, masks compare by row.
     monkeypatch.setattr(grpo_trainer, "shuffle_sequence_dict", lambda batch: batch)
     theirs, their_recorder, their_grad, inputs = trl_run(
-        trl, model_dir, tools, rows, prompt_ids, sequences, turns, tmp_path, **settings
+        trl, model_dir, tools, rows, prompt_ids, sequences, turns, tmp_path, at, **settings
     )
     (mine,), (their,) = our_recorder.calls, their_recorder.calls
     assert mine["completion_ids"] == their["completion_ids"]
@@ -222,6 +249,8 @@ def side_by_side(tmp_path, monkeypatch, tools, scripts, rows, **settings):
     # before it: the conversation so far is never run again.
     prompts = [len(ours.task.encoded[g.row]) for g in groups]
     appended = [n for t in turns for n in t[1::2]]
+    if second:
+        return mine["completions"], masks, ours.state.log_history[1], worst
     assert ours.prefilled == sum(prompts) + sum(appended) + len(appended)
     row_prompts = [len(p) for p in prompt_ids]
     logs["reprefilled"] = reprefilled(row_prompts, masks)
@@ -275,6 +304,24 @@ def test_calculator_conversations_masks_and_gradient_are_trls(tmp_path, monkeypa
     assert logs["tools/failure_frequency"] == pytest.approx(2 / 7)
     # docs/trl.md's figures: the step's prefill on the engine and re-prefilled at every turn.
     assert (logs["prefilled"], logs["reprefilled"]) == (PREFILLED, REPREFILLED)
+
+
+def test_a_second_iteration_clips_against_the_masked_old_logprobs_as_trls(tmp_path, monkeypatch):
+    """num_iterations 2: the second update reuses the conversations and their old
+    log-probabilities (of the sampled tokens only) at the first update's weights; TRL's
+    gradient at the same weights within 1e-5, and the ratio moved enough to clip."""
+    _, _, logs, _ = side_by_side(
+        tmp_path,
+        monkeypatch,
+        [calculator, double],
+        CALCULATOR_SCRIPTS,
+        question_rows()[:2],
+        second=True,
+        num_iterations=2,
+        max_steps=2,
+        epsilon=0.02,
+    )
+    assert logs["clip_ratio/region_mean"] > 0, "the case clips nothing"
 
 
 def test_a_tool_turn_past_the_completion_cap_is_left_out_as_trls(tmp_path, monkeypatch):
@@ -355,7 +402,7 @@ def test_grpo_agents_sql_tool_gives_trls_conversations_and_gradient(tmp_path, mo
 
 def test_what_tools_cannot_run_on_is_refused_by_name(tmp_path):
     """A template that cannot render a tool call (TRL's error), the study's arms and sum loss,
-    and prompts that are not conversations."""
+    its ledger, and prompts that are not conversations."""
     from datasets import Dataset
 
     from trl_side_by_side import chat_model_dir, text_rows
@@ -376,6 +423,8 @@ def test_what_tools_cannot_run_on_is_refused_by_name(tmp_path):
         build(chat_model_dir(tmp_path))
     with pytest.raises(ValueError, match="tools= is not supported by rlvr_fast with arm="):
         build(tool_model_dir(tmp_path), loss_type="sum")
+    with pytest.raises(ValueError, match="with ledger=True: the study's ledger"):
+        build(tool_model_dir(tmp_path), ledger=True)
     with pytest.raises(ValueError, match="tools= needs conversational prompts"):
         build(tool_model_dir(tmp_path), train_dataset=Dataset.from_list(text_rows(8)))
 
@@ -403,3 +452,21 @@ def test_evaluation_runs_the_tool_loop_and_logs_its_own_tools_metrics(tmp_path, 
     assert evaluation["eval_tools/call_frequency"] == pytest.approx(9 / 8)
     assert evaluation["eval_tools/failure_frequency"] == pytest.approx(4 / 9)
     assert evaluation["eval_completions/max_length"] < 256
+
+
+def test_async_tools_and_rewards_are_awaited_inside_a_running_event_loop():
+    """In a notebook the thread's event loop already runs (asyncio.run refuses there): the
+    coroutines are awaited on a worker thread's loop, an exception returned as TRL returns it."""
+    import asyncio
+
+    from rlvr_fast.trl_compat.rewards import await_all
+
+    async def fails():
+        raise ValueError("no")
+
+    async def inside_a_loop():
+        return await_all([double(3), double(4)]), await_all([fails()], return_exceptions=True)
+
+    results, (error,) = asyncio.run(inside_a_loop())
+    assert results == [6, 8] and isinstance(error, ValueError)
+    assert await_all([double(5)]) == [10]
