@@ -418,12 +418,34 @@ def check_evals(run: Run, config: TrainConfig) -> Check:
             for name in summary.get(summary_key, {})
             if name not in evals
         ]
+    check.failures += step_eval_mismatches(run, cap, counted)
     check.detail = (
         "items re-graded from their responses: " + ", ".join(counted)
         if counted
         else "no evaluations saved"
     )
     return check
+
+
+def step_eval_mismatches(run: Run, cap: int, counted: list[str]) -> list[str]:
+    """The evaluations during training (--eval-every): each evals/step-N/NAME.jsonl re-graded,
+    and its line of eval_steps.jsonl recounted from it."""
+    mismatches = []
+    for line in run.eval_steps:
+        step, sets = line.get("step"), line.get("sets")
+        if not isinstance(step, int) or not isinstance(sets, dict):
+            mismatches.append(f"eval_steps.jsonl: a line without its step and sets: {line}")
+            continue
+        for name, items in run.step_evals(step).items():
+            where = f"evals/step-{step}/{name}.jsonl"
+            mismatches += eval_file_mismatches(where, items, cap)
+            counted.append(f"{where} {len(items)}")
+            if name not in sets or not isinstance(sets[name], dict):
+                mismatches.append(f"eval_steps.jsonl step {step}: no summary of {where}")
+            else:
+                where = f"eval_steps.jsonl step {step} {name}"
+                mismatches += summary_mismatches(where, sets[name], items)
+    return mismatches
 
 
 def eval_file_mismatches(where: str, items: list[dict], cap: int) -> list[str]:

@@ -182,6 +182,12 @@ class Run:
             },
         )
 
+    def step_evals(self, step: int) -> dict[str, list[dict]]:
+        """NAME -> per-item grades of the evaluation during training after ``step`` steps
+        (evals/step-N/, --eval-every); empty when there is none."""
+        directory = RunLayout(self.path).evals(f"step-{step}")
+        return {p.stem: read_jsonl(p) for p in sorted(directory.glob("*.jsonl"))}
+
 
 def read_summary(path: Path) -> dict:
     summary = read_json_object(path)

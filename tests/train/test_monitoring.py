@@ -104,7 +104,7 @@ def test_report_to_refuses_an_unknown_logger_before_anything_is_written(tmp_path
     assert not (tmp_path / "run").exists()
 
 
-def test_eval_every_writes_each_evaluation_and_changes_no_training_bit(tmp_path):
+def test_eval_every_writes_each_evaluation_and_changes_no_training_bit(tmp_path, capsys):
     train(tmp_path / "plain", *EVAL)
     out = tmp_path / "evaluated"
     train(out, *EVAL, "--eval-every", "1")
@@ -120,6 +120,14 @@ def test_eval_every_writes_each_evaluation_and_changes_no_training_bit(tmp_path)
     for step in (1, 2, 3):
         assert len((out / "evals" / f"step-{step}" / "t.jsonl").read_text().splitlines()) == 4
     assert not (tmp_path / "plain" / "eval_steps.jsonl").exists()
+    # verify re-grades the evaluations during training and recounts their summaries.
+    assert main(["verify", str(out)]) == 0
+    assert "evals/step-3/t.jsonl 4" in capsys.readouterr().out
+    lines[2]["sets"]["t"]["correct"] += 1
+    (out / "eval_steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["verify", str(out)]) == 1
+    assert "eval_steps.jsonl step 2 t.correct: recorded" in capsys.readouterr().out
+    (out / "eval_steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
     # report draws the accuracy at each evaluation beside the ledger's curves.
     assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
