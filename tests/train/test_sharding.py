@@ -147,6 +147,22 @@ def test_a_checkpoint_whose_shards_are_missing_is_refused_in_one_line(runs, tmp_
     assert (run / "ledger.jsonl").read_text() == ledger
 
 
+def test_bf16_mixed_masters_in_the_shards_resume_on_one_process(tmp_path):
+    """Under bf16-mixed the shards are the fp32 masters: one process loads them whole from the
+    DCP checkpoint into its masters and its bf16 model, and finishes the run."""
+    mixed = [*RUN, "--precision", "bf16-mixed"]
+    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "run"
+    assert main(["train", *mixed, "--steps", "3", "--out", str(one)]) == 0
+    done = cli(
+        "train", "--nproc", "2", "--shard", "fsdp", *mixed, "--steps", "2", "--out", str(two)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "shards" in load_state(two / "checkpoint" / "state.safetensors")
+    shutil.copytree(two, resumed)
+    assert main(["train", *mixed, "--steps", "3", "--out", str(resumed), "--resume"]) == 0
+    assert_same_run(one, resumed)
+
+
 def test_one_process_resumed_on_two_sharded_ranks_finishes_the_run(runs, tmp_path):
     one, _ = runs
     stopped, resumed = tmp_path / "stopped", tmp_path / "run"
