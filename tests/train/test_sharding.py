@@ -198,7 +198,9 @@ def temp_files(run: Path) -> list[str]:
     return sorted(p.name for p in run.rglob(".*") if p.name != LOCK_NAME)
 
 
-def test_a_sharded_run_killed_mid_step_resumes_on_its_ranks_and_finishes_the_run(runs, tmp_path):
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_a_sharded_run_killed_mid_step_resumes_sharded_and_finishes_the_run(runs, tmp_path, ranks):
+    """Killed on 2 ranks, resumed on the same number and on more."""
     one, _ = runs
     out = tmp_path / "run"
     # In step 1, where both ranks run losses (the zero-gradient step 0 moves the weights too:
@@ -207,7 +209,7 @@ def test_a_sharded_run_killed_mid_step_resumes_on_its_ranks_and_finishes_the_run
     assert [line["step"] for line in read_jsonl(out / "ledger.jsonl")] == [0]
     assert load_state(out / "checkpoint" / "state.safetensors")["next_step"] == 1
     done = cli(
-        "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--set", "checkpoint_every=1",
+        "train", "--nproc", str(ranks), "--shard", "fsdp", *RUN, "--set", "checkpoint_every=1",
         "--steps", "3", "--out", str(out), "--resume",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
