@@ -200,7 +200,8 @@ def temp_files(run: Path) -> list[str]:
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_sharded_run_killed_mid_step_resumes_sharded_and_finishes_the_run(runs, tmp_path, ranks):
-    """Killed on 2 ranks, resumed on the same number and on more."""
+    """Killed on 2 ranks, resumed on the same number (then bit for bit the uninterrupted
+    2-rank run) and on more."""
     one, _ = runs
     out = tmp_path / "run"
     # In step 1, where both ranks run losses (the zero-gradient step 0 moves the weights too:
@@ -215,6 +216,27 @@ def test_a_sharded_run_killed_mid_step_resumes_sharded_and_finishes_the_run(runs
     assert done.returncode == 0, done.stderr
     assert_same_run(one, out)
     assert len(list((out / "checkpoint").glob("shards-*"))) == 1
+    if ranks == 2:
+        whole = tmp_path / "uninterrupted"
+        done = cli(
+            "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--set", "checkpoint_every=1",
+            "--steps", "3", "--out", str(whole),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert_bit_for_bit(whole, out)
+
+
+def assert_bit_for_bit(run: Path, other: Path) -> None:
+    """The same ledger lines but timings, the same rollouts and the same weights' bytes."""
+    for a, b in zip(
+        read_jsonl(run / "ledger.jsonl"), read_jsonl(other / "ledger.jsonl"), strict=True
+    ):
+        a.pop("seconds"), b.pop("seconds")
+        assert a == b
+    assert (run / "rollouts.jsonl").read_text() == (other / "rollouts.jsonl").read_text()
+    expected, got = weights(run), weights(other)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
 
 
 @pytest.mark.parametrize(("point", "shard_directories"), [("shards", 1), ("save", 2)])
