@@ -121,6 +121,17 @@ def test_two_sharded_ranks_resumed_on_one_process_finish_the_run(runs, tmp_path)
     assert_same_run(one, resumed)
 
 
+def test_two_sharded_ranks_resumed_on_two_data_parallel_ranks_finish_the_run(runs, tmp_path):
+    """Each unsharded rank loads the DCP checkpoint's tensors whole."""
+    one, two = runs
+    resumed = tmp_path / "run"
+    shutil.copytree(two, resumed)
+    done = cli("train", "--nproc", "2", *RUN, "--steps", "3", "--out", str(resumed), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, resumed)
+    assert list((resumed / "checkpoint").glob("shards-*")) == [], "whole tensors again"
+
+
 @pytest.mark.slow
 def test_two_sharded_ranks_resumed_on_four_sharded_ranks_finish_the_run(runs, tmp_path):
     one, two = runs
