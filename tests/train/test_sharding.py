@@ -272,6 +272,33 @@ def test_a_sharded_run_killed_mid_save_keeps_its_last_checkpoint_and_resumes_on_
     assert list(checkpoint.parent.glob("shards-*")) == [], "one process writes whole tensors"
 
 
+def test_a_shard_write_that_fails_is_one_line_and_the_last_checkpoint_resumes(runs, tmp_path):
+    """Rank 1's disk fills while it writes its shards of the checkpoint after step 1."""
+    one, _ = runs
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(KILLED_RUN), "full", "2", "train", "--shard", "fsdp", *RUN]
+        + ["--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlvr-fast: error:")]
+    assert errors and all(
+        "writing the checkpoint's shards failed: rank 1: OSError: [Errno 28] No space left" in e
+        for e in errors
+    ), done.stderr
+    checkpoint = out / "checkpoint" / "state.safetensors"
+    assert load_state(checkpoint)["next_step"] == 1
+    args = ["train", *RUN, "--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)]
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(one, out)
+    assert temp_files(out) == []
+
+
 def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--shard", "fsdp", *RUN, "--steps", "1", "--out", str(out)]) == 2
