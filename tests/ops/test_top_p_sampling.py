@@ -221,7 +221,7 @@ def test_reads_of_each_row(rows, scale):
     """TRL's defaults (top_p = 1, no top-k, no min-p) read each row twice, flat or peaked (the
     race keyed by token id needs no rank); the trainer's (top_p 0.9) three times on peaked rows,
     and TRL's defaults draw the reference's tokens. (Flat rows at top_p < 1, top-k with a nucleus
-    larger than the candidate window and min-p on flat rows still take more: see the issue.)"""
+    larger than the candidate window and min-p on flat rows still take more: bounded below.)"""
     generator = torch.Generator().manual_seed(rows)
     logits = torch.randn(rows, 2000, generator=generator) * scale
     assert reads_per_row(logits, 0.8, 1.0) == 2
@@ -230,3 +230,24 @@ def test_reads_of_each_row(rows, scale):
     seeds, positions = streams(rows, generator)
     reference = sample_tokens_reference(logits, seeds, positions, 0.8, 1.0)
     assert torch.equal(triton_draws(logits, seeds, positions, 0.8, 1.0, 64), reference)
+
+
+@pytest.mark.skipif(CUDA, reason="counts the interpreter's loads")
+@pytest.mark.parametrize(
+    "top_p, top_k, min_p, flat, peaked",
+    [
+        (0.9, 0, 0.0, 107, 3),  # the trainer's default: a flat nucleus spans many windows
+        (0.95, 50, 0.0, 17, 3),  # top-k whose nucleus is larger than the window
+        (1.0, 50, 0.0, 17, 3),
+        (1.0, 0, 0.05, 113, 3),  # min-p on flat rows keeps most of the row
+        (0.9, 20, 0.1, 7, 11),
+    ],
+)
+def test_reads_of_each_row_per_filter_setting_stay_within_todays(top_p, top_k, min_p, flat, peaked):
+    """The reads of each row (4 rows of V = 2,000, candidate cap 64, T = 0.8) at each filter
+    setting are at most today's counts, flat (logits x 0.2) and peaked (x 4): a change that
+    reads more fails here; one that reads less lowers the bound."""
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 2000, generator=generator)
+    for scale, most in ((0.2, flat), (4.0, peaked)):
+        assert reads_per_row(logits * scale, 0.8, top_p, top_k, min_p) <= most, (scale, most)
