@@ -82,6 +82,7 @@ def test_triton_draws_the_references_tokens(vocab, rows, scale, temperature, top
         (300, 3, 2.0, 0.8, 20, 0.1, 32),  # all three
         (40, 1, 0.2, 0.9, 20, 0.0, 16),  # flat: the k first outgrow the head window
         (2, 3, 1.0, 0.9, 7, 0.3, 16),  # k past the vocabulary: no top-k
+        (1000, 12, 4.0, 0.9, 50, 0.05, 64),  # min-p cuts the candidates short of k
     ],
 )
 def test_triton_draws_the_references_tokens_with_top_k_and_min_p(
@@ -240,7 +241,7 @@ def test_reads_of_each_row(rows, scale):
         (0.95, 50, 0.0, 17, 3),  # top-k whose nucleus is larger than the window
         (1.0, 50, 0.0, 17, 3),
         (1.0, 0, 0.05, 113, 3),  # min-p on flat rows keeps most of the row
-        (0.9, 20, 0.1, 7, 11),
+        (0.9, 20, 0.1, 7, 11),  # min-p cuts short of k: the k ranks' mass by a radix select
     ],
 )
 def test_reads_of_each_row_per_filter_setting_stay_within_todays(top_p, top_k, min_p, flat, peaked):
