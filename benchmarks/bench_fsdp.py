@@ -10,7 +10,9 @@ parallel all-reduces the gradients, sharded reduce-scatters them and then refres
 full copy from the shards. Reported per rank: the state the optimizer steps (weights, gradients
 and AdamW moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set
 (``VmHWM`` of /proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux
-carries across fork + exec from the launcher), and the median step time.
+carries across fork + exec from the launcher), and the median step time; and on the sharded
+ranks, each rank's peak rise while a checkpoint's weights and moments are saved, gathered whole
+(the format before DCP) and as each rank's shards in DCP.
 
 The goal (issue 36): state per rank <= 0.55x of data parallel's, total peak <= 0.65x. The engine's
 full fp32 copy (4 bytes a parameter) stays on every rank, so in fp32 at 2 ranks the peak cannot
@@ -21,7 +23,9 @@ measured. Communication is gloo over loopback here: the step time ratio is repor
 
 Measured here (2 shared CPU cores, torch 2.13, 4 layers, 218,507,264 parameters; table and
 conditions in benchmarks/results/fsdp-cpu.md): state per rank 3.496 -> 1.748 GB (0.500x); peak
-(VmHWM) per rank 5.490 -> 5.143 GB (0.937x); step 28.5 -> 32.7 s (1.15x, on a loaded machine).
+(VmHWM) per rank 5.490 -> 5.143 GB (0.937x); step 28.5 -> 32.7 s (1.15x, on a loaded machine;
+1.51x in a second run). A sharded checkpoint's save raises each rank's peak by 2.6 GB when the
+weights and moments are gathered whole, by 0.003 GB in DCP.
 At 4 layers the tied embedding is 71% of the parameters: its group (the root) is gathered whole
 for the pass, its gradient reduce-scattered from a whole copy and its engine copy refreshed
 whole, so the peak is far above the state's ratio; more layers move it towards 0.75x.
@@ -100,8 +104,43 @@ def rank_side(side: str, directory: Path, steps: int, out: Path) -> None:
         "step_seconds": statistics.median(seconds[1:] or seconds),
         "parameters": sum(p.numel() for p in policy.model.parameters()),
     }
+    if sharded is not None:
+        figures.update(save_peaks(stepping, sharded, out))
     (out / f"{side}-{distributed.rank()}.json").write_text(json.dumps(figures))
     distributed.shutdown()
+
+
+def save_peaks(stepping, sharded, out: Path) -> dict:
+    """This rank's peak rise above its resident set while the checkpoint's weights and moments
+    are saved, the two ways a sharded run has: whole tensors gathered and written by rank 0 (the
+    format before DCP, which an unsharded run still writes), and each rank's shards in DCP."""
+    from benchmarks.bench_load_memory import reset_peak, status_bytes
+    from rlvr_fast.run.state_file import save_state
+    from rlvr_fast.train import distributed
+    from rlvr_fast.train.sharded_checkpoint import ShardedCheckpoint
+    from rlvr_fast.train.sharding import full_optimizer_state
+
+    def rise(save) -> int:
+        distributed.barrier("the save's start")
+        reset_peak()
+        before = status_bytes("VmRSS")
+        save()
+        return status_bytes("VmHWM") - before
+
+    def whole() -> None:
+        state = {
+            "model": sharded.full_state(),
+            "optimizer": full_optimizer_state(stepping.optimizer),
+        }
+        if distributed.is_main():
+            save_state(out / "whole.safetensors", state)
+
+    return {
+        "save_whole_bytes": rise(whole),
+        "save_dcp_bytes": rise(
+            lambda: ShardedCheckpoint(stepping).save(out / "dcp" / "state.safetensors")
+        ),
+    }
 
 
 def _local_bytes(tensor) -> int:
@@ -163,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         a = max(rank[key] for rank in dp) / scale
         b = max(rank[key] for rank in fsdp) / scale
         print(f"{name:>24} {a:>14.3f} {b:>10.3f} {b / a:>7.3f}")
+    for name, key in (("whole tensors via rank 0", "save_whole_bytes"), ("DCP", "save_dcp_bytes")):
+        rises = ", ".join(f"rank {r} {rank[key] / 1e9:.3f}" for r, rank in enumerate(fsdp))
+        print(f"sharded checkpoint save, {name}: peak rise (GB) {rises}")
     return 0
 
 

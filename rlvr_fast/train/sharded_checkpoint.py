@@ -58,6 +58,7 @@ class ShardedCheckpoint:
         """Write the shards beside ``checkpoint`` (the state file's path; every rank calls
         this) and return the state file's entry naming them."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         where = None
         if distributed.is_main():
@@ -78,7 +79,13 @@ class ShardedCheckpoint:
                 else:
                     small.setdefault(name, {})[key] = whole_tensor(value)
         weights = {name: param.detach() for name, param in trained.items()}
-        dcp.save({"weights": weights, "moments": moments}, checkpoint_id=str(staging))
+        try:
+            dcp.save({"weights": weights, "moments": moments}, checkpoint_id=str(staging))
+        except CheckpointException as err:
+            # (the staging directory left goes at the resume; the previous checkpoint stands)
+            raise OSError(
+                f"{staging}: writing the checkpoint's shards failed: {first_failure(err)}"
+            ) from None
         if distributed.is_main():
             settle_staged_files(staging)
             fsync_directory(staging)
@@ -119,9 +126,7 @@ class ShardedCheckpoint:
                 warnings.filterwarnings("ignore", "torch.distributed is disabled")
                 dcp.load({"weights": weights, "moments": moments}, checkpoint_id=str(directory))
         except CheckpointException as err:
-            raise ValueError(
-                f"its shards do not load: {str(err).strip().splitlines()[0]}"
-            ) from None
+            raise ValueError(f"its shards do not load: {first_failure(err)}") from None
         index = {name: i for i, name in enumerate(trained)}
         optimizer_state = {
             index[name]: {**entry["small"].get(name, {}), **moments.get(name, {})}
@@ -143,3 +148,10 @@ class ShardedCheckpoint:
         for path in checkpoint.parent.glob(f"{SHARDS_PREFIX}*"):
             if path.name != kept and path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def first_failure(err) -> str:
+    """A DCP ``CheckpointException`` in one line: its first failed rank and that rank's error."""
+    rank, (exc, _) = min(err.failures.items())
+    lines = str(exc).strip().splitlines()
+    return f"rank {rank}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")

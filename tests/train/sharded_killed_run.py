@@ -1,5 +1,5 @@
 """One rank of a sharded ``rlvr-fast train`` that SIGKILLs itself at a named point (torchrun
-then ends the other ranks, as a kill of the job would):
+then ends the other ranks, as a kill of the job would), or whose disk fills:
 
     torchrun --nproc-per-node 2 sharded_killed_run.py POINT N train ARGS...
 
@@ -10,16 +10,20 @@ POINT is where the run dies, on the N-th time (1-based) it gets there:
   directory, not yet renamed to ``checkpoint/shards-ID``;
 - ``save``: in a checkpoint save, rank 0 (the writer): the shards renamed into place and the new
   state file naming them written whole to its temp name beside
-  ``checkpoint/state.safetensors``, not yet renamed onto it.
+  ``checkpoint/state.safetensors``, not yet renamed onto it;
+- ``full``: rank 1's write of its shards fails with ENOSPC (no kill: the ranks exit as a full
+  disk makes them).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 
 from rlvr_fast.cli.main import main
 from rlvr_fast.run import state_file
@@ -41,6 +45,19 @@ def die_on_call(owner, name: str, times: int) -> None:
     setattr(owner, name, dies)
 
 
+def fail_on_call(owner, name: str, times: int) -> None:
+    """Make the ``times``-th call of ``owner.name`` fail as a full disk does."""
+    original, calls = getattr(owner, name), [0]
+
+    def fails(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == times:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(*args, **kwargs)
+
+    setattr(owner, name, fails)
+
+
 def run(point: str, times: int, argv: list[str]) -> int:
     if point == "step":
         # ShardedModel.refresh ends the step's optimizer update (the engine's copy gathered
@@ -52,8 +69,11 @@ def run(point: str, times: int, argv: list[str]) -> int:
     elif point == "save":
         if os.environ.get("RANK") == "0":
             die_on_call(state_file, "save_file", times)
+    elif point == "full":
+        if os.environ.get("RANK") == "1":
+            fail_on_call(FileSystemWriter, "write_data", times)
     else:
-        raise SystemExit(f"unknown kill point {point!r} (step, shards or save)")
+        raise SystemExit(f"unknown kill point {point!r} (step, shards, save or full)")
     return main(argv)
 
 

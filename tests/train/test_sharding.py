@@ -121,6 +121,17 @@ def test_two_sharded_ranks_resumed_on_one_process_finish_the_run(runs, tmp_path)
     assert_same_run(one, resumed)
 
 
+def test_two_sharded_ranks_resumed_on_two_data_parallel_ranks_finish_the_run(runs, tmp_path):
+    """Each unsharded rank loads the DCP checkpoint's tensors whole."""
+    one, two = runs
+    resumed = tmp_path / "run"
+    shutil.copytree(two, resumed)
+    done = cli("train", "--nproc", "2", *RUN, "--steps", "3", "--out", str(resumed), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert_same_run(one, resumed)
+    assert list((resumed / "checkpoint").glob("shards-*")) == [], "whole tensors again"
+
+
 @pytest.mark.slow
 def test_two_sharded_ranks_resumed_on_four_sharded_ranks_finish_the_run(runs, tmp_path):
     one, two = runs
@@ -200,7 +211,8 @@ def temp_files(run: Path) -> list[str]:
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_sharded_run_killed_mid_step_resumes_sharded_and_finishes_the_run(runs, tmp_path, ranks):
-    """Killed on 2 ranks, resumed on the same number and on more."""
+    """Killed on 2 ranks, resumed on the same number (then bit for bit the uninterrupted
+    2-rank run) and on more."""
     one, _ = runs
     out = tmp_path / "run"
     # In step 1, where both ranks run losses (the zero-gradient step 0 moves the weights too:
@@ -215,6 +227,27 @@ def test_a_sharded_run_killed_mid_step_resumes_sharded_and_finishes_the_run(runs
     assert done.returncode == 0, done.stderr
     assert_same_run(one, out)
     assert len(list((out / "checkpoint").glob("shards-*"))) == 1
+    if ranks == 2:
+        whole = tmp_path / "uninterrupted"
+        done = cli(
+            "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--set", "checkpoint_every=1",
+            "--steps", "3", "--out", str(whole),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert_bit_for_bit(whole, out)
+
+
+def assert_bit_for_bit(run: Path, other: Path) -> None:
+    """The same ledger lines but timings, the same rollouts and the same weights' bytes."""
+    for a, b in zip(
+        read_jsonl(run / "ledger.jsonl"), read_jsonl(other / "ledger.jsonl"), strict=True
+    ):
+        a.pop("seconds"), b.pop("seconds")
+        assert a == b
+    assert (run / "rollouts.jsonl").read_text() == (other / "rollouts.jsonl").read_text()
+    expected, got = weights(run), weights(other)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
 
 
 @pytest.mark.parametrize(("point", "shard_directories"), [("shards", 1), ("save", 2)])
@@ -237,6 +270,33 @@ def test_a_sharded_run_killed_mid_save_keeps_its_last_checkpoint_and_resumes_on_
     assert_same_run(one, out)
     assert temp_files(out) == []
     assert list(checkpoint.parent.glob("shards-*")) == [], "one process writes whole tensors"
+
+
+def test_a_shard_write_that_fails_is_one_line_and_the_last_checkpoint_resumes(runs, tmp_path):
+    """Rank 1's disk fills while it writes its shards of the checkpoint after step 1."""
+    one, _ = runs
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(KILLED_RUN), "full", "2", "train", "--shard", "fsdp", *RUN]
+        + ["--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlvr-fast: error:")]
+    assert errors and all(
+        "writing the checkpoint's shards failed: rank 1: OSError: [Errno 28] No space left" in e
+        for e in errors
+    ), done.stderr
+    checkpoint = out / "checkpoint" / "state.safetensors"
+    assert load_state(checkpoint)["next_step"] == 1
+    args = ["train", *RUN, "--set", "checkpoint_every=1", "--steps", "3", "--out", str(out)]
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(one, out)
+    assert temp_files(out) == []
 
 
 def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
