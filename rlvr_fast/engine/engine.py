@@ -44,7 +44,7 @@ from rlvr_fast.engine.kv_storage import (
     check_fits_device,
     free_memory,
 )
-from rlvr_fast.engine.memory import plan_engine
+from rlvr_fast.engine.memory import DEFAULT_MAX_PREFILL_TOKENS, plan_engine
 from rlvr_fast.engine.model_runner import ModelRunner
 from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler
 from rlvr_fast.engine.sequence import (
@@ -87,7 +87,7 @@ class RolloutEngine:
         cuda_graphs: bool = True,
         eos_token_ids: Iterable[int] = (),
         max_model_len: int | None = None,
-        max_prefill_tokens: int = 8192,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
     ) -> None:
         from rlvr_fast._C import BlockManager  # built by setup.py; imported on first use
 

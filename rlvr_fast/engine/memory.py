@@ -35,6 +35,7 @@ from rlvr_fast.models.config import ModelConfig
 # and the int64 token. Measured on the meta device with the launches left out (tests check it).
 SAMPLER_BYTES_PER_ROW = 34_832
 RUNTIME_ALLOWANCE = 1 << 30
+DEFAULT_MAX_PREFILL_TOKENS = 8192  # RolloutEngine's max_prefill_tokens
 
 
 def sampler_bytes(config: ModelConfig, e: int, rows: int) -> int:

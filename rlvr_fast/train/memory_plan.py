@@ -35,6 +35,11 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - the decode working set: ``max_batch`` rows of V logits in the compute dtype and the Triton
   sampler's buffers per row (``SAMPLER_BYTES_PER_ROW``, measured; they do not grow with V),
   which the CUDA graphs' private pool keeps;
+- the engine's prefill pass, as its own plan counts it (``rlvr_fast.engine.memory``): the
+  engine's ``max_prefill_tokens`` tokens of one layer's intermediates and ``max_batch`` rows'
+  logits, and in fp32 on CUDA the attention scores of one row as long as the run's rows (at most
+  ``max_prefill_tokens``); held only while the rollouts prefill, when no backward or optimizer
+  step runs, so it is a phase of its own beside those two (measured on the meta device);
 - with LoRA (``lora``, ``rlvr_fast.models.lora``): the weights term is the frozen base, held
   once; beside it the adapters in the compute dtype and the merged copy of each adapted
   projection module that the engine decodes from; masters, moments and gradients (and the
@@ -47,7 +52,7 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   single-tensor (the CPU's default) at most three times the largest trained tensor; the fused
   kernel (``adamw_fused``) none; Adafactor's (``adafactor_step_bytes``) two fp32 copies of the
   largest tensor and its factors (four copies over bf16 weights). Backward's terms (activations, the fused loss) are freed before
-  the step, so the two phases do not add: the larger counts;
+  the step, so the two phases do not add: the larger counts (and a prefill pass, below, is a third);
 - a judge model's weights and its own engine's KV cache;
 - an allowance for the CUDA context, library workspaces and allocator slack (not a measurement);
 - the KV cache: ``kv_blocks`` if given, else ``kv_memory_fraction`` of what is left, at most what
@@ -65,16 +70,17 @@ import math
 from dataclasses import dataclass, field
 
 from rlvr_fast.engine.memory import (
+    DEFAULT_MAX_PREFILL_TOKENS,
     SAMPLER_BYTES_PER_ROW,
     flash_attention_takes,
     math_attention_bytes,
+    prefill_bytes,
     sampler_bytes,
 )
 from rlvr_fast.models.config import ModelConfig
-from rlvr_fast.models.lora import LoraSettings, adapter_parameters
-from rlvr_fast.train.stepping import OPTIMIZERS
+from rlvr_fast.models.lora import adapter_parameters
+from rlvr_fast.train.run_shape import RunShape
 from rlvr_fast.train.memory_terms import (
-    ADAMW_STEPS,
     PRECISIONS,
     activation_bytes,
     adamw_step_bytes,
@@ -100,13 +106,15 @@ class PlanError(ValueError):
     """The run cannot fit the device; the message names the largest term."""
 
 
-BACKWARD, OPTIMIZER_STEP = "backward", "optimizer step"
+BACKWARD, OPTIMIZER_STEP, PREFILL = "backward", "optimizer step", "a prefill pass"
+PHASES = (BACKWARD, OPTIMIZER_STEP, PREFILL)  # one at a time: the largest counts
 
 
 @dataclass(frozen=True)
 class Term:
     """``counted`` False: an alternative the run does not take (shown, never summed);
-    ``phase``: held only during backward or the optimizer step (None: for the whole run)."""
+    ``phase``: held only during backward, the optimizer step or a prefill pass (None: for the
+    whole run)."""
 
     name: str
     bytes: int
@@ -173,10 +181,10 @@ class MemoryPlan:
             size = gib(term.bytes) if term in summed else f"({gib(term.bytes)})"
             during = f"during {term.phase}: " if term.phase else ""
             lines.append(f"| {term.name} | {size} | {during}{term.how} |")
-        phases = ", ".join(f"{p} {gib(self.phase_bytes(p))}" for p in (BACKWARD, OPTIMIZER_STEP))
+        phases = ", ".join(f"{p} {gib(self.phase_bytes(p))}" for p in PHASES)
         lines.append(
             f"| **before the KV cache** | **{gib(self.fixed_bytes)}** | the run-long terms and "
-            f"the larger phase ({phases} GiB) |"
+            f"the largest phase ({phases} GiB) |"
         )
         lines.append(
             f"| KV cache | {gib(self.kv_bytes)} | {self.kv_blocks:,} blocks of "
@@ -196,8 +204,8 @@ def phase_bytes(terms: list[Term], phase: str) -> int:
 
 
 def summed_terms(terms: list[Term]) -> list[Term]:
-    """What the device holds at its peak: the run-long terms and the larger phase's."""
-    peak = max((BACKWARD, OPTIMIZER_STEP), key=lambda phase: phase_bytes(terms, phase))
+    """What the device holds at its peak: the run-long terms and the largest phase's."""
+    peak = max(PHASES, key=lambda phase: phase_bytes(terms, phase))
     return [t for t in terms if t.counted and t.phase in (None, peak)]
 
 
@@ -215,92 +223,13 @@ def _advice(terms: list[Term], largest: Term) -> str:
 # ---------------------------------------------------------------------- the plan
 
 
-# The counts of a run shape, each at most 2^40: past that the plan's float arithmetic overflows
-# (a 401-digit --group-size) long before any device could hold it.
-COUNTS = (
-    "group_size",
-    "questions_per_step",
-    "prompt_tokens",
-    "max_new_tokens",
-    "max_batch",
-    "kv_blocks",
-    "max_model_len",
-    "block_size",
-    "loss_chunk_tokens",
-)
-MAX_COUNT = 1 << 40
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """The run settings the plan reads (TrainConfig's names)."""
-
-    precision: str = "bf16-mixed"
-    group_size: int = 8
-    questions_per_step: int = 1
-    prompt_tokens: int = 200
-    max_new_tokens: int = 512
-    max_batch: int = 256
-    activation_checkpointing: bool | int = False  # every layer, none, or the first that many
-    kv_memory_fraction: float = 0.9
-    kv_blocks: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    loss_chunk_tokens: int | None = None
-    eager_loss: bool = False
-    untied: bool = False
-    cuda_graphs: bool = True
-    reference_model: bool = False
-    lora: LoraSettings | None = None
-    adamw_step: str = "foreach"
-    optimizer: str = "adamw"
-    shard: str | None = None  # "fsdp": one rank of world_size (rlvr_fast.train.memory_sharded)
-    world_size: int = 1
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}"),
-            (self.adamw_step in ADAMW_STEPS, f"adamw_step must be one of {', '.join(ADAMW_STEPS)}"),
-            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
-            (self.group_size >= 1, "group_size must be >= 1"),
-            (self.shard is None or self.world_size >= 2, "shard fsdp needs --nproc N >= 2"),
-            (self.questions_per_step >= 1, "questions_per_step must be >= 1"),
-            (self.prompt_tokens >= 1, "prompt_tokens must be >= 1"),
-            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
-            (self.max_batch >= 1, "max_batch must be >= 1"),
-            (0 < self.kv_memory_fraction <= 1, "kv_memory_fraction must be in (0, 1]"),
-            (self.kv_blocks is None or self.kv_blocks >= 1, "kv_blocks must be >= 1"),
-            (self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1"),
-            (self.block_size >= 1, "block_size must be >= 1"),
-            (
-                self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
-                "loss_chunk_tokens must be >= 1",
-            ),
-        ]
-        for name in COUNTS:
-            value = getattr(self, name)
-            if value is not None and value > MAX_COUNT:
-                digits = len(str(value))
-                got = f"{value:,}" if digits <= 20 else f"a number of {digits} digits"
-                checks.append((False, f"{name} must be at most {MAX_COUNT:,}, got {got}"))
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"memory plan: {message}")
-
-    @property
-    def row_tokens(self) -> int:
-        return self.prompt_tokens + self.max_new_tokens
-
-    @property
-    def backward_tokens(self) -> int:
-        """The largest backward: one question's G rows, right-padded to the longest."""
-        return self.group_size * self.row_tokens
+DEFAULT_RUN = RunShape()  # plan_memory's run when none is given
 
 
 def plan_memory(
     config: ModelConfig,
     device_memory: int,
-    run: RunShape = RunShape(),
+    run: RunShape = DEFAULT_RUN,
     *,
     judge: ModelConfig | None = None,
     runtime_allowance: int = RUNTIME_ALLOWANCE,
@@ -520,17 +449,38 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
 
 
 def engine_terms(config: ModelConfig, run: RunShape) -> list[Term]:
+    """The decode working set the CUDA graphs keep, and the engine's prefill pass."""
     e = PRECISIONS[run.precision].compute
-    if not run.cuda_graphs:
-        return []  # freed after each pass; backward reuses the allocator's blocks
-    return [
+    tokens = DEFAULT_MAX_PREFILL_TOKENS  # the trainer's engine takes the default
+    terms = [
         Term(
-            "decode working set (CUDA-graph pool)",
-            sampler_bytes(config, e, run.max_batch),
-            f"{run.max_batch} rows x ({config.vocab_size:,} logits x {e} B + "
-            f"{SAMPLER_BYTES_PER_ROW:,} B of sampler buffers)",
+            "engine prefill pass",
+            prefill_bytes(config, e, tokens, run.max_batch),
+            f"{tokens:,} tokens of one layer's intermediates, {run.max_batch} rows' logits",
+            phase=PREFILL,
         )
     ]
+    if not flash_attention_takes(e, "cuda"):
+        longest = min(tokens, run.row_tokens)
+        terms.append(
+            Term(
+                "engine prefill attention scores (fp32: SDPA's math path)",
+                math_attention_bytes(config, 1, longest, e),
+                f"2 x {config.num_attention_heads} heads x {longest:,}^2 x {e} B",
+                phase=PREFILL,
+            )
+        )
+    if run.cuda_graphs:  # without graphs the decode step's buffers are freed after each step
+        terms.insert(
+            0,
+            Term(
+                "decode working set (CUDA-graph pool)",
+                sampler_bytes(config, e, run.max_batch),
+                f"{run.max_batch} rows x ({config.vocab_size:,} logits x {e} B + "
+                f"{SAMPLER_BYTES_PER_ROW:,} B of sampler buffers)",
+            ),
+        )
+    return terms
 
 
 def _kv_blocks(config: ModelConfig, run: RunShape, left: int, block_bytes: int) -> int:

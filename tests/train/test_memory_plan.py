@@ -25,7 +25,10 @@ from benchmarks.harness import LiveBytes
 from rlvr_fast.cli import plan as plan_command
 from rlvr_fast.cli.main import main as rlvr_fast_main
 from rlvr_fast.engine import RolloutEngine
+from rlvr_fast.engine import kv_storage
 from rlvr_fast.engine.kv_storage import bytes_per_block
+from rlvr_fast.engine.memory import math_attention_bytes, prefill_bytes
+from rlvr_fast.models import attention as attention_module
 from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.kernels import top_p_sampling
 from rlvr_fast.models import qwen3
@@ -151,6 +154,76 @@ def test_fp32_attention_scores_are_planned_as_the_math_path_keeps_them(monkeypat
     assert scores in {t.bytes for t in fp32_plan.terms if t.name.startswith("attention scores")}
     bf16_plan = plan_memory(cfg, CARDS["141GB"], RunShape(precision="bf16-mixed"))
     assert not [t for t in bf16_plan.terms if t.name.startswith("attention scores")]
+
+
+def measure_prefill(monkeypatch, name: str, dtype, rows: int, tokens: int) -> int:
+    """Peak bytes of one fresh prefill pass of ``rows`` rows of ``tokens`` tokens through a
+    meta-device engine (its KV cache, the weights and the RoPE tables left out: terms of their
+    own), attending as CUDA does for ``dtype``."""
+    attention = flash_attention if dtype == torch.bfloat16 else math_attention
+    monkeypatch.setattr(attention_module, "dense_attention", attention)
+    monkeypatch.setattr(kv_storage, "INITIAL_CPU_BLOCKS", 1 << 20)  # no growth mid-pass
+    with torch.device("meta"):
+        model = qwen3.Qwen3ForCausalLM(config(name)).to(dtype)
+    engine = RolloutEngine(model, kv_blocks=(rows + 1) * (tokens // 16 + 1), cuda_graphs=False)
+    prompt = list(range(1, tokens + 1))
+    engine.prefill([engine.add(prompt)])  # makes the RoPE tables
+    seqs = [engine.add(prompt) for _ in range(rows)]
+    tracker = LiveBytes(ignore=[*model.parameters(), engine.storage.data])
+    with tracker:
+        engine.prefill(seqs)
+    return tracker.peak
+
+
+@pytest.mark.parametrize("name", ["0.6b", "4b"])
+@pytest.mark.parametrize(
+    "dtype, rows, tokens, most",
+    [(torch.bfloat16, 1, 8192, 1.5), (torch.bfloat16, 16, 512, 1.5), (torch.float32, 16, 512, 2.2)],
+)
+def test_the_prefill_pass_terms_bound_a_meta_device_prefill(
+    monkeypatch, name, dtype, rows, tokens, most
+):
+    """The engine's prefill-pass term (its own plan's and the training plan's) and, in fp32, its
+    attention-scores term bound what one prefill pass takes on the meta device: one layer's
+    intermediates (CUDA's fused ops) and the rows' logits, and in fp32 SDPA's math-path scores
+    (the plan counts the scores and their softmax apart; 0.6B at 16 x 512 tokens: 206 MB in bf16
+    for 307 planned, 646 MB in fp32 for 1,151)."""
+    cfg, e = config(name), dtype.itemsize
+    peak = measure_prefill(monkeypatch, name, dtype, rows, tokens)
+    planned = prefill_bytes(cfg, e, rows * tokens, rows)
+    if dtype == torch.float32:
+        planned += math_attention_bytes(cfg, rows, tokens)
+    assert peak <= planned <= most * peak, (peak, planned)
+
+
+def test_the_training_plan_counts_a_prefill_pass_as_a_phase_of_its_own(capsys):
+    """The engine's prefill pass runs while the rollouts are drawn, never during backward or
+    the optimizer step: the plan counts the largest of the three phases. Qwen3-0.6B at its
+    defaults: backward outweighs the pass, which adds nothing; LoRA on one row of 8 + 8 tokens with
+    the fused AdamW step: the pass (8,192 tokens' intermediates, 256 rows' logits, 0.35 GiB) is
+    the peak, which the plan left out before;
+    fp32 adds its attention scores to the pass."""
+    cfg = config("0.6b")
+    plan = plan_memory(cfg, CARDS["80GB"], RunShape())
+    prefill = plan.phase_bytes("a prefill pass")
+    assert prefill == prefill_bytes(cfg, 2, 8192, 256) < plan.phase_bytes("backward")
+    run_long = sum(t.bytes for t in plan.terms if t.counted and t.phase is None)
+    assert plan.fixed_bytes == run_long + plan.phase_bytes("backward")
+    lora = LoraSettings(rank=16)  # a frozen head: the fused loss forms no dW
+    small = RunShape(group_size=1, prompt_tokens=8, max_new_tokens=8, adamw_step="fused", lora=lora)
+    small_plan = plan_memory(cfg, CARDS["80GB"], small)
+    run_long = sum(t.bytes for t in small_plan.terms if t.counted and t.phase is None)
+    assert (
+        small_plan.fixed_bytes == run_long + prefill > run_long + small_plan.phase_bytes("backward")
+    )
+    fp32 = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32"))
+    assert fp32.phase_bytes("a prefill pass") == prefill_bytes(
+        cfg, 4, 8192, 256
+    ) + math_attention_bytes(cfg, 1, 712)
+    assert plan_command.main(["--model", str(MODELS["0.6b"]), "--device-memory", "24GiB"]) == 0
+    assert "| engine prefill pass | (0.35) | during a prefill pass: 8,192 tokens" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.cuda
