@@ -20,7 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr_fast.trl_compat import GRPOConfig, UnsupportedFieldError
+from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.data.synthetic import synthetic_problems
+from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer, UnsupportedFieldError
 from rlvr_fast.trl_compat.run_setup import train_config
 from tests.docs.readme_blocks import ROOT, read_blocks
 from tests.trl_compat.test_trl_launch import TIMES, free_port
@@ -111,6 +113,15 @@ def test_fsdp_settings_not_built_are_refused_by_name(fields, why):
     name = "fsdp_config" if "fsdp_config" in fields else "fsdp"
     with pytest.raises(UnsupportedFieldError, match=f"^GRPOConfig: {name} is not supported.*{why}"):
         args(**fields)
+
+
+def test_fsdp_on_one_process_is_refused_as_the_cli_refuses_it(tmp_path):
+    rows = [{"prompt": render_prompt(p.question)} for p in synthetic_problems("train", 2, seed=5)]
+    config = args(fsdp="full_shard", max_steps=1, per_device_train_batch_size=4)
+    config.output_dir = str(tmp_path)
+    with pytest.raises(ValueError, match="^shard=fsdp needs several ranks"):
+        GRPOTrainer(model="tiny", reward_funcs=lambda **kw: [0.0], args=config, train_dataset=rows)
+    assert not any(tmp_path.iterdir())
 
 
 # What accelerate launch --use_fsdp --fsdp_version 2 sets (its defaults but the version).
