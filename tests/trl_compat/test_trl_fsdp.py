@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from rlvr_fast.data.problems import render_prompt
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer, UnsupportedFieldError
 from rlvr_fast.trl_compat.run_setup import train_config
+from rlvr_fast.trl_compat.trl_checkpoint import resume_from_trl_checkpoint
 from tests.docs.readme_blocks import ROOT, read_blocks
 from tests.trl_compat.test_trl_launch import TIMES, free_port
 
@@ -122,6 +124,12 @@ def test_fsdp_on_one_process_is_refused_as_the_cli_refuses_it(tmp_path):
     with pytest.raises(ValueError, match="^shard=fsdp needs several ranks"):
         GRPOTrainer(model="tiny", reward_funcs=lambda **kw: [0.0], args=config, train_dataset=rows)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_sharded_run_refuses_a_checkpoint_trl_wrote(tmp_path):
+    sharded = SimpleNamespace(trainer=SimpleNamespace(sharded=object()))
+    with pytest.raises(ValueError, match="a checkpoint TRL wrote resumes unsharded"):
+        resume_from_trl_checkpoint(sharded, tmp_path)
 
 
 # What accelerate launch --use_fsdp --fsdp_version 2 sets (its defaults but the version).
