@@ -2,7 +2,7 @@
 its ``fsdp_config`` and ``accelerate launch --use_fsdp --fsdp_version 2`` turn on rlvr_fast's FSDP2
 sharding; what it does not build is refused by name. A TRL script run by 2 sharded ranks (under
 torchrun, and under accelerate's FSDP2 launch) saves its checkpoints and model with every rank
-gathering and rank 0 writing, and ends with one process's weights (within 1e-6 of each tensor's
+gathering and rank 0 writing, evaluates, and ends with one process's weights (within 1e-6 of each tensor's
 largest: the gradients' sums are reduced in another order); its checkpoints resume on one
 process, and one process's on 2 sharded ranks. accelerate's launch runs the config file
 docs/trl.md shows."""
@@ -10,6 +10,7 @@ docs/trl.md shows."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -48,9 +49,11 @@ args = GRPOConfig(
     output_dir=str(out), max_steps=2, num_generations=4, per_device_train_batch_size=batch,
     max_completion_length=8, learning_rate=1e-4, logging_steps=1, report_to="none",
     save_strategy="steps", save_steps=1, bf16=False, use_cpu=True, disable_tqdm=True,
-    fsdp=fsdp or None,
+    eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, fsdp=fsdp or None,
 )
-trainer = GRPOTrainer(model="tiny", reward_funcs=varied, args=args, train_dataset=rows)
+trainer = GRPOTrainer(
+    model="tiny", reward_funcs=varied, args=args, train_dataset=rows, eval_dataset=rows[:4]
+)
 trainer.train(resume_from_checkpoint=resume or None)
 trainer.save_model()
 rank = trainer.accelerator.process_index
@@ -242,9 +245,26 @@ def test_two_sharded_ranks_end_with_one_process_weights(runs):
     assert (one[0]["processes"], one[0]["shard"]) == (1, None)
     for saved in ("", "checkpoint-1", "checkpoint-2"):
         assert_weights_match(base / "one" / saved, base / "two" / saved)
+    # Each rank evaluated its share of the eval rows (the loss through the engine's full copy).
+    for record in two:
+        (evaluated,) = [e for e in record["log"] if "eval_loss" in e]
+        assert math.isfinite(evaluated["eval_loss"]) and evaluated["step"] == 2
     for (loss, norm), (loss_one, norm_one) in zip(losses(two[0]), losses(one[0]), strict=True):
         assert norm == pytest.approx(norm_one, rel=1e-5)
         assert loss == pytest.approx(loss_one, abs=1e-6)
+
+
+def untimed(records: list[dict]) -> list[dict]:
+    """The ranks' records with the logged figures of time (training's and evaluation's) left
+    out."""
+
+    def timed(key: str) -> bool:
+        return key in TIMES or key.endswith(("_runtime", "_per_second"))
+
+    return [
+        {**r, "log": [{k: v for k, v in e.items() if not timed(k)} for e in r["log"]]}
+        for r in records
+    ]
 
 
 def docs_config_file() -> str:
@@ -265,14 +285,7 @@ def test_accelerate_launchs_fsdp2_config_file_runs_sharded_as_torchrun_does(runs
     command = [str(accelerate), "launch", "--config_file", str(config), "--num_processes", "2"]
     command += ["--mixed_precision", "no", "--main_process_port", str(free_port())]
     by_accelerate = launched(command, tmp_path / "accelerate", "", 4, None)
-    untimed = [
-        {**r, "log": [{k: v for k, v in e.items() if k not in TIMES} for e in r["log"]]}
-        for r in by_accelerate
-    ]
-    assert untimed == [
-        {**r, "log": [{k: v for k, v in e.items() if k not in TIMES} for e in r["log"]]}
-        for r in two
-    ]
+    assert untimed(by_accelerate) == untimed(two)
     expected = load_file(str(base / "two" / "model.safetensors"))
     got = load_file(str(tmp_path / "accelerate" / "model.safetensors"))
     assert all(torch.equal(expected[name], got[name]) for name in expected)
