@@ -8,6 +8,7 @@ package (``rlvr_fast/assets/tiny``). Nothing is ever fetched from a model hub.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,17 @@ class Policy:
     def trained_model(self) -> torch.nn.Module:
         """The model a loss with gradients runs through: the sharded copy, or the model."""
         return self.model if self.sharded is None else self.sharded
+
+    @contextmanager
+    def full_copy_passes(self):
+        """Within it, losses without gradients run through the model, the engine's full copy,
+        and never through the sharded copy, whose passes are collectives that every rank makes
+        together (an evaluation's batches are each rank's own)."""
+        sharded, self.sharded = self.sharded, None
+        try:
+            yield
+        finally:
+            self.sharded = sharded
 
     @property
     def decoder(self) -> Qwen3ForCausalLM:

@@ -45,7 +45,8 @@ def batch_loss(rlvr, batch, prompts, completions, texts, groups, masks=None) -> 
             kind.add_reference_logprobs(question)
         questions.append(question)
     counts = [kind.loss_count(q) for q in questions]
-    with torch.no_grad():
+    # Sharded: through the engine's full copy (the same weights, no communication).
+    with torch.no_grad(), rlvr.policy.full_copy_passes():
         losses = [float(kind.loss(q)) for q in questions]
     loss = sum(c * v for c, v in zip(counts, losses)) / max(sum(counts), 1)
     figures = kind.figures(questions)

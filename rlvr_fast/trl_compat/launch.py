@@ -14,20 +14,20 @@ does: NCCL on GPUs, gloo on CPUs. Of what ``accelerate launch`` adds (``ACCELERA
 - no effect: ``--dynamo_backend`` and its options (rlvr_fast runs its own kernels, as for
   ``torch_compile``), ``--gradient_accumulation_steps`` (transformers' Trainer takes the
   args' own, and so does rlvr_fast);
-- refused by name (``refuse_accelerate_settings``): FSDP, DeepSpeed and Megatron-LM
-  (``--use_fsdp``, ``--use_deepspeed``, ``--use_megatron_lm``), and fp8 mixed precision.
+- sharded (``--use_fsdp --fsdp_version 2``, ``ACCELERATE_USE_FSDP``): rlvr_fast's FSDP2 sharding,
+  what it cannot honour refused by name (``rlvr_fast.trl_compat.fsdp``);
+- refused by name (``refuse_accelerate_settings``): DeepSpeed and Megatron-LM
+  (``--use_deepspeed``, ``--use_megatron_lm``), and fp8 mixed precision.
 """
 
 from __future__ import annotations
 
 import os
 
+from rlvr_fast.trl_compat.fsdp import refuse_accelerate_fsdp
+
 # accelerate's environment variables rlvr_fast refuses when on, with the reason.
 REFUSED = {
-    "ACCELERATE_USE_FSDP": (
-        "--use_fsdp",
-        "FSDP through accelerate (rlvr-fast train --shard fsdp shards a native run)",
-    ),
     "ACCELERATE_USE_DEEPSPEED": (
         "--use_deepspeed",
         "DeepSpeed (rlvr_fast's data parallel all-reduces gradients itself)",
@@ -44,6 +44,7 @@ def env_flag(name: str) -> bool:
 def refuse_accelerate_settings() -> None:
     """ValueError naming the ``accelerate launch`` option this process was started with that
     rlvr_fast does not implement."""
+    refuse_accelerate_fsdp()
     for variable, (option, reason) in REFUSED.items():
         if env_flag(variable):
             raise ValueError(

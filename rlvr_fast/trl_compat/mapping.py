@@ -3,7 +3,9 @@ rlvr_fast's ``TrainConfig``: a field of the same name in both takes the value as
 (implied: a new TRL setting that ``TrainConfig`` holds under TRL's name needs no line here);
 ``RENAMED`` lists those that land under another name; ``TRANSFORMED`` those of the same name
 whose value ``rlvr_fast.trl_compat.run_setup.train_config`` works out itself (precision from
-fp16 / bf16, scale_rewards, optim, the arm presets, the sampler's warpers, ...).
+fp16 / bf16, scale_rewards, optim, the arm presets, the sampler's warpers, ...);
+``SHARDING`` those that land in ``shard`` (and ``activation_checkpointing``), with accelerate
+launch's FSDP settings (``rlvr_fast.trl_compat.fsdp``).
 
 ``TRL_SETTINGS``: the settings of ``TrainConfig`` declared as a TRL field (``trl`` in the
 setting's metadata, ``rlvr_fast.utils.settings``), by TRL's name: the facade's ``GRPOConfig``
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlvr_fast.train.config import TrainConfig, setting_fields
+from rlvr_fast.trl_compat.fsdp import shard_settings
 from rlvr_fast.utils.settings import flat_hints, trl_name
 
 # TRL's name -> (TrainConfig's setting, its type).
@@ -57,12 +60,17 @@ TRANSFORMED = frozenset(
     }
 )
 
+# GRPOConfig fields -> the TrainConfig settings they turn on (with accelerate launch's
+# ACCELERATE_USE_FSDP and FSDP_*: shard_settings reads them all).
+SHARDING = {"fsdp": ("shard",), "fsdp_config": ("shard", "activation_checkpointing")}
+
 
 def mapped_settings(args) -> dict:
     """The TrainConfig settings a GRPOConfig ``args`` gives as they are: its fields of the same
-    name (but the ``TRANSFORMED``) and the ``RENAMED`` ones."""
+    name (but the ``TRANSFORMED``) and the ``RENAMED`` ones; then the ``SHARDING`` ones."""
     ours = set(setting_fields())
     theirs = {f.name for f in dataclasses.fields(args) if f.init}
     values = {name: getattr(args, name) for name in sorted((ours & theirs) - TRANSFORMED)}
     values.update({ours: getattr(args, theirs) for theirs, ours in RENAMED.items()})
+    values.update(shard_settings(args))
     return values

@@ -24,17 +24,21 @@ from rlvr_fast.trl_compat.run_setup import eval_datasets
 from rlvr_fast.trl_compat.trl_checkpoint import is_trl_checkpoint, resume_from_trl_checkpoint
 
 ALLOW_NONFINITE = "GRPOConfig(allow_nonfinite=True)"
+# _sync_model's default: take the trainer's saved weights itself.
+GATHER = object()
 
 
 class SavingAndSurface:
     """Mixed into ``GRPOTrainer``: reads its args, state, policy, trainer and callbacks."""
 
     # ------------------------------------------------------------------ saving and resuming
-    def _sync_model(self) -> None:
-        """Give ``self.model`` (a transformers model) the policy's weights."""
+    def _sync_model(self, weights=GATHER) -> None:
+        """Give ``self.model`` (a transformers model) the policy's weights: ``weights``, the
+        trainer's saved weights taken already, or (``GATHER``) taken here (sharded, a collective:
+        every rank calls it)."""
         # A bf16-mixed run's model is its fp32 masters (what the Trainer saves of a bf16 run),
         # in the dtype model_init_kwargs asks for when it names one.
-        weights = self.trainer.saved_weights()
+        weights = self.trainer.saved_weights() if weights is GATHER else weights
         if self.peft_model is not None:  # the caller's PeftModel: its adapter's tensors
             copy_adapters_into(self.peft_model, self.policy.adapters, weights)
             return
@@ -46,25 +50,33 @@ class SavingAndSurface:
         self.model = synced_transformers_model(self.policy, self.model, weights)
         self.callback_handler.model = self.model
 
+    def _writes(self) -> bool:
+        """Whether this rank takes part in a save: rank 0, which writes, and every rank of a
+        sharded run, which gathers."""
+        return distributed.is_main() or self.trainer.sharded is not None
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The trained model as a Hugging Face directory (config, safetensors, tokenizer),
         written beside what ``output_dir`` already holds (checkpoints, the ledger), each file
-        whole."""
-        if not distributed.is_main():
+        whole (sharded: every rank gathers, rank 0 writes; every rank must call it)."""
+        if not self._writes():
             return
         weight = first_nonfinite_weight(self.policy.model)
         if weight is not None and not self.args.allow_nonfinite:
             raise NonFiniteError(
                 f"save_model: weight {weight} is not finite; {ALLOW_NONFINITE} saves it"
             )
+        weights = self.trainer.saved_weights()
+        if not distributed.is_main():
+            return
         with files_into(Path(output_dir or self.args.output_dir)) as staging:
-            self._write_model(staging)
+            self._write_model(staging, weights)
 
-    def _write_model(self, directory: Path) -> None:
+    def _write_model(self, directory: Path, weights) -> None:
         """The model's files, or with LoRA peft's adapter files (as TRL saves a PeftModel: a
         caller's PeftModel saves itself); the processing class's and training_args.bin beside
-        them."""
-        self._sync_model()
+        them (``weights``: the saved weights, gathered by every rank of a sharded run)."""
+        self._sync_model(weights)
         adapters = self.policy.adapters
         if self.peft_model is not None:
             self.peft_model.save_pretrained(directory)
@@ -72,20 +84,29 @@ class SavingAndSurface:
             self.model.save_pretrained(directory)
         else:
             base = str(self.model_dir or self.model.config._name_or_path)
-            adapters.write_files(directory, base, self.trainer.saved_weights())
+            adapters.write_files(directory, base, weights)
             write_adapter_config(self.peft_config, adapters, base, directory)
         self.processing_class.save_pretrained(directory)
         write_training_args(self.args, directory)
 
     def _save_checkpoint(self) -> None:
-        if not distributed.is_main():
+        """checkpoint-N, written by rank 0 (sharded: every rank first gathers the weights and
+        the optimizer's moments whole, one tensor at a time; the state holds whole tensors, so
+        it resumes on any number of ranks)."""
+        if not self._writes():
             return
-        write_state = None
+        write_state, state = None, None
+        step, world = self.state.global_step, distributed.world_size()
         if not self.args.save_only_model:
-            step, world = self.state.global_step, distributed.world_size()
+            sharded = self.trainer.sharded is not None
+            state = self.trainer.checkpointer.state(step, world, sharded=sharded)
 
             def write_state(path: Path) -> None:
-                self.trainer.checkpointer.save(path, step, world)
+                self.trainer.checkpointer.save(path, step, world, state)
+
+        weights = self.trainer.saved_weights()
+        if not distributed.is_main():
+            return
 
         output_dir = Path(self.args.output_dir)
         # As TRL: the model card in output_dir, then the checkpoint.
@@ -94,7 +115,7 @@ class SavingAndSurface:
         written = checkpoints.write_checkpoint(
             output_dir,
             self.state.global_step,
-            self._write_model,
+            lambda directory: self._write_model(directory, weights),
             write_state,
             self.state,
             self._checkpoints_written,

@@ -3,7 +3,8 @@
 Every field is in exactly one table (``tests/trl_compat/test_trl_config.py`` checks them against
 the installed ``trl`` and fails on a field none classifies):
 - ``HONOURED``: rlvr_fast does what TRL does with the field (``VALUE_LIMITS`` names the values
-  of an honoured field that it cannot honour, refused with the reason);
+  of an honoured field that it cannot honour, refused with the reason; ``REFUSAL_OF`` works the
+  reason out for the FSDP settings);
 - ``NO_EFFECT``: a setting of how transformers or TRL execute that cannot change what rlvr_fast
   computes; any value is taken, for the reason given;
 - ``REFUSED``: a feature rlvr_fast does not implement; TRL's default is taken (a script may
@@ -17,6 +18,7 @@ import json
 from enum import Enum
 
 from rlvr_fast.ops.loss_types import LOSS_TYPE_NAMES
+from rlvr_fast.trl_compat.fsdp import fsdp_config_refusal, fsdp_refusal
 from rlvr_fast.trl_compat.mapping import TRL_SETTINGS
 
 # TRL's optim values rlvr_fast honours, each with the optimizer of rlvr_fast.train.stepping it
@@ -78,6 +80,8 @@ HONOURED = {
     "save_only_model": "checkpoints without optimizer and RNG state",
     "remove_unused_columns": "reward functions get only the prompt column",
     "model_init_kwargs": "dtype of a model given as a path (other keys: no effect)",
+    "fsdp": "sharded training (TrainConfig.shard fsdp: FSDP2, full shard)",
+    "fsdp_config": "the FSDP2 settings rlvr_fast builds; activation_checkpointing recomputes",
     "num_generations": "completions per prompt (G)",
     "num_generations_eval": "completions per prompt in evaluation",
     "max_completion_length": "cap on each completion",
@@ -214,11 +218,13 @@ REFUSED = {
     "restore_callback_states_from_checkpoint": "callback states in checkpoints",
     "accelerator_config": "accelerate's data-loader and batch settings",
     "parallelism_config": "tensor, context or sequence parallelism",
-    "fsdp": "sharded training through GRPOTrainer (rlvr-fast train --shard fsdp shards)",
-    "fsdp_config": "sharded training through GRPOTrainer (rlvr-fast train --shard fsdp shards)",
     "deepspeed": "DeepSpeed (rlvr_fast's data parallel all-reduces gradients)",
     "debug": "transformers' debug modes",
 }
+
+# Honoured fields whose values rlvr_fast cannot all honour, each with why a value is not (None
+# when it is): the FSDP settings (rlvr_fast.trl_compat.fsdp).
+REFUSAL_OF = {"fsdp": fsdp_refusal, "fsdp_config": fsdp_config_refusal}
 
 # Values of honoured fields that rlvr_fast cannot honour: (accepted(value), why not).
 VALUE_LIMITS = {
@@ -308,6 +314,10 @@ def check_setting(name: str, value, default) -> None:
                 f"GRPOConfig: {name}={value!r} is not supported by rlvr_fast: {REFUSED[name]} "
                 f"(it takes only TRL's default, {default!r})"
             )
+    elif name in REFUSAL_OF:
+        why = REFUSAL_OF[name](value)
+        if why is not None:
+            raise UnsupportedFieldError(f"GRPOConfig: {name} is not supported by rlvr_fast: {why}")
     elif name in VALUE_LIMITS:
         accepted, why = VALUE_LIMITS[name]
         if not accepted(value):

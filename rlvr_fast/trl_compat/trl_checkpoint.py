@@ -14,7 +14,7 @@ each Hugging Face projection go to its rows of our packed one (``qkv_proj``, ``g
 a LoRA adapter's to ours of the same peft name. The schedule is TRL's ``scheduler.pt`` loaded
 into the run's own, the learning rate TRL's last. Sampling continues from TRL's restored torch
 RNG (rlvr_fast's generator is seeded from it): the continued run is rlvr_fast's, not the
-completions TRL would have drawn.
+completions TRL would have drawn. A sharded run (``fsdp``) refuses it, by name.
 """
 
 from __future__ import annotations
@@ -246,7 +246,13 @@ def restore_rng(trainer, checkpoint: Path) -> None:
 
 def resume_from_trl_checkpoint(trainer, checkpoint: Path) -> None:
     """Load TRL's ``checkpoint`` into ``trainer`` (the facade): weights, AdamW state, schedule,
-    RNG (the trainer state is read by the caller)."""
+    RNG (the trainer state is read by the caller). A sharded run (``fsdp``) refuses it: TRL's
+    weights and moments would load into the engine's copy, not the shards the run steps."""
+    if trainer.trainer.sharded is not None:
+        raise ValueError(
+            f"{checkpoint}: a checkpoint TRL wrote resumes unsharded on rlvr_fast (without "
+            "fsdp); a sharded run resumes from rlvr_fast's own checkpoint-N"
+        )
     check_layout(checkpoint)
     saved_optimizer = load_tensors(checkpoint / OPTIMIZER)
     saved_scheduler = load_tensors(checkpoint / SCHEDULER)

@@ -101,7 +101,6 @@ def args(**fields) -> GRPOConfig:
 @pytest.mark.parametrize(
     "variable,option",
     [
-        ("ACCELERATE_USE_FSDP", "--use_fsdp"),
         ("ACCELERATE_USE_DEEPSPEED", "--use_deepspeed"),
         ("ACCELERATE_USE_MEGATRON_LM", "--use_megatron_lm"),
     ],

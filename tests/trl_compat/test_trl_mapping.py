@@ -9,7 +9,7 @@ import dataclasses
 from rlvr_fast.train.config import TrainConfig, setting_fields
 from rlvr_fast.train.stepping import OPTIMIZERS
 from rlvr_fast.trl_compat import GRPOConfig
-from rlvr_fast.trl_compat.mapping import RENAMED, TRANSFORMED, mapped_settings
+from rlvr_fast.trl_compat.mapping import RENAMED, SHARDING, TRANSFORMED, mapped_settings
 from rlvr_fast.trl_compat.run_setup import optimizer_settings, train_config
 from rlvr_fast.trl_compat.support import TRL_OPTIMIZERS
 
@@ -21,6 +21,7 @@ def test_every_name_in_the_table_is_a_setting_on_both_sides():
     assert set(RENAMED.values()) <= OURS
     assert all(hasattr(GRPOConfig, name) or name in THEIRS for name in RENAMED)
     assert TRANSFORMED <= OURS & THEIRS
+    assert set(SHARDING) <= THEIRS and {s for ours in SHARDING.values() for s in ours} <= OURS
 
 
 def test_same_name_fields_reach_the_config_as_they_are(tmp_path):
