@@ -20,7 +20,6 @@ any number of ranks, sharded or not (one process loads whole tensors from it).
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shutil
@@ -31,7 +30,7 @@ import torch
 
 from rlvr_fast.train import distributed
 from rlvr_fast.train.sharding import whole_tensor
-from rlvr_fast.utils.files import fsync_directory, new_temp_directory, settle_staged_files
+from rlvr_fast.utils.files import new_temp_directory, publish_staged_directory
 
 SHARDS_PREFIX = "shards-"
 SHARDS_NAME = re.compile(r"shards-[0-9a-f]{8}")
@@ -87,10 +86,7 @@ class ShardedCheckpoint:
                 f"{staging}: writing the checkpoint's shards failed: {first_failure(err)}"
             ) from None
         if distributed.is_main():
-            settle_staged_files(staging)
-            fsync_directory(staging)
-            os.replace(staging, final)
-            fsync_directory(checkpoint.parent)
+            publish_staged_directory(staging, final)
         layout = {name: sorted(keys) for name, keys in moments.items()}
         return {
             "directory": final.name,

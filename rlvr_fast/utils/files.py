@@ -332,6 +332,15 @@ def settle_staged_files(staging: Path) -> None:
             fsync_file(item)
 
 
+def publish_staged_directory(staging: Path, final: Path) -> None:
+    """Rename a fully written ``staging`` directory (one ``final`` does not name yet) into place,
+    its files and the rename durable: a kill before the rename leaves only the staging folder."""
+    settle_staged_files(staging)
+    fsync_directory(staging)
+    os.replace(staging, final)
+    fsync_directory(final.parent)
+
+
 @contextlib.contextmanager
 def replaced_directory(directory: str | os.PathLike) -> Iterator[Path]:
     """An empty staging directory beside ``directory``; once the block ends, its files are
