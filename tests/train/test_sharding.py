@@ -311,7 +311,6 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     ("settings", "message"),
     [
         ({"combine_questions": "unit_norm"}, "combine_questions unit_norm is not built"),
-        ({"combine_questions": "pooled", "lora_r": 4}, "LoRA adapters is not built"),
         (
             {"combine_questions": "pooled", "precision": "fp16-mixed"},
             "fp16-mixed's loss scale is not built",
