@@ -312,10 +312,6 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     [
         ({"combine_questions": "unit_norm"}, "combine_questions unit_norm is not built"),
         (
-            {"combine_questions": "pooled", "precision": "fp16-mixed"},
-            "fp16-mixed's loss scale is not built",
-        ),
-        (
             {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
             "polyak_start under a mixed precision is not built",
         ),
