@@ -5,8 +5,9 @@ engine fed from the shards (verl's "hybrid engine", on rlvr_fast's engine).
 Two models live on each rank:
 - the trained one, ``ShardedModel.module``: a copy of the policy with ``fully_shard`` on every
   decoder layer and on the root, so each rank holds 1/W of every weight, gradient and AdamW
-  moment. Under bf16-mixed the sharded parameters are the fp32 masters and FSDP2's
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` casts them for each pass;
+  moment. Under bf16-mixed (fp16-mixed) the sharded parameters are the fp32 masters and FSDP2's
+  ``MixedPrecisionPolicy(param_dtype=bf16 (fp16), reduce_dtype=fp32)`` casts them for each pass
+  (fp16-mixed's loss scale agreed over the ranks: ``rlvr_fast.train.loss_scale``);
 - the engine's, ``policy.model``: the full weights in the compute dtype, which the rollout
   engine decodes from (its CUDA graphs hold their addresses) and every pass without gradients
   reads (old and reference log-probabilities, measured figures). After each optimizer step
@@ -57,10 +58,6 @@ def check_sharding(config, precision: str | None = None) -> None:
         raise ValueError(
             "shard=fsdp with polyak_start under a mixed precision is not built: the average "
             "would be of the engine's rounded copy, not of the sharded fp32 masters"
-        )
-    if config.precision == "fp16-mixed":
-        raise ValueError(
-            "shard=fsdp with fp16-mixed's loss scale is not built: use bf16-mixed or fp32"
         )
 
 
