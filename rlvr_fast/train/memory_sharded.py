@@ -14,7 +14,9 @@ adds.
   pass, with its whole gradient in fp32 before the reduce-scatter; and the reduce-scatter's
   buckets, that gradient again as the collective's input (FSDP2 copies it into one flat buffer);
   both during backward.
-- Dropped: the unit-gradient sum (a sharded run combines questions pooled).
+- Dropped: the unit-gradient sum. The plan is of pooled steps; a sharded step of
+  ``combine_questions=unit_norm`` questions holds 1/W of the gradients more (its sum of unit
+  gradients, ``OptimizerStepping.accumulate_sharded_unit_gradients``), which it does not count.
 """
 
 from __future__ import annotations
