@@ -17,7 +17,9 @@ adds.
   time into the engine's copy (FSDP2's all-gather buffer and the group copied out of it, 2 x e
   bytes a parameter of the group, the gradients already freed), under the gather transient,
   and building the shards at startup holds no second full copy: neither adds a term.
-- Dropped: the unit-gradient sum (a sharded run combines questions pooled).
+- Dropped: the unit-gradient sum. The plan is of pooled steps; a sharded step of
+  ``combine_questions=unit_norm`` questions holds 1/W of the gradients more (its sum of unit
+  gradients, ``OptimizerStepping.accumulate_sharded_unit_gradients``), which it does not count.
 """
 
 from __future__ import annotations

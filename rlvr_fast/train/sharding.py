@@ -54,11 +54,6 @@ def check_sharding(config, precision: str | None = None) -> None:
             "shard=fsdp needs several ranks: launch with --nproc N (N >= 2) or torchrun "
             "(one process holds the whole model anyway)"
         )
-    if config.questions_per_step > 1 and config.combine_questions == "unit_norm":
-        raise ValueError(
-            "shard=fsdp with combine_questions unit_norm is not built: a question's unit "
-            "gradient needs its whole gradient on one rank (use combine_questions pooled)"
-        )
     if config.polyak_start and (precision or config.precision) in MIXED:
         raise ValueError(
             "shard=fsdp with polyak_start under a mixed precision is not built: the average "

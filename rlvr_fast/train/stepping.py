@@ -114,9 +114,18 @@ class OptimizerStepping:
         if decision.active:
             self.model.train()
             # Sharded: the passes of the rank with the most, counted before any pass (FSDP2's
-            # all-gathers and reduce-scatters are collectives inside each pass).
-            passes = distributed.max_over_ranks(len(loss_fns)) if self.sharded else 0
-            if combination == "unit_norm":
+            # all-gathers and reduce-scatters are collectives inside each pass); unit gradients
+            # take every rank's questions in turn, with no pass to level.
+            passes = 0
+            if self.sharded is not None:
+                passes = len(loss_fns)
+                if combination != "unit_norm":
+                    passes = distributed.max_over_ranks(passes)
+            if combination == "unit_norm" and self.sharded is not None:
+                update = self.accumulate_sharded_unit_gradients(
+                    phase, loss_fns, decision.contributing
+                )
+            elif combination == "unit_norm":
                 update = self.accumulate_unit_gradients(phase, loss_fns, decision.contributing)
             elif combination == "pooled":
                 update = self.accumulate_pooled_gradients(phase, loss_fns, weights)
@@ -207,6 +216,41 @@ class OptimizerStepping:
             update.loss += scale * loss
             update.question_losses.append(loss)
             update.question_grad_norms.append(norm)
+        for p, total in zip(self.stepped, totals):
+            p.grad = total
+        return update
+
+    def accumulate_sharded_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
+        """``accumulate_unit_gradients`` sharded. A pass's reduce-scatter sums what every rank's
+        backward gave, so the ranks take the step's questions in turn: in each pass one rank
+        runs its question's loss and the others a zero pass, which leaves every rank its shards
+        of that question's gradient alone; |g_q| is the norm of every rank's shards (a DTensor
+        norm: the squared norms of the shards all-reduced), the same on every rank. Each rank
+        runs every question's pass (its own losses, zero passes for the others'), against
+        data parallel's own questions only."""
+        counts = distributed.all_gather(len(loss_fns))
+        mine = iter(loss_fns)
+        totals = [torch.zeros_like(p) for p in self.stepped]
+        update = Update(loss=0.0)
+        for owner, count in enumerate(counts):
+            for _ in range(count):
+                loss = None
+                if owner == distributed.rank():
+                    loss = self.backward(phase, next(mine))
+                else:
+                    self.zero_passes(phase, 1)
+                with phase("backward"):
+                    grads = [p.grad for p in self.stepped if p.grad is not None]
+                    norm = float(torch.nn.utils.get_total_norm(grads).full_tensor())
+                    scale = 1.0 / (questions * norm) if norm > 0 else 0.0
+                    for p, total in zip(self.stepped, totals):
+                        if p.grad is not None:
+                            total.add_(p.grad, alpha=scale)
+                        p.grad = None
+                if loss is not None:
+                    update.loss += scale * loss
+                    update.question_losses.append(loss)
+                    update.question_grad_norms.append(norm)
         for p, total in zip(self.stepped, totals):
             p.grad = total
         return update
