@@ -24,9 +24,6 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.train.memory_plan import RunShape, plan_memory
 from rlvr_fast.cli.main import main
-from rlvr_fast.train import distributed
-from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.sharding import check_sharding
 from rlvr_fast.run.state_file import load_state
 from rlvr_fast.utils.locks import LOCK_NAME
 
@@ -306,22 +303,6 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("rlvr-fast: error: shard=fsdp needs several ranks") and "\n" not in err
     assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        (
-            {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
-            "polyak_start under a mixed precision is not built",
-        )
-    ],
-)
-def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)
-    config = TrainConfig.from_arm("ra_flat", shard="fsdp", questions_per_step=4, **settings)
-    with pytest.raises(ValueError, match=message):
-        check_sharding(config)
 
 
 CONFIGS = Path(rlvr_fast.__file__).parent / "assets" / "configs"
