@@ -142,12 +142,16 @@ class OptimizerStepping:
                 if finite:
                     update.grad_norm = self.clip_gradients()
                     self.optimizer.step()
+                    # Freed before the publish: a sharded run's refresh gathers beside them.
+                    self.optimizer.zero_grad(set_to_none=True)
                     self.publish()
         elif decision.optimizer_step:
             finite = True
             with phase("optimizer"):
+                moves = self.zero_grad_step_moves()
                 self.zero_grad_step()
-                self.publish()
+                if moves:
+                    self.publish()
         if self.scaler is not None and decision.optimizer_step:
             self.scaler.update(finite)
             update.loss_scale = {"scale": scale, "skipped": not finite}
@@ -282,6 +286,26 @@ class OptimizerStepping:
             norm = norm.full_tensor()
         return float(norm)
 
+    def zero_grad_step_moves(self) -> bool:
+        """Whether a zero-gradient step will move any weight: where the learning rate is not
+        zero, weight decay, or (AdamW) a first moment not zero everywhere. One that moves none
+        publishes nothing (sharded: gathers nothing); sharded, a rank's shards decide with
+        every other rank's (an all_reduce of one flag)."""
+        moves = any(
+            group["lr"] != 0
+            and (
+                group["weight_decay"] != 0
+                or any(
+                    _nonzero(self.optimizer.state.get(p, {}).get("exp_avg"))
+                    for p in group["params"]
+                )
+            )
+            for group in self.optimizer.param_groups
+        )
+        if self.sharded is not None:
+            moves = bool(distributed.max_over_ranks(int(moves), "a zero-gradient step's moves"))
+        return moves
+
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
         moves (weight decay and momentum move them even at g = 0), so steps are never deferred
@@ -309,6 +333,15 @@ class OptimizerStepping:
             load_full_optimizer_state(self.optimizer, state)
         else:
             self.optimizer.load_state_dict(state)
+
+
+def _nonzero(moment) -> bool:
+    """Whether an optimizer state tensor (this rank's shard of a sharded one) holds a value
+    other than zero; False when there is none."""
+    if moment is None:
+        return False
+    local = moment.to_local() if hasattr(moment, "to_local") else moment
+    return bool(local.any())
 
 
 def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:
