@@ -208,10 +208,9 @@ class RLVRTrainer:
 
     @property
     def trained_weights(self):
-        """What the optimizer steps, by name: the model, or under bf16-mixed its fp32 masters
-        (sharded: the shards, which under a mixed precision are the fp32 masters)."""
-        stepping = self.stepping
-        return stepping.masters if stepping.masters is not None else stepping.model
+        """What the optimizer steps, by name: the model, its fp32 masters, or the shards."""
+        masters = self.stepping.masters
+        return masters if masters is not None else self.stepping.model
 
     def saved_weights(self) -> dict | None:
         """What model/ holds in place of the model's weights: under bf16-mixed the fp32 masters
