@@ -9,18 +9,14 @@ adds.
 - Whole on every rank: the engine's copy of the weights in the compute dtype (the unsharded
   plan's weights term, renamed), which rollouts decode from and which is refreshed from the
   shards after each step; the activations, the loss and the KV cache.
-- Added: the gather transient during backward, the larger of a decoder layer's group gathered
-  whole in the compute dtype with its whole gradient in fp32 before the reduce-scatter, and
-  the root's gradient alone (the root's group, the embedding and an untied LM head, is
-  gathered for each pass's forward and freed after it: no backward reads it, as the fused
-  losses form the LM head's gradient in their forward; its gathered weights in forward, e
-  bytes a parameter, sit under the backward's peak with the fused loss's gradient); and the
-  reduce-scatter's buckets, the largest group's gradient again as the collective's input
-  (FSDP2 copies it into one flat buffer). The engine's refresh after the optimizer step
-  gathers one group at a time into the engine's copy (FSDP2's all-gather buffer and the group
-  copied out of it, 2 x e bytes a parameter of the group, the gradients already freed), under
-  those two, and building the shards at startup holds no second full copy: neither adds a
-  term.
+- Added: the gather transient, the largest FSDP group (one decoder layer, or the root: the
+  embedding, the final norm and an untied LM head) gathered whole in the compute dtype for a
+  pass, with its whole gradient in fp32 before the reduce-scatter; and the reduce-scatter's
+  buckets, that gradient again as the collective's input (FSDP2 copies it into one flat buffer);
+  both during backward. The engine's refresh after the optimizer step gathers one group at a
+  time into the engine's copy (FSDP2's all-gather buffer and the group copied out of it, 2 x e
+  bytes a parameter of the group, the gradients already freed), under the gather transient,
+  and building the shards at startup holds no second full copy: neither adds a term.
 - Dropped: the unit-gradient sum. The plan is of pooled steps; a sharded step of
   ``combine_questions=unit_norm`` questions holds 1/W of the gradients more (its sum of unit
   gradients, ``OptimizerStepping.accumulate_sharded_unit_gradients``), which it does not count.
@@ -70,34 +66,28 @@ def sharded_terms(config: ModelConfig, run, terms: list[Term]) -> list[Term]:
             )
             continue
         out.append(term)
-    layer, root = group_sizes(config, run.untied)
+    group, where = largest_group(config, run.untied)
     e = precision.compute
-    if layer * (e + 4) >= root * 4:
-        gather = Term(
+    out.append(
+        Term(
             "gather transient",
-            layer * (e + 4),
-            f"a decoder layer: {layer / 1e6:,.1f}M x ({e} B gathered + 4 B gradient)",
+            group * (e + 4),
+            f"the largest group ({where}): {group / 1e6:,.1f}M x ({e} B gathered + 4 B gradient)",
             phase=BACKWARD,
         )
-    else:
-        gather = Term(
-            "gather transient",
-            root * 4,
-            f"the root's gradient (its weights are not gathered for backward): "
-            f"{root / 1e6:,.1f}M x 4 B",
-            phase=BACKWARD,
-        )
-    out.append(gather)
-    group, where = (root, "the root") if root >= layer else (layer, "a decoder layer")
-    buckets = f"the largest group ({where}): {group / 1e6:,.1f}M x 4 B"
+    )
+    buckets = f"{group / 1e6:,.1f}M x 4 B"
     out.append(Term("reduce-scatter buckets", group * 4, buckets, phase=BACKWARD))
     return out
 
 
-def group_sizes(config: ModelConfig, untied: bool) -> tuple[int, int]:
-    """The parameters of a decoder layer's FSDP group and of the root's (the embedding and an
-    untied LM head; the final norm is a group of its own)."""
+def largest_group(config: ModelConfig, untied: bool) -> tuple[int, str]:
+    """The parameters of the largest FSDP group, and which it is: a decoder layer, or the root
+    (the embedding, the final norm and an untied LM head)."""
+    layers = config.num_hidden_layers
     embedding = config.vocab_size * config.hidden_size
     head = embedding if (untied or not config.tie_word_embeddings) else 0
     per_layer = config.num_parameters(untied=untied) - embedding - head - config.hidden_size
-    return per_layer // config.num_hidden_layers, embedding + head
+    per_layer //= layers
+    root = embedding + head + config.hidden_size
+    return (root, "the root") if root >= per_layer else (per_layer, "a decoder layer")

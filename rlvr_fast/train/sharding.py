@@ -24,10 +24,6 @@ FSDP2's collectives run inside each pass (a layer's all-gather before its forwar
 reduce-scatter after its backward), so every rank must run the same number of passes: a rank
 with fewer losses in a step than another runs passes of zero loss (``zero_pass``) until they
 are level. The reduce-scatter sums (divide factor 1), as the data-parallel all_reduce does.
-The root's group (the embedding, an untied LM head) is gathered for a pass's forward and freed
-after it, not gathered again for backward: every loss with gradients is fused (it forms the LM
-head's gradient in its forward) and the embedding's gradient needs only the token ids, so a
-loss whose backward read the LM head's weight would need the root gathered for backward.
 """
 
 from __future__ import annotations
@@ -123,14 +119,7 @@ class ShardedModel:
         settings = {"mesh": self.mesh} if mixed is None else {"mesh": self.mesh, "mp_policy": mixed}
         for layer in module.model.layers:
             fully_shard(layer, **settings)
-        # The final norm in a group of its own, so that the root's group holds only the
-        # embedding (and an untied LM head), which no backward reads: every training loss is
-        # fused and forms the LM head's gradient in its forward, and the embedding's gradient
-        # needs only the token ids. The root then frees its gathered weights after each pass
-        # and is not gathered again for backward.
-        fully_shard(module.model.norm, **settings)
-        fully_shard(module, reshard_after_forward=True, **settings)
-        module.set_unshard_in_backward(False)
+        fully_shard(module, **settings)
         module.to_empty(device=device)
         # The losses run through the model's inner decoder and its LM head's weight:
         # run_pass brackets them with the root's all-gather as forward would.

@@ -6,7 +6,7 @@ fp32), so that one FSDP group is small against the whole. Each rank prints one J
 - ``startup``: the peak resident set's rise while ``ShardedModel`` is built, beside the bytes of
   this rank's shards, of the full copy and of the largest group;
 - for fp32 and bf16-mixed, ``refresh``: the rise while the engine's copy is refreshed from
-  shards moved by hand, the all-gathers it made (one per FSDP group: 8 layers, the final norm and the root),
+  shards moved by hand, the all-gathers it made (one per FSDP group: 8 layers and the root),
   whether every engine tensor then equals its gathered shards (in the engine's dtype) and
   whether every engine tensor kept its address;
 - ``publishes``: the refreshes that steps ran, with weight decay 0: a zero-gradient step before
