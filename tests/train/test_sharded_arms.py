@@ -41,6 +41,10 @@ LORA += ["--set", "lora_target_modules=all-linear", *POOLED]
 # Trees from the first step (midpoint_mst bifurcates at once).
 TREE = ["--arm", "midpoint_mst", "--set", "t_min=4", "--set", "t_max=16", *POOLED]
 PARALLEL = ["--arm", "shapley_vote", *POOLED]
+# TRL's dapo with a KL reference (a frozen copy of the engine's weights), gradients clipped
+# (every step's norm is above 0.1) and every layer's activations recomputed in backward.
+TRL_LOSS = ["--arm", "ra_flat", "--set", "loss_type=dapo", "--set", "kl_beta=0.04"]
+TRL_LOSS += ["--set", "max_grad_norm=0.1", "--set", "activation_checkpointing=true", *POOLED]
 # Summaries generated from each response's paths, Shapley values by 4 Monte-Carlo orderings
 # (drawn from each question's own generator), 2 steps.
 SUMMARY = ["--arm", "shapley_summary", "--set", "shapley_permutations=4", *POOLED[:-2]]
@@ -89,6 +93,15 @@ def test_lora_adapters_shard_and_train_as_on_one_process(tmp_path):
     assert "shards" in state, "the adapters and their moments in DCP"
     moments = state["shards"]["moments"]
     assert moments and all(".lora_" in name for name in moments), "the frozen base has none"
+
+
+def test_a_kl_reference_clipping_and_checkpointing_shard_as_on_one_process(tmp_path):
+    """The step's TRL figures (entropy, kl, clip ratios) are of every rank's questions."""
+    one, two = one_and_sharded(tmp_path, TRL_LOSS)
+    assert_same_run(one, two)
+    lines = read_jsonl(one / "ledger.jsonl")
+    assert lines[-1]["policy"]["kl"] > 0, "the reference pulls"
+    assert all(line["grad_norm"] > 0.1 for line in lines[1:]), "clipped"
 
 
 def test_tree_steps_shard_as_on_one_process(tmp_path):

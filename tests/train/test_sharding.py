@@ -70,14 +70,20 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_same_run(one: Path, other: Path, weights_atol: float | None = None) -> None:
-    """``other`` ran ``one``'s steps: ledger lines equal but timings and KV peaks, losses and
-    gradient norms to 1e-5 (or 1e-6 absolute: a loss sums terms of both signs, which cancel),
-    rollouts equal, weights within 1e-6 of each tensor's largest (or within ``weights_atol``)."""
+    """``other`` ran ``one``'s steps: ledger lines equal but timings and KV peaks, losses,
+    gradient norms and TRL's policy figures to 1e-5 (or 1e-6 absolute: a loss sums terms of
+    both signs, which cancel), rollouts equal, weights within 1e-6 of each tensor's largest
+    (or within ``weights_atol``)."""
     for a, b in zip(
         read_jsonl(one / "ledger.jsonl"), read_jsonl(other / "ledger.jsonl"), strict=True
     ):
         for name in ("seconds", "peak_kv_blocks"):
             a.pop(name), b.pop(name)
+        figures = [line.pop("policy", None) or {} for line in (a, b)]  # TRL's, to 1e-5
+        assert figures[0].keys() == figures[1].keys()
+        assert [figures[1][k] for k in figures[0]] == pytest.approx(
+            list(figures[0].values()), rel=1e-5, abs=1e-6
+        )
         x, y = rounded_floats(a), rounded_floats(b)
         assert [v is None for v in x] == [v is None for v in y]
         assert [v for v in y if v is not None] == pytest.approx(

@@ -195,7 +195,9 @@ class ParallelKind:
     def measure(self, questions: list[Question], phase: Phases) -> None:
         """Nothing to measure: the study's loss forms no ratio, KL or entropy."""
 
-    def figures(self, questions: list[Question], micro_batches=None) -> dict[str, float]:
+    def figures(
+        self, questions: list[Question], micro_batches=None, *, over_ranks: bool = False
+    ) -> dict[str, float]:
         """No policy figures: the study's loss forms no ratio, KL or entropy."""
         return {}
 
