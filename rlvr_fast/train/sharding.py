@@ -53,8 +53,6 @@ def check_sharding(config, precision: str | None = None) -> None:
             "shard=fsdp with combine_questions unit_norm is not built: a question's unit "
             "gradient needs its whole gradient on one rank (use combine_questions pooled)"
         )
-    if config.lora_r:
-        raise ValueError("shard=fsdp with LoRA adapters is not built: train LoRA unsharded")
     if config.polyak_start and (precision or config.precision) in MIXED:
         raise ValueError(
             "shard=fsdp with polyak_start under a mixed precision is not built: the average "
@@ -71,7 +69,7 @@ def shard_policy(policy, precision: str) -> "ShardedModel":
     cast to the compute dtype. The shards are cut from rank 0's weights, which every rank's
     engine copy starts as (a broadcast)."""
     distributed.broadcast_parameters(policy.model)
-    sharded = ShardedModel(policy.model, precision)
+    sharded = ShardedModel(policy.model, precision, after_refresh=policy.refresh_decoder)
     policy.sharded = sharded.module
     return sharded
 
@@ -90,9 +88,10 @@ def world_size_check(sharded: bool):
 
 class ShardedModel:
     """``model``'s trained copy, sharded over every rank (module docstring); ``model`` itself
-    becomes the engine's full copy in ``precision``'s compute dtype."""
+    becomes the engine's full copy in ``precision``'s compute dtype. ``after_refresh`` runs
+    after each refresh (with LoRA: the engine's merged weights recomputed from the adapters)."""
 
-    def __init__(self, model: torch.nn.Module, precision: str) -> None:
+    def __init__(self, model: torch.nn.Module, precision: str, after_refresh=None) -> None:
         # Imported here: torch.distributed.fsdp takes seconds to import, which a run that does
         # not shard should not pay.
         from torch.distributed.device_mesh import init_device_mesh
@@ -107,6 +106,11 @@ class ShardedModel:
         module = copy.deepcopy(model).to(
             torch.float32 if precision in MIXED else COMPUTE_DTYPES[precision]
         )
+        # Frozen weights (LoRA's base) have no fp32 masters: kept in the compute dtype, as an
+        # unsharded run keeps them.
+        for param in module.parameters():
+            if not param.requires_grad:
+                param.data = param.data.to(COMPUTE_DTYPES[precision])
         mixed = None
         if precision in MIXED:
             mixed = MixedPrecisionPolicy(
@@ -128,13 +132,17 @@ class ShardedModel:
         self.module = module
         self.engine_model = model.to(COMPUTE_DTYPES[precision])
         self.engine_weights = dict(model.named_parameters())
+        self.after_refresh = after_refresh
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """The engine's weights from the shards, one tensor gathered at a time into the
-        engine's own storage (in its dtype)."""
+        """The engine's trained weights from the shards, one tensor gathered at a time into
+        the engine's own storage (in its dtype); frozen ones (LoRA's base) never move."""
         for name, param in self.module.named_parameters():
-            self.engine_weights[name].copy_(param.full_tensor())
+            if param.requires_grad:
+                self.engine_weights[name].copy_(param.full_tensor())
+        if self.after_refresh is not None:
+            self.after_refresh()
 
     @torch.no_grad()
     def load_full(self, weights: dict[str, torch.Tensor]) -> None:

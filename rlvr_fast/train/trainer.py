@@ -151,7 +151,8 @@ class RLVRTrainer:
                 policy, config, self.precision, self.longest_prompt(), self.progress
             )
         self.sharded = shard_policy(policy, self.precision) if config.shard else None
-        # Sharded (LoRA is not): the engine's copy gathered from the shards after a step.
+        # Sharded: the engine's copy gathered from the shards after a step (then, with LoRA,
+        # its merged weights recomputed, as unsharded).
         publish = self.sharded.refresh if self.sharded else policy.refresh_decoder
         self.stepping = OptimizerStepping(
             policy.model, config, self.precision, after_publish=publish, sharded=self.sharded

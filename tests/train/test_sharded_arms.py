@@ -1,0 +1,89 @@
+"""Every arm family sharded (``--shard fsdp``, FSDP2 over gloo) against one process taking every
+question of each step: LoRA adapters, tree steps and parallel-path steps, 3 steps of 4 pooled
+questions each (``test_sharding.py`` covers flat steps, checkpoints and resumes). Each run must
+end as the one-process run did (``assert_same_run``: the ledger but timings and KV peaks, the
+rollouts, weights within 1e-6 of each tensor's largest, ``verify``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from rlvr_fast.cli.main import main
+from rlvr_fast.models.lora import ADAPTER_DIR, WEIGHTS_FILE
+from rlvr_fast.run.state_file import load_state
+
+from tests.train.test_distributed import cli, read_jsonl
+from tests.train.test_sharding import assert_same_run
+
+POOLED = [
+    "--set",
+    "questions_per_step=4",
+    "--set",
+    "combine_questions=pooled",
+    "--set",
+    "max_new_tokens=32",
+    "--set",
+    "gate_min_chars=null",
+    "--set",
+    "eval_before=false",
+    "--quiet",
+    "--steps",
+    "3",
+]
+LR = 1e-3
+LORA = ["--arm", "ra_flat", "--set", f"lr={LR}", "--set", "lora_r=4"]
+LORA += ["--set", "lora_target_modules=all-linear", *POOLED]
+# Trees from the first step (midpoint_mst bifurcates at once).
+TREE = ["--arm", "midpoint_mst", "--set", "t_min=4", "--set", "t_max=16", *POOLED]
+
+
+def one_and_sharded(base: Path, args: list[str], ranks: int = 2) -> tuple[Path, Path]:
+    """A run of ``args`` on one process and on ``ranks`` sharded ranks."""
+    one, sharded = base / "one", base / f"sharded{ranks}"
+    assert main(["train", *args, "--out", str(one)]) == 0
+    done = cli("train", "--nproc", str(ranks), "--shard", "fsdp", *args, "--out", str(sharded))
+    assert done.returncode == 0, done.stderr
+    return one, sharded
+
+
+def contributing(run: Path) -> list[list[bool]]:
+    """Which of each step's questions ran a loss."""
+    return [[q["active"] for q in line["questions"]] for line in read_jsonl(run / "ledger.jsonl")]
+
+
+def test_lora_adapters_shard_and_train_as_on_one_process(tmp_path):
+    """The adapters are sharded with the frozen base (one FSDP group per layer): the merged
+    weights end within 1e-6; the adapters themselves within 2e-3 lr of each other, elementwise
+    (AdamW moves an element whose gradient is below its eps by lr g / eps, so the last bits of
+    a gradient that the sharded sums round otherwise show in it)."""
+    one, two = one_and_sharded(tmp_path, LORA)
+    assert_same_run(one, two)
+    active = contributing(one)
+    assert any(any(a[:2]) and any(a[2:]) for a in active), "both ranks run losses in a step"
+    adapters = [load_file(run / "final" / ADAPTER_DIR / WEIGHTS_FILE) for run in (one, two)]
+    assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 4 * 7 * 2
+    for name, tensor in adapters[0].items():
+        assert (adapters[1][name] - tensor).abs().max() <= 2e-3 * LR, name
+    assert max(float(t.abs().max()) for n, t in adapters[1].items() if "lora_B" in n) > 0
+    state = load_state(two / "checkpoint" / "state.safetensors")
+    assert "shards" in state, "the adapters and their moments in DCP"
+    moments = state["shards"]["moments"]
+    assert moments and all(".lora_" in name for name in moments), "the frozen base has none"
+
+
+def test_tree_steps_shard_as_on_one_process(tmp_path):
+    one, two = one_and_sharded(tmp_path, TREE)
+    assert_same_run(one, two)
+    lines = read_jsonl(one / "rollouts.jsonl")
+    assert all("categories" in q for line in lines for q in line["questions"]), "tree steps"
+    active = contributing(one)
+    assert any(any(a[:2]) for a in active) and any(any(a[2:]) for a in active)
+
+
+@pytest.mark.slow
+def test_tree_steps_on_four_sharded_ranks_as_on_one_process(tmp_path):
+    one, four = one_and_sharded(tmp_path, TREE, ranks=4)
+    assert_same_run(one, four)
