@@ -385,6 +385,29 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_ranks_on_mixed_devices_are_refused_in_one_line_and_write_nothing(tmp_path):
+    """Rank 1 on CUDA, rank 0 on the CPU: their backends (NCCL, gloo) would wait for each
+    other until the timeout; each rank refuses in one line before either joins."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(KILLED_RUN), "mixed", "1", "train", "--shard", "fsdp", *RUN]
+        + ["--steps", "1", "--out", str(out)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "(exitcode: 2)" in done.stderr, done.stderr  # (torchrun's)
+    refusal = (
+        "rlvr-fast: error: the ranks run on mixed devices (rank 0: cpu, rank 1: cuda): one "
+        "process group needs one device type (cuda: NCCL, cpu: gloo); give every rank the same "
+        "--device\n"
+    )
+    assert done.stderr.count(refusal) == 2, done.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
