@@ -206,12 +206,13 @@ def sum_over_ranks(value: int) -> int:
     return int(tensor.item())
 
 
-def max_over_ranks(value: int) -> int:
-    """The largest of an integer over the ranks (an all_reduce)."""
+def max_over_ranks(value: int, what: str = "the step's passes") -> int:
+    """The largest of an integer over the ranks (an all_reduce; ``what`` it is, for its
+    error)."""
     if world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.int64, device=_device())
-    _guarded("the step's all_reduce of passes", dist.all_reduce, tensor, dist.ReduceOp.MAX)
+    _guarded(f"the all_reduce of {what}", dist.all_reduce, tensor, dist.ReduceOp.MAX)
     return int(tensor.item())
 
 

@@ -341,7 +341,8 @@ class RLVRTrainer:
             result = single_question_step(
                 kind, questions[0], step, decision, update, phase.seconds, iteration
             )
-        result.ledger_record.policy = kind.figures(questions) or None
+        # Of every rank's questions, as one process taking them all has them.
+        result.ledger_record.policy = kind.figures(questions, over_ranks=True) or None
         result.ledger_record.loss_scale = update.loss_scale
         if self.recorder is not None:
             self.recorder.write_step(result.ledger_record, result.line)
