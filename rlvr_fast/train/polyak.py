@@ -13,9 +13,10 @@ cache. On the CPU each averaged step copies the weights over once.
 
 Sharded (``rlvr_fast.train.sharding``) the average is of the shards, the weights the optimizer
 steps (under a mixed precision the fp32 masters, not the engine's rounded copy): each rank sums
-its own shards beside them (1/W of the sums), and ``average``, the checkpoint's ``state_dict``
-and ``averaged_weights`` gather each tensor whole in turn (collectives: every rank calls them);
-``load_state_dict`` cuts whole sums (any run's) into each rank's shards.
+its own shards beside them (1/W of the sums), which a sharded checkpoint writes as they are
+(``rlvr_fast.train.sharded_checkpoint``); ``average``, ``averaged_weights`` and ``state_dict``
+(whole sums) gather each tensor whole in turn (collectives: every rank calls them), and
+``load_state_dict`` cuts whole sums (an unsharded run's) into each rank's shards.
 
     polyak = PolyakAverage(model)
     polyak.add(model)                  # after each step of the window

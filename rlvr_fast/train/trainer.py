@@ -183,11 +183,12 @@ class RLVRTrainer:
         identity = checkpoint_identity(
             settings_sha256(self.config_json), config.seed, self.precision
         )
+        components = checkpointed_components(self)
         self.checkpointer = Checkpointer(
-            checkpointed_components(self),
+            components,
             steps=config.steps,
             identity=identity,
-            shards=ShardedCheckpoint(self.stepping),
+            shards=ShardedCheckpoint(self.stepping, components),
         )
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
@@ -373,7 +374,6 @@ class RLVRTrainer:
         with averaged_weights(self.polyak, self.policy.model):
             if self.eval_data:
                 info["eval_polyak"] = self.evaluator.run("polyak")
-            # Mixed: the fp32 average, not the model's rounding (sharded: every rank gathers).
             average = self.polyak.average() if self.precision in MIXED and self.layout else None
             if self.recorder is not None:
                 self.recorder.save_model(self.policy, polyak=True, weights=average)
