@@ -5,8 +5,8 @@ Each side is a fresh ``torchrun`` of this module (``--rank-side dp`` or ``fsdp``
 widths (tied head; ``--layers`` decoder layers, 4 by default: the full 28 take about 10 GB per
 data-parallel rank) in fp32 (``--precision bf16-mixed``: the mixed recipe), with seeded random
 weights written once under /tmp. A step is the trainer's own ``OptimizerStepping.update`` of
-a pooled multi-question step: each rank's loss over a 64-token prompt and 4 completions of 64 tokens (the fused weighted NLL), backward, AdamW; data
-parallel all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's
+a pooled multi-question step: each rank's loss over a 64-token prompt and 4 completions of 64
+tokens (the fused weighted NLL), backward, AdamW; data parallel all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's
 full copy from the shards. Reported per rank: the state the optimizer steps (weights, gradients
 and AdamW moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set
 (``VmHWM`` of /proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux
