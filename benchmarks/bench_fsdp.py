@@ -1,20 +1,21 @@
 """Sharded (FSDP2, ``shard="fsdp"``) against data-parallel training: peak resident memory per rank
 and step time, 2 gloo ranks, the same step, measured side by side.
 
-Each side is a fresh ``torchrun`` of this module (``--rank-side dp`` or ``fsdp``) on Qwen3-0.6B-Base's
-widths (tied head; ``--layers`` decoder layers, 4 by default: the full 28 take about 10 GB per
-data-parallel rank) in fp32 (``--precision bf16-mixed``: the mixed recipe), with seeded random
-weights written once under /tmp. A step is the trainer's own ``OptimizerStepping.update`` of
-a pooled multi-question step: each rank's loss over a 64-token prompt and 4 completions of 64
-tokens (the fused weighted NLL), backward, AdamW; data parallel all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's
-full copy from the shards. Reported per rank: the state the optimizer steps (weights, gradients
-and AdamW moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set
-(``VmHWM`` of /proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux
-carries across fork + exec from the launcher) by phase (``benchmarks.harness.PhasePeaks``: the
-checkpoint's load, the sharding, forward, backward, all_reduce, optimizer, the engine's refresh;
-the per-rank peak is the largest), and the median step time; and on the sharded
-ranks, each rank's peak rise while a checkpoint's weights and moments are saved, gathered whole
-(the format before DCP) and as each rank's shards in DCP.
+Each side is a fresh ``torchrun`` of this module (``--rank-side dp`` or ``fsdp``) on
+Qwen3-0.6B-Base's widths (tied head; ``--layers`` decoder layers, 4 by default: the full 28 take
+about 10 GB per data-parallel rank) in fp32 (``--precision bf16-mixed``: the mixed recipe), with
+seeded random weights written once under /tmp. A step is the trainer's own
+``OptimizerStepping.update`` of a pooled multi-question step: each rank's loss over a 64-token
+prompt and 4 completions of 64 tokens (the fused weighted NLL), backward, AdamW; data parallel
+all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's full copy
+from the shards. Reported per rank: the state the optimizer steps (weights, gradients and AdamW
+moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set (``VmHWM`` of
+/proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux carries across
+fork + exec from the launcher) by phase (``benchmarks.harness.PhasePeaks``: the checkpoint's load,
+the sharding, forward, backward, all_reduce, optimizer, the engine's refresh; the per-rank peak is
+the largest), and the median step time; and on the sharded ranks, each rank's peak rise while a
+checkpoint's weights and moments are saved, gathered whole (the format before DCP) and as each
+rank's shards in DCP.
 
 The goal (issue 36): state per rank <= 0.55x of data parallel's, total peak <= 0.65x. The engine's
 full fp32 copy (4 bytes a parameter) stays on every rank, so in fp32 at 2 ranks the peak cannot
