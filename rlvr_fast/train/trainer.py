@@ -183,11 +183,12 @@ class RLVRTrainer:
         identity = checkpoint_identity(
             settings_sha256(self.config_json), config.seed, self.precision
         )
+        components = checkpointed_components(self)
         self.checkpointer = Checkpointer(
-            checkpointed_components(self),
+            components,
             steps=config.steps,
             identity=identity,
-            shards=ShardedCheckpoint(self.stepping),
+            shards=ShardedCheckpoint(self.stepping, components),
         )
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
