@@ -302,6 +302,7 @@ class Qwen3ForCausalLM(nn.Module):
             )
             context = ForwardContext(positions)
         else:
+            refuse_masked_training(input_ids.device)
             context = ForwardContext(
                 positions_from_mask(attention_mask),
                 mask=causal_padding_mask(attention_mask.bool(), input_ids.shape[1]),
@@ -397,6 +398,19 @@ def runs_in_cpp(context: ForwardContext) -> bool:
         and context.block_tables is not None
         and torch.is_inference_mode_enabled()
     )
+
+
+def refuse_masked_training(device: torch.device) -> None:
+    """A padded forward under autograd on CUDA is refused by name: SDPA's flash kernel takes no
+    mask, so each layer would keep [B, Hq, T, T] scores for backward, which no memory plan
+    counts (``rlvr_fast.train.memory_plan``; the trainer's own passes are unpadded and causal).
+    Without gradients, or on a CPU (whose flash kernel takes the mask), it runs."""
+    if device.type == "cuda" and torch.is_grad_enabled():
+        raise ValueError(
+            "Qwen3ForCausalLM.forward: attention_mask under autograd on CUDA would keep T x T "
+            "attention scores per layer that the memory plan does not count; run it under "
+            "torch.no_grad(), or train through rlvr_fast's trainer (unpadded causal passes)"
+        )
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

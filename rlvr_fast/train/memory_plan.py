@@ -25,7 +25,9 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
   leave the KV cache room for every row of a step, ``rlvr_fast.train.checkpointing``). In fp32 on
   CUDA, SDPA's math path also keeps each layer's attention softmax [G, Hq, T, T] and backward
   forms two more (CUDA's flash kernel takes bf16 / fp16 only, its memory-efficient one no
-  grouped-query attention; ``attention_scores_term``).
+  grouped-query attention; ``attention_scores_term``). A padded (masked) forward under autograd
+  on CUDA, which would keep such scores in any dtype, is refused by name
+  (``rlvr_fast.models.qwen3.refuse_masked_training``); the trainer's passes are unpadded.
   Verified on the meta device at Qwen3 shapes (tests/train/test_memory_plan.py);
 - the fused loss (every loss order the trainer runs): dW accumulated in fp32 [V, H] by the GEMM,
   the hidden states and their gradient [N, H], then the larger of the forward's [chunk, V]

@@ -169,3 +169,28 @@ def test_checkpoint_with_wrong_tensors_is_refused(tmp_path, hf_qwen3):
         load_model(tmp_path)
     with pytest.raises(CheckpointError, match="not a directory"):
         load_model(tmp_path / "nope")
+
+
+def test_a_padded_forward_under_autograd_on_cuda_is_refused_by_name():
+    """SDPA's flash kernel takes no mask: on CUDA a padded training forward would keep T x T
+    scores per layer that no memory plan counts, so it is one line naming the way out; without
+    gradients, or on a CPU (whose flash kernel takes the mask), it runs."""
+    from rlvr_fast.models.qwen3 import refuse_masked_training
+
+    with pytest.raises(ValueError, match="attention_mask under autograd on CUDA") as err:
+        refuse_masked_training(torch.device("cuda", 0))
+    assert "\n" not in str(err.value)
+    refuse_masked_training(torch.device("cpu"))
+    with torch.no_grad():
+        refuse_masked_training(torch.device("cuda"))
+
+
+@pytest.mark.cuda
+def test_the_model_refuses_a_padded_training_forward_on_cuda(hf_qwen3):
+    model = load_model(hf_qwen3[1]).cuda()
+    ids, mask = left_padded_batch(model.config.vocab_size, [9, 4])
+    ids, mask = ids.cuda(), mask.cuda()
+    with pytest.raises(ValueError, match="attention_mask under autograd on CUDA"):
+        model(ids, mask)
+    with torch.no_grad():
+        assert model(ids, mask).shape == (2, 9, model.config.vocab_size)
