@@ -24,7 +24,15 @@ def write_training_args(args, directory: Path) -> None:
 
 def mirror_pad_token(model, tokenizer, gradient_checkpointing: bool) -> None:
     """TRL's model config agrees with the tokenizer on the pad token (config and generation
-    config); under gradient checkpointing the Trainer turns the KV cache off in the config."""
+    config), and transformers' Trainer aligns the special tokens with its own
+    ``align_special_tokens`` (whose output differs by version: 5.17 writes the generation
+    config's end-of-sequence token as a list, later versions as the number); under gradient
+    checkpointing the Trainer turns the KV cache off in the config."""
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.trainer_utils import align_special_tokens
+
+    if isinstance(tokenizer, (PreTrainedTokenizerBase, ProcessorMixin)):
+        align_special_tokens(model, tokenizer)
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     generation = getattr(model, "generation_config", None)
     if generation is not None:
