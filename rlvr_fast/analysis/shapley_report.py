@@ -75,7 +75,8 @@ def load_parallel_steps(run_dir: Path) -> tuple[dict, list[dict]]:
     if not isinstance(config, dict):
         raise RunDirError(f"{config_path}: no 'config' object")
     lines = read_jsonl(rollouts_path)
-    steps = [line for line in lines if "parallel" in line]
+    # A step of several questions lists each question's line (with its step) under "questions".
+    steps = [q for line in lines for q in line.get("questions", [line]) if "parallel" in q]
     if not steps:
         raise ValueError(f"{rollouts_path}: no parallel-path steps (arm {config.get('arm')!r})")
     return config, steps

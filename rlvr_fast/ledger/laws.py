@@ -136,7 +136,6 @@ def _check_multi_question(record: MultiQuestionRecord, require) -> None:
             "bonus pulls it, and "
             "the step trains on one of its completions",
         )
-        require(question.pooled, "questions are of a kind that pools questions")
     require(len({type(q) for q in questions}) == 1, "all questions are records of one kind")
     require(record.active == any(q.active for q in questions), "active iff a question is")
     require(

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
 
 from rlvr_fast.engine.counters import EngineCounters
 from rlvr_fast.ops.loss_types import LOSS_TYPE_FIGURES
@@ -174,9 +173,6 @@ class StepRecord(LedgerRecord):
     lengths: list[int]
     reused: bool = False
     trained: list[int] | None = None
-
-    # False: its kind takes one question per step (its records never share a line).
-    pooled: ClassVar[bool] = True
 
     @classmethod
     def own_fields(cls) -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 Per question: R responses of K paths each. All R K paths are sampled from the prompt, which is
 prefilled once and forked R K times (they share its KV blocks). Path i = r K + j (path j of
 response r) samples from stream ``derive_seed(base, i)``; ``base`` is one draw of the caller's
-generator.
+generator, or for several prompts in one batch (``sample_parallel_batch``) each prompt's own.
 
 Aggregators turn a response's K paths into its final answer:
 
@@ -45,6 +45,7 @@ class ParallelRollout:
     summary_prompts: list[list[int]] = field(default_factory=list)
     summaries: list[list[int]] = field(default_factory=list)
     summary_seeds: list[int] = field(default_factory=list)
+    base: int | None = None  # the root of its sampling streams
 
     @property
     def responses(self) -> int:
@@ -77,6 +78,33 @@ def sample_parallel(
 ) -> ParallelRollout:
     """R = ``responses`` responses of K = ``paths`` paths of one prompt; ``encode`` (text ->
     ids) is needed by the summary aggregator."""
+    (out,) = sample_parallel_batch(
+        engine,
+        [prompt],
+        [base_seed(generator)],
+        responses=responses,
+        paths=paths,
+        params=params,
+        aggregator=aggregator,
+        encode=encode,
+    )
+    return out
+
+
+def sample_parallel_batch(
+    engine: RolloutEngine,
+    prompts: Sequence[Sequence[int]],
+    bases: Sequence[int],
+    *,
+    responses: int,
+    paths: int,
+    params: SamplingParams,
+    aggregator: str = "vote",
+    encode=None,
+) -> list[ParallelRollout]:
+    """``sample_parallel`` of several prompts in one engine batch (their paths, then their
+    summaries), prompt q from base seed ``bases[q]``; every rollout's ``executed`` is the
+    batch's work."""
     if responses < 1 or paths < 1:
         raise ValueError(
             f"sample_parallel: need responses >= 1 and paths >= 1, got {responses} and {paths}"
@@ -85,29 +113,35 @@ def sample_parallel(
         raise ValueError(f"aggregator must be one of {', '.join(AGGREGATORS)}, got {aggregator!r}")
     if aggregator == "summary" and encode is None:
         raise ValueError("the summary aggregator needs encode (the tokenizer's)")
-    base = base_seed(generator)
     count = responses * paths
-    source, rows, summaries = None, [], []
+    sources, rows, summaries = [], [], []
     try:
         with engine.measure() as executed:
-            source = engine.add(prompt)
-            rows = engine.fork(source, n=count, seeds=[derive_seed(base, i) for i in range(count)])
-            engine.run(rows, params)
-            out = ParallelRollout([seq.completion for seq in rows], paths, executed)
+            for prompt, base in zip(prompts, bases, strict=True):
+                sources.append(engine.add(prompt))
+                seeds = [derive_seed(base, i) for i in range(count)]
+                rows.append(engine.fork(sources[-1], n=count, seeds=seeds))
+            engine.run([seq for question in rows for seq in question], params)
+            outs = [
+                ParallelRollout([seq.completion for seq in question], paths, executed, base=base)
+                for question, base in zip(rows, bases)
+            ]
             if aggregator == "summary":
-                out.summary_seeds = [derive_seed(base, count + r) for r in range(responses)]
-                contexts = [
-                    summary_context(out.response_paths(r), encode, engine.eos_token_ids)
-                    for r in range(responses)
-                ]
-                summaries = summarise(engine, source, contexts, out.summary_seeds, params)
-                out.summary_prompts = [list(seq.token_ids[: seq.start]) for seq in summaries]
-                out.summaries = [seq.completion for seq in summaries]
+                for out, source, base in zip(outs, sources, bases):
+                    out.summary_seeds = [derive_seed(base, count + r) for r in range(responses)]
+                    contexts = [
+                        summary_context(out.response_paths(r), encode, engine.eos_token_ids)
+                        for r in range(responses)
+                    ]
+                    summaries.append(fork_summaries(engine, source, contexts, out.summary_seeds))
+                engine.run([seq for question in summaries for seq in question], params)
+                for out, question in zip(outs, summaries):
+                    out.summary_prompts = [list(seq.token_ids[: seq.start]) for seq in question]
+                    out.summaries = [seq.completion for seq in question]
     finally:
-        for seq in [source, *rows, *summaries]:
-            if seq is not None:
-                engine.free(seq)
-    return out
+        for seq in [*sources, *(s for q in rows + summaries for s in q)]:
+            engine.free(seq)
+    return outs
 
 
 def summarise(
@@ -119,11 +153,25 @@ def summarise(
 ) -> list:
     """One summary per context: ``prompt_seq`` forked (sharing its blocks), extended with the
     context, run with ``params``; returns the finished sequences (the caller frees them)."""
+    seqs = fork_summaries(engine, prompt_seq, contexts, seeds)
+    try:
+        engine.run(seqs, params)
+    except BaseException:
+        for seq in seqs:
+            engine.free(seq)
+        raise
+    return seqs
+
+
+def fork_summaries(
+    engine: RolloutEngine, prompt_seq, contexts: Sequence[Sequence[int]], seeds: Sequence[int]
+) -> list:
+    """``prompt_seq`` forked once per context (sharing its blocks), each fork extended with its
+    context, not yet run (the caller frees them)."""
     seqs = engine.fork(prompt_seq, n=len(contexts), seeds=list(seeds))
     try:
         for seq, context in zip(seqs, contexts):
             engine.extend(seq, context)
-        engine.run(seqs, params)
     except BaseException:
         for seq in seqs:
             engine.free(seq)

@@ -17,6 +17,13 @@ Our model stacks Hugging Face's q/k/v and gate/up projections in one tensor (``q
 tensor: each stacked tensor is stepped as the Hugging Face tensors it holds (``row_parts``), one
 factored state per part, so the update is the one TRL's model gets. Gradients in bf16 or fp16
 are stepped in float32, and the state is float32 whatever the weights' dtype, as in transformers.
+
+Sharded (FSDP2, ``rlvr_fast.train.sharding``: each rank holds a run of rows, dim 0, of every
+tensor) each rank steps its own rows: a row's statistics are its own, and what spans rows (a
+matrix's column means, the mean of its row means, the update's RMS) is summed over the ranks,
+one all-reduce of those sums per tensor and one of the squared updates; the state keeps the
+rank's rows of each part and whole column means (``state_dict`` gathers the rows whole, so a
+checkpoint holds what an unsharded run's does; ``load_state_dict`` cuts them again).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import math
 import re
 
 import torch
+import torch.distributed as dist
 
 from rlvr_fast.models.lora import part_rows
 
@@ -62,7 +70,11 @@ class Adafactor(torch.optim.Optimizer):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             for param, rows in zip(group["params"], group["rows"]):
-                if param.grad is not None:
+                if param.grad is None:
+                    continue
+                if sharded(param):
+                    self._step_shard(param, rows, group["lr"], group["weight_decay"])
+                else:
                     self._step_parameter(param, rows, group["lr"], group["weight_decay"])
         return loss
 
@@ -85,17 +97,76 @@ class Adafactor(torch.optim.Optimizer):
         if weight is not param:
             param.copy_(weight)
 
+    def _step_shard(self, param, rows, lr: float, weight_decay: float) -> None:
+        """``_step_parameter``'s arithmetic on this rank's rows of ``param`` (a DTensor), the
+        statistics that span rows summed over the ranks (the module docstring)."""
+        local = param.to_local()
+        grad = param.grad.to_local()
+        grad = grad.float() if grad.dtype in LOW_PRECISION else grad
+        weight = local.float() if local.dtype in LOW_PRECISION else local
+        spans = local_spans(param, rows)
+        state = self.state[param]
+        if not state:
+            state["step"] = 0
+            state["parts"] = [
+                zero_shard_state(grad[a:b], part_rows_count)
+                for (a, b), part_rows_count in zip(spans, rows)
+            ]
+        state["step"] += 1
+        beta2t = 1.0 - math.pow(state["step"], DECAY_RATE)
+        group = param.device_mesh.get_group()
+        parts = [
+            (grad[a:b], weight[a:b], m, n) for (a, b), m, n in zip(spans, state["parts"], rows)
+        ]
+        # The sums over all ranks' rows: each matrix part's column sums of u and the sum of its
+        # running row means, in one all-reduce.
+        sums = [shard_second_moment_sums(g, m, beta2t) for g, _, m, _ in parts]
+        if factored(grad):
+            flat = torch.cat([torch.cat([columns, total.reshape(1)]) for columns, total in sums])
+            dist.all_reduce(flat, group=group)
+            sums = flat.split([columns.numel() + 1 for columns, _ in sums])
+        updates = [shard_update(g, m, beta2t, total, n) for (g, _, m, n), total in zip(parts, sums)]
+        squares = torch.stack([u.square().sum() for u in updates])
+        dist.all_reduce(squares, group=group)
+        columns = param.shape[1] if factored(param) else 1
+        for (_, w, _, n), update, square in zip(parts, updates, squares):
+            part_rms = square.sqrt() / ((n * columns) ** 0.5)
+            update.div_((part_rms / CLIP_THRESHOLD).clamp_(min=1.0))
+            update.mul_(lr)
+            if weight_decay != 0:
+                w.add_(w, alpha=(-weight_decay * lr))
+            w.add_(-update)
+        if weight is not local:
+            local.copy_(weight)
+
+    def state_dict(self) -> dict:
+        """torch's, with a sharded parameter's row statistics gathered whole (a collective:
+        every rank calls it), so that the state is an unsharded run's."""
+        state = super().state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, entry in state["state"].items():
+            param = params[index]
+            if sharded(param):
+                rows = self.param_groups[0]["rows"][index]
+                state["state"][index] = {**entry, "parts": whole_parts(param, rows, entry["parts"])}
+        return state
+
     def load_state_dict(self, state_dict: dict) -> None:
         """torch casts a state's floating tensors to their parameter's dtype; Adafactor's stay
-        float32 (bf16 weights included), so they are put back as saved."""
+        float32 (bf16 weights included), so they are put back as saved (a sharded parameter's:
+        its rows of each part)."""
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
-            device = params[index].device
-            self.state[params[index]]["parts"] = [
+            param = params[index]
+            device = param.device
+            parts = [
                 {k: t.to(device=device, dtype=torch.float32, copy=True) for k, t in m.items()}
                 for m in saved["parts"]
             ]
+            if sharded(param):
+                parts = local_parts(param, self.param_groups[0]["rows"][index], parts)
+            self.state[param]["parts"] = parts
 
 
 def zero_state(part: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -121,6 +192,106 @@ def second_moment_update(grad: torch.Tensor, moments: dict, beta2t: float) -> to
     r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
     c_factor = col.unsqueeze(-2).rsqrt()
     return torch.mul(r_factor, c_factor).mul_(grad)
+
+
+def sharded(param: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's sharded parameter), told without importing it."""
+    return hasattr(param, "to_local")
+
+
+def local_rows(param) -> tuple[int, int]:
+    """The rows (start, stop) of ``param`` (a DTensor sharded on dim 0 as FSDP2 shards it:
+    torch.chunk's rows, ceil(n / W) a rank, the last ranks fewer or none) this rank holds."""
+    from torch.distributed.tensor import Shard
+
+    if tuple(param.placements) != (Shard(0),) or param.dim() > 2:
+        raise ValueError(
+            "Adafactor steps shards of dim 0 of vectors and matrices (FSDP2's), got "
+            f"{tuple(param.placements)} of a {param.dim()}-D tensor"
+        )
+    total, mesh = param.shape[0], param.device_mesh
+    chunk = -(-total // mesh.size())
+    first = min(mesh.get_local_rank() * chunk, total)
+    last = min(first + chunk, total)
+    if param.to_local().shape[0] != last - first:
+        raise ValueError("Adafactor: a shard's rows are not torch.chunk's (not FSDP2's sharding)")
+    return first, last
+
+
+def local_spans(param, rows) -> list[tuple[int, int]]:
+    """(start, stop) in this rank's rows of each part of ``param``; a part with no row here
+    has start == stop."""
+    first, last = local_rows(param)
+    spans, start = [], 0
+    for count in rows:
+        lo, hi = max(start, first), min(start + count, last)
+        spans.append((lo - first, max(lo, hi) - first))
+        start += count
+    return spans
+
+
+def zero_shard_state(part: torch.Tensor, rows: int) -> dict[str, torch.Tensor]:
+    """A part's statistics on a rank holding ``part``, its rows of a part of ``rows`` rows:
+    its rows' means and whole column means of a matrix, or a vector's own."""
+    state = zero_state(part)
+    if factored(part):
+        state["exp_avg_sq_col"] = torch.zeros(part.shape[-1:]).to(part)
+    return state
+
+
+def shard_second_moment_sums(grad, moments: dict, beta2t: float):
+    """The rank's rows' running row means (or a vector's second moment) advanced by
+    ``grad``; a matrix's (column sums of u, sum of its rows' running means), to be summed over
+    the ranks, else an empty tensor and a zero."""
+    update = (grad**2) + EPS_SQUARED
+    if not factored(grad):
+        moments["exp_avg_sq"].mul_(beta2t).add_(update, alpha=(1.0 - beta2t))
+        return update.new_zeros(0), update.new_zeros(())
+    row = moments["exp_avg_sq_row"]
+    row.mul_(beta2t).add_(update.mean(dim=-1), alpha=(1.0 - beta2t))
+    return update.sum(dim=-2), row.sum()
+
+
+def shard_update(grad, moments: dict, beta2t: float, sums, rows: int) -> torch.Tensor:
+    """grad / sqrt(second moment) on the rank's rows, ``sums`` (``shard_second_moment_sums``'
+    summed over the ranks) giving the whole part's column means and mean row mean."""
+    if not factored(grad):
+        return moments["exp_avg_sq"].rsqrt().mul_(grad)
+    col = moments["exp_avg_sq_col"]
+    col.mul_(beta2t).add_(sums[:-1] / rows, alpha=(1.0 - beta2t))
+    row = moments["exp_avg_sq_row"]
+    r_factor = (row / (sums[-1] / rows)).rsqrt_().unsqueeze(-1)
+    c_factor = col.unsqueeze(-2).rsqrt()
+    return torch.mul(r_factor, c_factor).mul_(grad)
+
+
+ROW_KEYS = ("exp_avg_sq_row", "exp_avg_sq")  # the statistics of a part's own rows
+
+
+def whole_parts(param, rows, parts: list[dict]) -> list[dict]:
+    """Each part's statistics whole: the rows every rank holds gathered (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    key = ROW_KEYS[0] if factored(param) else ROW_KEYS[1]
+    mine = torch.cat([part[key] for part in parts])
+    whole = DTensor.from_local(
+        mine, param.device_mesh, param.placements, shape=param.shape[:1], stride=(1,)
+    ).full_tensor()
+    return [
+        {**part, key: rows_of_part.clone()}
+        for part, rows_of_part in zip(parts, whole.split(list(rows)))
+    ]
+
+
+def local_parts(param, rows, parts: list[dict]) -> list[dict]:
+    """Whole parts' statistics (``whole_parts``') cut to this rank's rows of each."""
+    key = ROW_KEYS[0] if factored(param) else ROW_KEYS[1]
+    spans, starts = local_spans(param, rows), [sum(rows[:i]) for i in range(len(rows))]
+    first, _ = local_rows(param)
+    return [
+        {**part, key: part[key][first + a - start : first + b - start].clone()}
+        for part, (a, b), start in zip(parts, spans, starts)
+    ]
 
 
 def rms(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,7 +322,8 @@ def check_adafactor_state(state: dict, optimizer: Adafactor) -> None:
     for index, entry in state["state"].items():
         if not isinstance(index, int) or not 0 <= index < len(params):
             raise ValueError(f"optimizer state for parameter {index!r}, the run has {len(params)}")
-        parts = params[index].detach().split(group["rows"][index])
+        # (the global shape: a sharded parameter's whole parts)
+        parts = torch.empty(params[index].shape, device="meta").split(group["rows"][index])
         if not isinstance(entry.get("step"), int) or len(entry["parts"]) != len(parts):
             raise ValueError(f"Adafactor state of parameter {index} is not this model's")
         for part, moments in zip(parts, entry["parts"]):

@@ -6,7 +6,10 @@ whose gradients hold an infinity or a NaN (the scaled fp16 backward overflowed) 
 optimizer step and halves the scale; after 2,000 clean steps in a row the scale doubles (unless
 that would overflow float32). A zero-gradient step (``rlvr_fast.train.decision``: no backward)
 is a clean step, as TRL's backward of a zero loss through the GradScaler is. The scale stays a
-power of two, so scaling and unscaling are exact.
+power of two, so scaling and unscaling are exact. Sharded (``rlvr_fast.train.sharding``), each
+rank unscales and checks its own shards of the gradients, and the ranks' findings are
+all-reduced: an overflow in one rank's shard skips the step on every rank, and every rank's
+scale stays the same.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from rlvr_fast.train import distributed
 
 INIT_SCALE = 2.0**16
 GROWTH_FACTOR = 2.0
@@ -32,12 +37,18 @@ class LossScaler:
 
     @torch.no_grad()
     def unscale_(self, params) -> bool:
-        """Divide ``params``' gradients by the scale; whether every one is finite."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return True
-        torch._foreach_mul_(grads, 1.0 / self.scale)
-        return bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        """Divide ``params``' gradients by the scale; whether every one is finite (sharded:
+        every rank's shards, agreed over the ranks, a collective)."""
+        params = list(params)
+        sharded = any(hasattr(p, "to_local") for p in params)
+        grads = [p.grad.to_local() if sharded else p.grad for p in params if p.grad is not None]
+        finite = True
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / self.scale)
+            finite = bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        if sharded:
+            finite = distributed.max_over_ranks(int(not finite)) == 0
+        return finite
 
     def update(self, finite: bool) -> None:
         """After a step: back off on an overflow, grow after GROWTH_INTERVAL clean steps."""

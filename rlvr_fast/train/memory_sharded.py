@@ -13,8 +13,13 @@ adds.
   embedding, the final norm and an untied LM head) gathered whole in the compute dtype for a
   pass, with its whole gradient in fp32 before the reduce-scatter; and the reduce-scatter's
   buckets, that gradient again as the collective's input (FSDP2 copies it into one flat buffer);
-  both during backward.
-- Dropped: the unit-gradient sum (a sharded run combines questions pooled).
+  both during backward. The engine's refresh after the optimizer step gathers one group at a
+  time into the engine's copy (FSDP2's all-gather buffer and the group copied out of it, 2 x e
+  bytes a parameter of the group, the gradients already freed), under the gather transient,
+  and building the shards at startup holds no second full copy: neither adds a term.
+- Dropped: the unit-gradient sum. The plan is of pooled steps; a sharded step of
+  ``combine_questions=unit_norm`` questions holds 1/W of the gradients more (its sum of unit
+  gradients, ``OptimizerStepping.accumulate_sharded_unit_gradients``), which it does not count.
 """
 
 from __future__ import annotations

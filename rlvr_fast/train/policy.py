@@ -28,6 +28,7 @@ import torch
 from rlvr_fast.models.lora import base_twin, merged_twin
 from rlvr_fast.ops.loss_types import loss_type, padded, token_mean
 from rlvr_fast.ops.policy_loss import PolicyLossSettings, PolicyLossStats, high_entropy_mask
+from rlvr_fast.train import distributed
 from rlvr_fast.train.policy_config import op_settings
 
 
@@ -182,6 +183,10 @@ class ReferenceModel(torch.nn.Module):
                 ref.mul_(1.0 - self.alpha).add_(param.to(ref.dtype), alpha=self.alpha)
 
 
+# SequenceFigures' tensors, in its fields' order.
+FIGURE_TENSORS = ("entropy", "ratio", "kl", "advantages")
+
+
 @dataclass
 class SequenceFigures:
     """Per-token figures of S sequences back to back (``PolicyLossStats``' entropy, ratio and
@@ -192,6 +197,11 @@ class SequenceFigures:
     kl: torch.Tensor
     advantages: torch.Tensor
     lengths: list[int]
+
+    def to_cpu(self) -> "SequenceFigures":
+        return SequenceFigures(
+            *(getattr(self, name).cpu() for name in FIGURE_TENSORS), list(self.lengths)
+        )
 
     @classmethod
     def of(cls, terms: list[PolicyTerms]) -> "SequenceFigures":
@@ -225,6 +235,8 @@ def step_figures(
     terms: list[PolicyTerms],
     settings: PolicyLossSettings,
     micro_batches: list[list[int]] | None = None,
+    *,
+    over_ranks: bool = False,
 ) -> dict[str, float]:
     """TRL's per-step policy metrics of the questions whose last pass was measured (every
     question of a step on TRL's loss types: those without a loss by a pass of their own):
@@ -233,13 +245,28 @@ def step_figures(
     (sequence-level ratios: its sequences), and logs their mean: ``micro_batches`` (lists of
     sequence indices, question after question) cut the step so; None: one micro-batch."""
     measured = [t for t in terms if t.stats is not None]
-    if not measured:
+    figures = SequenceFigures.of(measured) if measured else None
+    if over_ranks:
+        figures = gathered_figures(figures)
+    if figures is None:
         return {}
-    figures = SequenceFigures.of(measured)
     if micro_batches is None:
         return batch_figures(figures, settings)
     per_batch = [batch_figures(figures.select(b), settings) for b in micro_batches]
     return {name: _nan_mean([f[name] for f in per_batch]) for name in per_batch[0]}
+
+
+def gathered_figures(figures: SequenceFigures | None) -> SequenceFigures | None:
+    """Every rank's figures of its questions (a collective), in rank order, which is question
+    order: the step's figures as one process taking every question has them."""
+    parts = distributed.all_gather(None if figures is None else figures.to_cpu())
+    parts = [part for part in parts if part is not None]
+    if not parts:
+        return None
+    return SequenceFigures(
+        *(torch.cat([getattr(p, name) for p in parts]) for name in FIGURE_TENSORS),
+        [n for p in parts for n in p.lengths],
+    )
 
 
 def batch_figures(figures: SequenceFigures, settings: PolicyLossSettings) -> dict[str, float]:

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from rlvr_fast.train import distributed
 from rlvr_fast.train.losses import completion_logprobs, completion_stats, policy_loss
 from rlvr_fast.train.policy import (
     EntropyControl,
@@ -92,13 +93,20 @@ class TRLPolicyLoss:
         )
 
     def figures(
-        self, terms: list[PolicyTerms], micro_batches: list[list[int]] | None = None
+        self,
+        terms: list[PolicyTerms],
+        micro_batches: list[list[int]] | None = None,
+        *,
+        over_ranks: bool = False,
     ) -> dict[str, float]:
-        """TRL's policy figures of a step's groups (``step_figures``), with the entropy bonus's
-        loss and coefficient (after the step's update, as TRL logs it)."""
-        figures = step_figures(terms, self.settings, micro_batches)
+        """TRL's policy figures of a step's groups (``step_figures``; ``over_ranks``: every
+        rank's, a collective), with the entropy bonus's loss and coefficient (after the step's
+        update, as TRL logs it)."""
+        figures = step_figures(terms, self.settings, micro_batches, over_ranks=over_ranks)
         if self.config.entropy_bonus:
             losses = [t.policy_loss for t in terms if t.policy_loss is not None]
+            if over_ranks:
+                losses = [loss for part in distributed.all_gather(losses) for loss in part]
             if losses:
                 figures["policy_loss"] = sum(losses) / len(losses)
             control = self.entropy_control

@@ -5,14 +5,20 @@ engine fed from the shards (verl's "hybrid engine", on rlvr_fast's engine).
 Two models live on each rank:
 - the trained one, ``ShardedModel.module``: a copy of the policy with ``fully_shard`` on every
   decoder layer and on the root, so each rank holds 1/W of every weight, gradient and AdamW
-  moment. Under bf16-mixed the sharded parameters are the fp32 masters and FSDP2's
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` casts them for each pass;
+  moment. Under bf16-mixed (fp16-mixed) the sharded parameters are the fp32 masters and FSDP2's
+  ``MixedPrecisionPolicy(param_dtype=bf16 (fp16), reduce_dtype=fp32)`` casts them for each pass
+  (fp16-mixed's loss scale agreed over the ranks: ``rlvr_fast.train.loss_scale``);
 - the engine's, ``policy.model``: the full weights in the compute dtype, which the rollout
   engine decodes from (its CUDA graphs hold their addresses) and every pass without gradients
   reads (old and reference log-probabilities, measured figures). After each optimizer step
-  ``refresh`` gathers the shards into it one tensor at a time, into the same storage: the
-  transient is one tensor, never a second full copy. A step that moves no weight (skipped)
-  publishes nothing and gathers nothing.
+  ``refresh`` gathers the shards into it one FSDP group (a decoder layer, the root) at a time,
+  into the same storage (with LoRA, only its adapters, a tensor at a time): the transient is
+  one group, never a second full copy. A step that moves no weight (skipped, or a
+  zero-gradient step with no first moment and no weight decay) publishes nothing and gathers
+  nothing.
+
+The trained copy is built without a second full copy either: its structure on the meta device,
+sharded, then each rank's shards allocated and cut from the engine's weights a tensor at a time.
 
 FSDP2's collectives run inside each pass (a layer's all-gather before its forward, its
 reduce-scatter after its backward), so every rank must run the same number of passes: a rank
@@ -48,21 +54,10 @@ def check_sharding(config, precision: str | None = None) -> None:
             "shard=fsdp needs several ranks: launch with --nproc N (N >= 2) or torchrun "
             "(one process holds the whole model anyway)"
         )
-    if config.questions_per_step > 1 and config.combine_questions == "unit_norm":
-        raise ValueError(
-            "shard=fsdp with combine_questions unit_norm is not built: a question's unit "
-            "gradient needs its whole gradient on one rank (use combine_questions pooled)"
-        )
-    if config.lora_r:
-        raise ValueError("shard=fsdp with LoRA adapters is not built: train LoRA unsharded")
     if config.polyak_start and (precision or config.precision) in MIXED:
         raise ValueError(
             "shard=fsdp with polyak_start under a mixed precision is not built: the average "
             "would be of the engine's rounded copy, not of the sharded fp32 masters"
-        )
-    if config.precision == "fp16-mixed":
-        raise ValueError(
-            "shard=fsdp with fp16-mixed's loss scale is not built: use bf16-mixed or fp32"
         )
 
 
@@ -71,7 +66,7 @@ def shard_policy(policy, precision: str) -> "ShardedModel":
     cast to the compute dtype. The shards are cut from rank 0's weights, which every rank's
     engine copy starts as (a broadcast)."""
     distributed.broadcast_parameters(policy.model)
-    sharded = ShardedModel(policy.model, precision)
+    sharded = ShardedModel(policy.model, precision, after_refresh=policy.refresh_decoder)
     policy.sharded = sharded.module
     return sharded
 
@@ -90,9 +85,10 @@ def world_size_check(sharded: bool):
 
 class ShardedModel:
     """``model``'s trained copy, sharded over every rank (module docstring); ``model`` itself
-    becomes the engine's full copy in ``precision``'s compute dtype."""
+    becomes the engine's full copy in ``precision``'s compute dtype. ``after_refresh`` runs
+    after each refresh (with LoRA: the engine's merged weights recomputed from the adapters)."""
 
-    def __init__(self, model: torch.nn.Module, precision: str) -> None:
+    def __init__(self, model: torch.nn.Module, precision: str, after_refresh=None) -> None:
         # Imported here: torch.distributed.fsdp takes seconds to import, which a run that does
         # not shard should not pay.
         from torch.distributed.device_mesh import init_device_mesh
@@ -104,9 +100,17 @@ class ShardedModel:
 
         device = model.lm_head.weight.device
         self.mesh = init_device_mesh(device.type, (distributed.world_size(),))
-        module = copy.deepcopy(model).to(
+        # The trained copy's structure with its parameters on the meta device: sharded first,
+        # then allocated shard by shard and cut from the engine's weights, so that no rank
+        # ever holds a second full copy of the model.
+        module = structure_copy(model).to(
             torch.float32 if precision in MIXED else COMPUTE_DTYPES[precision]
         )
+        # Frozen weights (LoRA's base) have no fp32 masters: kept in the compute dtype, as an
+        # unsharded run keeps them.
+        for param in module.parameters():
+            if not param.requires_grad:
+                param.data = param.data.to(COMPUTE_DTYPES[precision])
         mixed = None
         if precision in MIXED:
             mixed = MixedPrecisionPolicy(
@@ -116,6 +120,7 @@ class ShardedModel:
         for layer in module.model.layers:
             fully_shard(layer, **settings)
         fully_shard(module, **settings)
+        module.to_empty(device=device)
         # The losses run through the model's inner decoder and its LM head's weight:
         # run_pass brackets them with the root's all-gather as forward would.
         register_fsdp_forward_method(module, "run_pass")
@@ -126,25 +131,55 @@ class ShardedModel:
                 sharded.set_gradient_divide_factor(1.0)
                 sharded.set_force_sum_reduction_for_comms(True)
         self.module = module
+        self.cut_shards(dict(model.named_parameters()))
         self.engine_model = model.to(COMPUTE_DTYPES[precision])
         self.engine_weights = dict(model.named_parameters())
+        self.after_refresh = after_refresh
+        # Each FSDP group (a decoder layer, the root) with the engine's tensors of its trained
+        # parameters, by their names in the group, and whether the group trains all of its
+        # parameters: what refresh gathers at a time.
+        self.groups = []
+        for prefix, group, names in fsdp_groups(module):
+            trained = [name for name in names if group.get_parameter(name).requires_grad]
+            targets = [(name, self.engine_weights[f"{prefix}{name}"]) for name in trained]
+            if targets:
+                self.groups.append((group, targets, len(trained) == len(names)))
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """The engine's weights from the shards, one tensor gathered at a time into the
-        engine's own storage (in its dtype)."""
-        for name, param in self.module.named_parameters():
-            self.engine_weights[name].copy_(param.full_tensor())
+        """The engine's trained weights from the shards, copied into the engine's own storage
+        (its tensors keep their addresses: its CUDA graphs). A group whose every weight trains
+        (a decoder layer, the root) is gathered whole by one all-gather (FSDP2 casts the shards
+        to the compute dtype first), copied, and freed: the transient is that group, never a
+        second full copy. In a group with frozen weights (LoRA's base, which never moves) the
+        trained ones (the adapters) are gathered one tensor at a time."""
+        for group, targets, whole in self.groups:
+            if whole:
+                group.unshard()
+                for name, engine in targets:
+                    engine.copy_(group.get_parameter(name))
+                group.reshard()
+            else:
+                for name, engine in targets:
+                    engine.copy_(group.get_parameter(name).full_tensor())
+        if self.after_refresh is not None:
+            self.after_refresh()
 
     @torch.no_grad()
-    def load_full(self, weights: dict[str, torch.Tensor]) -> None:
-        """Each rank's shards cut from full ``weights`` (by name; a checkpoint's), then the
-        engine's copy refreshed from them."""
+    def cut_shards(self, weights: dict[str, torch.Tensor]) -> None:
+        """Each rank's shards cut from full ``weights`` (by name), one tensor at a time and
+        without communication: every rank holds the same full weights."""
         from torch.distributed.tensor import distribute_tensor
 
         for name, param in self.module.named_parameters():
-            full = weights[name].to(device=param.device, dtype=param.dtype)
-            param.to_local().copy_(distribute_tensor(full, self.mesh, param.placements).to_local())
+            full = weights[name].to(device=param.device)
+            mine = distribute_tensor(full, self.mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(mine.to_local())
+
+    def load_full(self, weights: dict[str, torch.Tensor]) -> None:
+        """Each rank's shards cut from full ``weights`` (by name; a checkpoint's, which every
+        rank loaded), then the engine's copy refreshed from them."""
+        self.cut_shards(weights)
         self.refresh()
 
     def components(self, precision: str) -> dict:
@@ -180,6 +215,35 @@ class ShardedModel:
         ids = torch.zeros((1, 1), dtype=torch.long, device=model.lm_head.weight.device)
         hidden = model.model(ids, ForwardContext(torch.zeros_like(ids)))
         return (hidden.sum() + model.lm_head.weight.sum()) * 0.0
+
+
+def structure_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters are empty tensors on the meta device (tied ones
+    stay tied): its structure without a byte of its weights."""
+    meta = {
+        id(param): torch.nn.Parameter(
+            torch.empty_like(param, device="meta"), requires_grad=param.requires_grad
+        )
+        for param in model.parameters()
+    }
+    return copy.deepcopy(model, memo=meta)
+
+
+def fsdp_groups(module: torch.nn.Module):
+    """(name prefix, FSDP module, names of the parameters its group holds) for every module
+    ``fully_shard`` wrapped: its parameters but those of the groups inside it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, FSDPModule)]
+    for prefix, group in groups:
+        inner = {
+            id(param)
+            for sub in group.modules()
+            if sub is not group and isinstance(sub, FSDPModule)
+            for param in sub.parameters()
+        }
+        names = [name for name, param in group.named_parameters() if id(param) not in inner]
+        yield (f"{prefix}." if prefix else ""), group, names
 
 
 class ShardedWeights:

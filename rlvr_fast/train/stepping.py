@@ -114,9 +114,18 @@ class OptimizerStepping:
         if decision.active:
             self.model.train()
             # Sharded: the passes of the rank with the most, counted before any pass (FSDP2's
-            # all-gathers and reduce-scatters are collectives inside each pass).
-            passes = distributed.max_over_ranks(len(loss_fns)) if self.sharded else 0
-            if combination == "unit_norm":
+            # all-gathers and reduce-scatters are collectives inside each pass); unit gradients
+            # take every rank's questions in turn, with no pass to level.
+            passes = 0
+            if self.sharded is not None:
+                passes = len(loss_fns)
+                if combination != "unit_norm":
+                    passes = distributed.max_over_ranks(passes)
+            if combination == "unit_norm" and self.sharded is not None:
+                update = self.accumulate_sharded_unit_gradients(
+                    phase, loss_fns, decision.contributing
+                )
+            elif combination == "unit_norm":
                 update = self.accumulate_unit_gradients(phase, loss_fns, decision.contributing)
             elif combination == "pooled":
                 update = self.accumulate_pooled_gradients(phase, loss_fns, weights)
@@ -133,12 +142,16 @@ class OptimizerStepping:
                 if finite:
                     update.grad_norm = self.clip_gradients()
                     self.optimizer.step()
+                    # Freed before the publish: a sharded run's refresh gathers beside them.
+                    self.optimizer.zero_grad(set_to_none=True)
                     self.publish()
         elif decision.optimizer_step:
             finite = True
             with phase("optimizer"):
+                moves = self.zero_grad_step_moves()
                 self.zero_grad_step()
-                self.publish()
+                if moves:
+                    self.publish()
         if self.scaler is not None and decision.optimizer_step:
             self.scaler.update(finite)
             update.loss_scale = {"scale": scale, "skipped": not finite}
@@ -207,6 +220,41 @@ class OptimizerStepping:
             p.grad = total
         return update
 
+    def accumulate_sharded_unit_gradients(self, phase: Phases, loss_fns, questions: int) -> Update:
+        """``accumulate_unit_gradients`` sharded. A pass's reduce-scatter sums what every rank's
+        backward gave, so the ranks take the step's questions in turn: in each pass one rank
+        runs its question's loss and the others a zero pass, which leaves every rank its shards
+        of that question's gradient alone; |g_q| is the norm of every rank's shards (a DTensor
+        norm: the squared norms of the shards all-reduced), the same on every rank. Each rank
+        runs every question's pass (its own losses, zero passes for the others'), against
+        data parallel's own questions only."""
+        counts = distributed.all_gather(len(loss_fns))
+        mine = iter(loss_fns)
+        totals = [torch.zeros_like(p) for p in self.stepped]
+        update = Update(loss=0.0)
+        for owner, count in enumerate(counts):
+            for _ in range(count):
+                loss = None
+                if owner == distributed.rank():
+                    loss = self.backward(phase, next(mine))
+                else:
+                    self.zero_passes(phase, 1)
+                with phase("backward"):
+                    grads = [p.grad for p in self.stepped if p.grad is not None]
+                    norm = float(torch.nn.utils.get_total_norm(grads).full_tensor())
+                    scale = 1.0 / (questions * norm) if norm > 0 else 0.0
+                    for p, total in zip(self.stepped, totals):
+                        if p.grad is not None:
+                            total.add_(p.grad, alpha=scale)
+                        p.grad = None
+                if loss is not None:
+                    update.loss += scale * loss
+                    update.question_losses.append(loss)
+                    update.question_grad_norms.append(norm)
+        for p, total in zip(self.stepped, totals):
+            p.grad = total
+        return update
+
     def accumulate_pooled_gradients(self, phase: Phases, loss_fns, weights: list[float]) -> Update:
         """p.grad = sum_q c_q grad L_q, the gradient of the step's one loss sum_q c_q L_q
         (``weights`` c_q), one forward and backward per question accumulating into .grad; the
@@ -238,6 +286,26 @@ class OptimizerStepping:
             norm = norm.full_tensor()
         return float(norm)
 
+    def zero_grad_step_moves(self) -> bool:
+        """Whether a zero-gradient step will move any weight: where the learning rate is not
+        zero, weight decay, or (AdamW) a first moment not zero everywhere. One that moves none
+        publishes nothing (sharded: gathers nothing); sharded, a rank's shards decide with
+        every other rank's (an all_reduce of one flag)."""
+        moves = any(
+            group["lr"] != 0
+            and (
+                group["weight_decay"] != 0
+                or any(
+                    _nonzero(self.optimizer.state.get(p, {}).get("exp_avg"))
+                    for p in group["params"]
+                )
+            )
+            for group in self.optimizer.param_groups
+        )
+        if self.sharded is not None:
+            moves = bool(distributed.max_over_ranks(int(moves), "a zero-gradient step's moves"))
+        return moves
+
     def zero_grad_step(self) -> None:
         """One AdamW step with zero gradients. Each step's rollout reads the weights this step
         moves (weight decay and momentum move them even at g = 0), so steps are never deferred
@@ -265,6 +333,15 @@ class OptimizerStepping:
             load_full_optimizer_state(self.optimizer, state)
         else:
             self.optimizer.load_state_dict(state)
+
+
+def _nonzero(moment) -> bool:
+    """Whether an optimizer state tensor (this rank's shard of a sharded one) holds a value
+    other than zero; False when there is none."""
+    if moment is None:
+        return False
+    local = moment.to_local() if hasattr(moment, "to_local") else moment
+    return bool(local.any())
 
 
 def make_optimizer(named_params, model_config, config) -> torch.optim.Optimizer:

@@ -151,7 +151,8 @@ class RLVRTrainer:
                 policy, config, self.precision, self.longest_prompt(), self.progress
             )
         self.sharded = shard_policy(policy, self.precision) if config.shard else None
-        # Sharded (LoRA is not): the engine's copy gathered from the shards after a step.
+        # Sharded: the engine's copy gathered from the shards after a step (then, with LoRA,
+        # its merged weights recomputed, as unsharded).
         publish = self.sharded.refresh if self.sharded else policy.refresh_decoder
         self.stepping = OptimizerStepping(
             policy.model, config, self.precision, after_publish=publish, sharded=self.sharded
@@ -182,11 +183,12 @@ class RLVRTrainer:
         identity = checkpoint_identity(
             settings_sha256(self.config_json), config.seed, self.precision
         )
+        components = checkpointed_components(self)
         self.checkpointer = Checkpointer(
-            checkpointed_components(self),
+            components,
             steps=config.steps,
             identity=identity,
-            shards=ShardedCheckpoint(self.stepping),
+            shards=ShardedCheckpoint(self.stepping, components),
         )
         self.start_step = 0
         # The questions num_iterations and generation_steps reuse.
@@ -339,7 +341,8 @@ class RLVRTrainer:
             result = single_question_step(
                 kind, questions[0], step, decision, update, phase.seconds, iteration
             )
-        result.ledger_record.policy = kind.figures(questions) or None
+        # Of every rank's questions, as one process taking them all has them.
+        result.ledger_record.policy = kind.figures(questions, over_ranks=True) or None
         result.ledger_record.loss_scale = update.loss_scale
         if self.recorder is not None:
             self.recorder.write_step(result.ledger_record, result.line)

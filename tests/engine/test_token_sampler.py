@@ -174,6 +174,42 @@ def test_cpp_draws_equal_the_reference(vocab, rows):
         assert (fast != reference).sum() <= rows // 500
 
 
+def vocabulary_wide_rows(generator: torch.Generator, per_kind: int) -> torch.Tensor:
+    """Logits [5 * per_kind, 151,936] whose nuclei take every way through the C++ sampler's
+    bucketed top-p (csrc/sampling.cpp, draw_from_nucleus): flat (a random-weight model's, most
+    of the vocabulary: the race prunes buckets by their bounds), graded, tied (integer logits:
+    thousands of equal probabilities ranked by id), one token holding more than top_p alone
+    (the cut right after rank 0) and peaked, whose nucleus at top_p 0.999999 reaches
+    probabilities below 2^-29 (the prefix-sorting walk's rows) or keeps every token."""
+    shape = (per_kind, 151_936)
+    spike = torch.randn(shape, generator=generator) * 0.5
+    spike[:, 123] = 14.0
+    return torch.cat(
+        [
+            torch.randn(shape, generator=generator) * 0.6,
+            torch.randn(shape, generator=generator) * 2.5,
+            (torch.randn(shape, generator=generator) * 2).round(),
+            spike,
+            torch.randn(shape, generator=generator) * 12,
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "temperature,top_p", [(0.8, 0.9), (1.0, 0.99), (0.6, 0.5), (1.0, 0.999999)]
+)
+def test_cpp_draws_equal_the_reference_over_vocabulary_wide_nuclei(temperature, top_p):
+    """At Qwen3's vocabulary, where the C++ sampler finds the nucleus by buckets of p instead of
+    ordering it: the reference's token in every row (no near tie at this size)."""
+    generator = torch.Generator().manual_seed(41)
+    logits = vocabulary_wide_rows(generator, per_kind=8)
+    seeds = torch.randint(0, 2**62, (len(logits),), generator=generator)
+    positions = torch.randint(0, 4096, (len(logits),), generator=generator)
+    reference = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False)
+    fast = sample_tokens(logits, seeds, positions, temperature, top_p, greedy=False, backend="cpp")
+    assert torch.equal(fast, reference)
+
+
 @pytest.mark.parametrize(
     "top_p,kept", [(0.9, {0, 1, 2}), (0.5, {0}), (0.51, {0, 1}), (1.0, {0, 1, 2, 3})]
 )

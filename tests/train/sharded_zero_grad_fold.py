@@ -1,7 +1,9 @@
 """One rank of ``test_sharding``'s zero-gradient check (run by torchrun, 2 gloo ranks): the tiny
 model sharded, a few real AdamW steps to give every moment a value, then k = 3 zero-gradient
 steps folded by the fused kernel on this rank's shards against 3 torch AdamW steps with zero
-gradients on a copy of them; prints the shards compared and whether every one is bitwise equal."""
+gradients on a copy of them; prints the shards compared, whether every one is bitwise equal, and
+the collectives the fold ran (none: it needs no gradient, and each rank's update is its own
+elements'), beside those of a sharded norm, which shows that they are counted."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
 
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
@@ -43,7 +46,10 @@ def main() -> None:
         for p in reference:
             p.grad = torch.zeros_like(p)
         torch_adamw.step()
-    zero_grad_adamw_(optimizer, steps=3)
+    with CommDebugMode() as fold:
+        zero_grad_adamw_(optimizer, steps=3)
+    with CommDebugMode() as norm:
+        torch.linalg.vector_norm(params[0]).full_tensor()
     equal = all(
         torch.equal(p.to_local(), r)
         and torch.equal(optimizer.state[p]["exp_avg"].to_local(), torch_adamw.state[r]["exp_avg"])
@@ -52,7 +58,11 @@ def main() -> None:
         )
         for p, r in zip(params, reference, strict=True)
     )
-    print(f"rank {dist.get_rank()}: {len(params)} shards, bitwise equal {equal}", flush=True)
+    print(
+        f"rank {dist.get_rank()}: {len(params)} shards, bitwise equal {equal}, collectives "
+        f"{fold.get_total_counts()} (a sharded norm's {norm.get_total_counts()})",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

@@ -161,8 +161,6 @@ def test_multi_question_run_batches_its_questions_and_verify_rederives_it(tiny, 
 def test_multi_question_settings_are_refused_where_they_cannot_apply():
     with pytest.raises(ValueError, match="needs skip_zero_var"):
         TrainConfig.from_arm("baseline", questions_per_step=2)
-    with pytest.raises(ValueError, match="one question per step"):
-        TrainConfig.from_arm("shapley_vote", questions_per_step=2)
     with pytest.raises(ValueError, match="zero_cont_mass centres tree continuations"):
         TrainConfig.from_arm("ra_flat", zero_cont_mass=True)
     with pytest.raises(ValueError, match=r"questions_per_step must be in \[1, 1024\]"):

@@ -52,3 +52,35 @@ def test_adamw_fused_refuses_the_single_tensor_zero_gradient_kernel_and_is_writt
         TrainConfig(adamw_fused=True)
     assert "adamw_fused" not in TrainConfig().to_json()
     assert TrainConfig(adamw_fused=True, fused_zero_grad_step=False).to_json()["adamw_fused"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(optimizer="adamw", weight_decay=0.0),
+        dict(optimizer="adamw", weight_decay=0.1),
+        dict(optimizer="adafactor", weight_decay=0.0, fused_zero_grad_step=False),
+    ],
+)
+def test_a_zero_gradient_step_publishes_exactly_when_it_moves_the_weights(settings):
+    """Without weight decay a zero-gradient step before any first moment (and Adafactor's,
+    which keeps none, after an active step too) leaves the weights: nothing is published (a
+    sharded run's refresh gathers nothing)."""
+    model = load_policy("tiny", dtype=torch.float32).model
+    published = []
+    config = TrainConfig(lr=1e-3, max_grad_norm=None, **settings)
+    stepping = OptimizerStepping(model, config, after_publish=lambda: published.append(True))
+    moved = []
+    for decision in (ZERO_GRAD, ACTIVE, ZERO_GRAD):
+        before = [p.detach().clone() for p in model.parameters()]
+        published.clear()
+        stepping.update(Phases(torch.device("cpu")), decision, [lambda: next_token_loss(model)])
+        changed = not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+        assert published == ([True] if changed else []), decision
+        moved.append(changed)
+    first_moment = settings["optimizer"] == "adamw"
+    assert moved == [
+        settings["weight_decay"] > 0,
+        True,
+        first_moment or settings["weight_decay"] > 0,
+    ]

@@ -12,6 +12,7 @@ credits them, gives the loss of each, and writes what the ledger and ``verify`` 
     kind.step_normaliser(questions)                  # flat kinds: a pooled step's divisor
     kind.measure(questions, phase)                   # figures of those whose loss won't run
     kind.figures(questions, micro_batches)           # TRL's entropy / KL / clip figures
+                                                     # (over_ranks=True: every rank's)
     kind.reference                                   # the KL's reference model, or None
     kind.entropy_control                             # TRL's adaptive entropy control, or None
     kind.record(step, question, ...)                 # its ledger record (checked)
@@ -91,7 +92,11 @@ class StepKind(Protocol):
     def measure(self, questions: list[Question], phase: Phases) -> None: ...
 
     def figures(
-        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+        self,
+        questions: list[Question],
+        micro_batches: list[list[int]] | None = None,
+        *,
+        over_ranks: bool = False,
     ) -> dict[str, float]: ...
 
     def record(self, question: Question, inputs: RecordInputs) -> StepRecord: ...

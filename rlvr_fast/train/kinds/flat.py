@@ -295,16 +295,21 @@ class FlatKind:
                 self.policy_loss.measure(question.prompt_ids, completions, terms, masks)
 
     def figures(
-        self, questions: list[Question], micro_batches: list[list[int]] | None = None
+        self,
+        questions: list[Question],
+        micro_batches: list[list[int]] | None = None,
+        *,
+        over_ranks: bool = False,
     ) -> dict[str, float]:
         """TRL's policy figures of the step (``rlvr_fast.train.policy.step_figures``, over
-        ``micro_batches`` of its completions), {} on the study's sum type."""
+        ``micro_batches`` of its completions; ``over_ranks``: of every rank's questions, a
+        collective), {} on the study's sum type."""
         if not self.policy_loss:
             return {}
         terms = [q.credit.policy for q in questions]
         if questions[0].share is not None:  # this step's shares of the generation
             terms = [q.credit.share_policy for q in questions]
-        return self.policy_loss.figures(terms, micro_batches)
+        return self.policy_loss.figures(terms, micro_batches, over_ranks=over_ranks)
 
     def record(self, question: Question, inputs: RecordInputs) -> FlatRecord:
         return flat_step_record(

@@ -4,7 +4,11 @@ aggregated by vote or by a generated summary; every path credited by its Shapley
 leave-one-out, or alone) under a utility on coalitions of paths, mixed with the outcome reward
 (``rlvr_fast.credit.paths``); the loss sums over paths and summaries,
 -(1/(paths + summaries)) sum_seq sum_t w_t log pi(y_t). Summaries are graded without the
-derivation gate: they condense paths that carry the derivation. One question per step."""
+derivation gate: they condense paths that carry the derivation. A step of several questions
+(``questions_per_step``, and so several ranks) samples them in one engine batch, question q from
+its own base seed; its Monte-Carlo Shapley orderings then come from a generator of the
+question's own, seeded from that base (``credit_generator``), so that a question is credited the
+same on any rank."""
 
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ from rlvr_fast.credit.paths import ParallelCredit, outcome_utility, parallel_cre
 from rlvr_fast.credit.shapley import MajorityVote
 from rlvr_fast.engine import EngineCounters, SamplingParams
 from rlvr_fast.grading import final_answer, grade_many
-from rlvr_fast.rollouts.parallel import ParallelRollout, sample_parallel
+from rlvr_fast.engine.token_sampler import derive_seed
+from rlvr_fast.rollouts.generation import base_seed
+from rlvr_fast.rollouts.parallel import ParallelRollout, sample_parallel_batch
 from rlvr_fast.train.kinds.parallel_record import (
     ParallelRecord,
     ParallelStats,
@@ -86,25 +92,31 @@ class ParallelKind:
     @classmethod
     def check_config(cls, config) -> None:
         require_token_weighted(config, "parallel")
-        if config.questions_per_step != 1:
-            raise ValueError("parallel-path arms take one question per step (questions_per_step 1)")
 
     def sample(self, questions: list[Question], bases, *, active_steps: int) -> None:
-        (question,) = questions
+        """Every question's paths (then summaries) in one engine batch; question q from base
+        seed ``bases[q]`` (default: one draw of the run's generator per question)."""
         config = self.config
-        question.rollouts = sample_parallel(
+        if bases is None:
+            bases = [base_seed(self.generator) for _ in questions]
+        rollouts = sample_parallel_batch(
             self.engine,
-            question.prompt_ids,
+            [q.prompt_ids for q in questions],
+            bases,
             responses=config.group_size,
             paths=config.num_paths,
             params=self.sampling,
             aggregator=config.aggregator,
             encode=self.policy.tokenizer.encode,
-            generator=self.generator,
         )
+        for question, rollout in zip(questions, rollouts):
+            question.rollouts = rollout
 
     def credit(self, questions: list[Question], phase: Phases) -> None:
-        (question,) = questions
+        for question in questions:
+            self.question_credit(question, phase)
+
+    def question_credit(self, question: Question, phase: Phases) -> None:
         rollout: ParallelRollout = question.rollouts
         with phase("reward"):
             grades = self.grades(question.problem.answer, rollout)
@@ -150,12 +162,22 @@ class ParallelKind:
             method=config.path_credit,
             permutations=config.shapley_permutations,
             antithetic=config.shapley_antithetic,
-            generator=self.generator,
+            generator=self.credit_generator(rollout),
             norm=config.path_reward_norm,
             lambda_outcome=config.lambda_outcome,
             lambda_path=config.lambda_path,
             summaries=bool(rollout.summaries),
         )
+
+    def credit_generator(self, rollout: ParallelRollout) -> torch.Generator:
+        """What Monte-Carlo Shapley draws its orderings from: the run's generator on a step of
+        one question; on a step of several, a generator of the question's own seeded from its
+        base (the stream after its paths' and summaries'), which no other question and no rank
+        draws from."""
+        if self.config.questions_per_step == 1:
+            return self.generator
+        seed = derive_seed(rollout.base, len(rollout.paths) + rollout.responses)
+        return torch.Generator().manual_seed(seed)
 
     def contributes(self, question: Question) -> bool:
         return not question.credit.credit.homogeneous
@@ -173,7 +195,9 @@ class ParallelKind:
     def measure(self, questions: list[Question], phase: Phases) -> None:
         """Nothing to measure: the study's loss forms no ratio, KL or entropy."""
 
-    def figures(self, questions: list[Question], micro_batches=None) -> dict[str, float]:
+    def figures(
+        self, questions: list[Question], micro_batches=None, *, over_ranks: bool = False
+    ) -> dict[str, float]:
         """No policy figures: the study's loss forms no ratio, KL or entropy."""
         return {}
 
@@ -181,6 +205,10 @@ class ParallelKind:
         """The sequences ``parallel_grpo_loss`` averages over: paths and summaries."""
         rollout: ParallelRollout = question.rollouts
         return len(rollout.paths) + len(rollout.summaries)
+
+    def step_normaliser(self, questions: list[Question]) -> int:
+        """What a pooled step on ``questions`` (of this rank) divides by: their sequences."""
+        return sum(self.loss_count(q) for q in questions)
 
     def stats(self, question: Question) -> ParallelStats:
         config, rollout = self.config, question.rollouts

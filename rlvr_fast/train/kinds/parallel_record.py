@@ -14,13 +14,12 @@ terms above; one phi and one standard error per path, one U(N), U(∅) and r_out
 one summary per response or none; Shapley steps are efficient (sum_j phi_rj = U_r(N) - U_r(∅)),
 exact ones scored all R 2^K coalitions; every path's reward is lambda_p normalise(phi)_j +
 lambda_o r_out,r and every summary's lambda_o r_out,r (``rlvr_fast.credit.paths``). Homogeneous:
-the paths' rewards agree and so do the summaries'. One question per step: its records never
-share a line."""
+the paths' rewards agree and so do the summaries'. In a step of several questions (one line)
+the engine counts are the step's, checked there (``rlvr_fast.ledger.laws``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from rlvr_fast.credit.paths import normalise
 from rlvr_fast.engine.counters import EngineCounters
@@ -60,8 +59,6 @@ class ParallelRecord(StepRecord):
     """A parallel-path step's line: its ``parallel`` section."""
 
     parallel: ParallelStats
-
-    pooled: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, dict):  # a line read back from JSON
@@ -148,6 +145,8 @@ class ParallelRecord(StepRecord):
             == paths * max(self.lengths) + len(summaries) * max(summaries, default=0),
             "untrim_gen = R K max L + R_s max L_s",
         )
+        if not engine_counts:  # a question of a multi-question step: the step's engine work
+            return
         require(
             self.preemptions > 0 or self.decode_rows == self.expected_decode_rows(),
             "decode work = sum(L_i - 1) + sum(L_s - 1): no decode after EOS",
