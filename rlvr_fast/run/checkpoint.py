@@ -139,6 +139,8 @@ class Checkpointer:
                 raise ValueError(f"next_step {next_step!r} is outside [0, {self.steps}]")
             shards = state.get(SHARDS_KEY)
             covered = self.shards.covers if shards is not None else ()
+            if shards is not None:
+                self.shards.check(path, shards)
             live = {
                 name: c
                 for name, c in self.components.items()
@@ -153,6 +155,8 @@ class Checkpointer:
             if shards is not None:
                 self.shards.load(path, shards)
             self.restored_shards = shards is not None
+        except StateFileError:
+            raise
         except RESTORE_ERRORS as err:
             message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             raise StateFileError(f"{path}: not a checkpoint of this run ({message})") from None

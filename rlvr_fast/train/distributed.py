@@ -85,6 +85,12 @@ def init(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
             f"WORLD_SIZE is set but not {', '.join(missing)}: launch with torchrun "
             f"or rlvr-fast train --nproc N"
         )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world = _guarded(
+        "joining the process group", lambda: next(dist.rendezvous("env://", timeout=timeout))
+    )
+    store.set_timeout(timeout)
+    check_one_device_type(store, rank, world, "cuda" if device.startswith("cuda") else "cpu")
     if device.startswith("cuda"):
         if device != "cuda":
             raise ValueError(
@@ -94,14 +100,34 @@ def init(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    # (the store prefixed as init_process_group prefixes the one it makes)
     _guarded(
         "joining the process group",
         dist.init_process_group,
         backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        store=dist.PrefixStore("default_pg", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
     )
     _STATE["timeout_s"] = timeout_s
     return device
+
+
+def check_one_device_type(store, rank: int, world: int, device_type: str) -> None:
+    """Refuse, on every rank, ranks on mixed devices (some CUDA, some CPU), before their
+    backends (NCCL, gloo) would wait for each other until the timeout: each rank's device type
+    exchanged through the rendezvous store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"rlvr_fast/{attempt}/device_type/"
+    store.set(f"{key}{rank}", device_type)
+    types = [store.get(f"{key}{r}").decode() for r in range(world)]
+    if len(set(types)) > 1:
+        listed = ", ".join(f"rank {r}: {t}" for r, t in enumerate(types))
+        raise ValueError(
+            f"the ranks run on mixed devices ({listed}): one process group needs one device "
+            "type (cuda: NCCL, cpu: gloo); give every rank the same --device"
+        )
 
 
 def shutdown() -> None:

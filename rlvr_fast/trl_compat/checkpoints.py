@@ -25,14 +25,13 @@ changed file naming it (the state file also carries its own digest and the run's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import warnings
 from pathlib import Path
 
 from rlvr_fast.trl_compat.trl_checkpoint import is_trl_checkpoint
-from rlvr_fast.utils.files import UnreadableFileError, read_json, replaced_directory
+from rlvr_fast.utils.files import UnreadableFileError, file_sha256, read_json, replaced_directory
 
 PREFIX = "checkpoint-"
 # In a folder of its own: checkpoint loaders read every *.safetensors beside config.json.
@@ -92,14 +91,6 @@ def write_checkpoint(
         state.save_to_json(str(staging / TRAINER_STATE))
         write_manifest(staging, sorted({*written, directory.name}, key=step_of))
     return directory
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_files(directory: Path) -> list[str]:

@@ -31,6 +31,7 @@ raised while writing comes out as ``OSError(errno, reason, target)``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -103,6 +104,15 @@ def open_regular(path: str | os.PathLike, limit: int, what: str) -> Iterator:
             yield file
         except OSError as err:
             raise UnreadableFileError(f"{path}: cannot read ({reason(err)})") from None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (hex), read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_text(path: str | os.PathLike, limit: int, what: str) -> str:

@@ -1,5 +1,6 @@
 """One rank of a sharded ``rlvr-fast train`` that SIGKILLs itself at a named point (torchrun
-then ends the other ranks, as a kill of the job would), or whose disk fills:
+then ends the other ranks, as a kill of the job would), whose disk fills, or that runs on
+another device type than the others:
 
     torchrun --nproc-per-node 2 sharded_killed_run.py POINT N train ARGS...
 
@@ -12,7 +13,9 @@ POINT is where the run dies, on the N-th time (1-based) it gets there:
   state file naming them written whole to its temp name beside
   ``checkpoint/state.safetensors``, not yet renamed onto it;
 - ``full``: rank 1's write of its shards fails with ENOSPC (no kill: the ranks exit as a full
-  disk makes them).
+  disk makes them);
+- ``mixed``: rank 1 runs on CUDA (its ``--device`` taken as cuda, as on a node with GPUs), the
+  others on the CPU (N unused).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import os
 import signal
 import sys
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
+from rlvr_fast.cli import commands
 from rlvr_fast.cli.main import main
 from rlvr_fast.run import state_file
 from rlvr_fast.train import sharding
@@ -72,8 +77,11 @@ def run(point: str, times: int, argv: list[str]) -> int:
     elif point == "full":
         if os.environ.get("RANK") == "1":
             fail_on_call(FileSystemWriter, "write_data", times)
+    elif point == "mixed":
+        if os.environ.get("RANK") == "1":
+            commands.parse_device = lambda text: torch.device("cuda")
     else:
-        raise SystemExit(f"unknown kill point {point!r} (step, shards, save or full)")
+        raise SystemExit(f"unknown kill point {point!r} (step, shards, save, full or mixed)")
     return main(argv)
 
 

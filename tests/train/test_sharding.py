@@ -24,9 +24,6 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.train.memory_plan import RunShape, plan_memory
 from rlvr_fast.cli.main import main
-from rlvr_fast.train import distributed
-from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.sharding import check_sharding
 from rlvr_fast.run.state_file import load_state
 from rlvr_fast.utils.locks import LOCK_NAME
 
@@ -165,6 +162,53 @@ def test_a_checkpoint_whose_shards_are_missing_is_refused_in_one_line(runs, tmp_
     assert (run / "ledger.jsonl").read_text() == ledger
 
 
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "damage, name, what",
+    [
+        (flip_a_byte, "__1_0.distcp", "differs from the file the checkpoint wrote"),
+        (cut_in_half, "__0_0.distcp", "differs from the file the checkpoint wrote"),
+        (flip_a_byte, ".metadata", "differs from the file the checkpoint wrote"),
+        (Path.unlink, "__1_0.distcp", "is missing"),
+    ],
+)
+def test_a_damaged_shard_file_is_refused_in_one_line_before_anything_is_restored(
+    runs, tmp_path, capsys, damage, name, what
+):
+    """The state file lists each shard file's SHA-256: one flipped bit, a truncation or a
+    removed file is named, on one process as on two sharded ranks."""
+    _, two = runs
+    run = tmp_path / "run"
+    shutil.copytree(two, run)
+    (shards,) = (run / "checkpoint").glob("shards-*")
+    damage(shards / name)
+    ledger = (run / "ledger.jsonl").read_text()
+    sharded = tmp_path / "sharded"  # (this process keeps the lock of the run it resumes)
+    shutil.copytree(run, sharded)
+    assert main(["train", *RUN, "--steps", "3", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    expected = f"{run / 'checkpoint'}: {shards.name}/{name} {what} (damaged, truncated or removed)"
+    assert "\n" not in err and expected in err, err
+    assert (run / "ledger.jsonl").read_text() == ledger
+    if name == "__1_0.distcp" and what == "is missing":
+        done = cli(
+            "train", "--nproc", "2", "--shard", "fsdp", *RUN, "--steps", "3",
+            "--out", str(sharded), "--resume",
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert expected.replace(str(run), str(sharded)) in done.stderr, done.stderr
+        assert (sharded / "ledger.jsonl").read_text() == ledger
+
+
 def test_bf16_mixed_masters_in_the_shards_resume_on_one_process(tmp_path):
     """Under bf16-mixed the shards are the fp32 masters: one process loads them whole from the
     DCP checkpoint into its masters and its bf16 model, and finishes the run."""
@@ -179,6 +223,37 @@ def test_bf16_mixed_masters_in_the_shards_resume_on_one_process(tmp_path):
     shutil.copytree(two, resumed)
     assert main(["train", *mixed, "--steps", "3", "--out", str(resumed), "--resume"]) == 0
     assert_same_run(one, resumed)
+
+
+def test_polyak_sums_and_rng_states_in_the_shards_resume_on_one_process(tmp_path):
+    """The Polyak sums are written as each rank's slice, the RNG states once, all in DCP; one
+    process loads them whole and finishes the run and its average as one process alone does."""
+    import torch.distributed.checkpoint as dcp
+
+    averaged = [*RUN, "--set", "polyak_start=2"]
+    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "run"
+    assert main(["train", *averaged, "--steps", "3", "--out", str(one)]) == 0
+    done = cli(
+        "train", "--nproc", "2", "--shard", "fsdp", *averaged, "--steps", "2", "--out", str(two)
+    )
+    assert done.returncode == 0, done.stderr
+    state = load_state(two / "checkpoint" / "state.safetensors")
+    assert not {"polyak", "generator", "torch_rng"} & state.keys(), "in the shards"
+    assert state["shards"]["polyak_count"] == 1
+    shards = two / "checkpoint" / state["shards"]["directory"]
+    saved = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    polyak = {k.removeprefix("polyak.") for k in saved if k.startswith("polyak.")}
+    assert polyak == {k.removeprefix("weights.") for k in saved if k.startswith("weights.")}
+    chunks = saved["polyak.lm_head.weight"].chunks
+    assert len(chunks) == 2, "each rank wrote its slice"
+    assert {"replicated.generator", "replicated.torch_rng"} <= saved.keys()
+    shutil.copytree(two, resumed)
+    assert main(["train", *averaged, "--steps", "3", "--out", str(resumed), "--resume"]) == 0
+    assert_same_run(one, resumed)
+    expected = load_file(str(one / "final_polyak" / "model.safetensors"))
+    got = load_file(str(resumed / "final_polyak" / "model.safetensors"))
+    for name, tensor in expected.items():
+        assert (got[name] - tensor).abs().max() <= 1e-6 * tensor.abs().max(), name
 
 
 def test_one_process_resumed_on_two_sharded_ranks_finishes_the_run(runs, tmp_path):
@@ -314,20 +389,27 @@ def test_sharding_one_process_is_refused_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        (
-            {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
-            "polyak_start under a mixed precision is not built",
-        )
-    ],
-)
-def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)
-    config = TrainConfig.from_arm("ra_flat", shard="fsdp", questions_per_step=4, **settings)
-    with pytest.raises(ValueError, match=message):
-        check_sharding(config)
+def test_ranks_on_mixed_devices_are_refused_in_one_line_and_write_nothing(tmp_path):
+    """Rank 1 on CUDA, rank 0 on the CPU: their backends (NCCL, gloo) would wait for each
+    other until the timeout; each rank refuses in one line before either joins."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [str(KILLED_RUN), "mixed", "1", "train", "--shard", "fsdp", *RUN]
+        + ["--steps", "1", "--out", str(out)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "(exitcode: 2)" in done.stderr, done.stderr  # (torchrun's)
+    refusal = (
+        "rlvr-fast: error: the ranks run on mixed devices (rank 0: cpu, rank 1: cuda): one "
+        "process group needs one device type (cuda: NCCL, cpu: gloo); give every rank the same "
+        "--device\n"
+    )
+    assert done.stderr.count(refusal) == 2, done.stderr
+    assert not out.exists()
 
 
 CONFIGS = Path(rlvr_fast.__file__).parent / "assets" / "configs"
