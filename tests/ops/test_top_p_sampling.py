@@ -83,6 +83,8 @@ def test_triton_draws_the_references_tokens(vocab, rows, scale, temperature, top
         (40, 1, 0.2, 0.9, 20, 0.0, 16),  # flat: the k first outgrow the head window
         (2, 3, 1.0, 0.9, 7, 0.3, 16),  # k past the vocabulary: no top-k
         (1000, 12, 4.0, 0.9, 50, 0.05, 64),  # min-p cuts the candidates short of k
+        (2000, 2, 0.2, 1.0, 500, 0.0, 64),  # flat, k's bin past the cap: windows keyed by id
+        (2000, 2, 0.2, 0.9, 0, 0.05, 64),  # flat, top-p with min-p: the same
     ],
 )
 def test_triton_draws_the_references_tokens_with_top_k_and_min_p(
