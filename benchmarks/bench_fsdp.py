@@ -1,18 +1,21 @@
 """Sharded (FSDP2, ``shard="fsdp"``) against data-parallel training: peak resident memory per rank
 and step time, 2 gloo ranks, the same step, measured side by side.
 
-Each side is a fresh ``torchrun`` of this module (``--rank-side dp`` or ``fsdp``) on Qwen3-0.6B-Base's
-widths (tied head; ``--layers`` decoder layers, 4 by default: the full 28 take about 10 GB per
-data-parallel rank) in fp32, with seeded random weights written once under /tmp. A step is the
-trainer's own ``OptimizerStepping.update`` of a pooled multi-question step: each rank's loss over
-a 64-token prompt and 4 completions of 64 tokens (the fused weighted NLL), backward, AdamW; data
-parallel all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's
-full copy from the shards. Reported per rank: the state the optimizer steps (weights, gradients
-and AdamW moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set
-(``VmHWM`` of /proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux
-carries across fork + exec from the launcher), and the median step time; and on the sharded
-ranks, each rank's peak rise while a checkpoint's weights and moments are saved, gathered whole
-(the format before DCP) and as each rank's shards in DCP.
+Each side is a fresh ``torchrun`` of this module (``--rank-side dp`` or ``fsdp``) on
+Qwen3-0.6B-Base's widths (tied head; ``--layers`` decoder layers, 4 by default: the full 28 take
+about 10 GB per data-parallel rank) in fp32 (``--precision bf16-mixed``: the mixed recipe), with
+seeded random weights written once under /tmp. A step is the trainer's own
+``OptimizerStepping.update`` of a pooled multi-question step: each rank's loss over a 64-token
+prompt and 4 completions of 64 tokens (the fused weighted NLL), backward, AdamW; data parallel
+all-reduces the gradients, sharded reduce-scatters them and then refreshes the engine's full copy
+from the shards. Reported per rank: the state the optimizer steps (weights, gradients and AdamW
+moments, by their tensors' bytes: sharded, this rank's shards), the peak resident set (``VmHWM`` of
+/proc/self/status: this rank's own, imports included; not ``ru_maxrss``, which Linux carries across
+fork + exec from the launcher) by phase (``benchmarks.harness.PhasePeaks``: the checkpoint's load,
+the sharding, forward, backward, all_reduce, optimizer, the engine's refresh; the per-rank peak is
+the largest), and the median step time; and on the sharded ranks, each rank's peak rise while a
+checkpoint's weights and moments are saved, gathered whole (the format before DCP) and as each
+rank's shards in DCP.
 
 The goal (issue 36): state per rank <= 0.55x of data parallel's, total peak <= 0.65x. The engine's
 full fp32 copy (4 bytes a parameter) stays on every rank, so in fp32 at 2 ranks the peak cannot
@@ -21,14 +24,16 @@ measured. Communication is gloo over loopback here: the step time ratio is repor
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_fsdp --layers 4 --steps 3
 
-Measured here (2 shared CPU cores, torch 2.13, 4 layers, 218,507,264 parameters; table and
-conditions in benchmarks/results/fsdp-cpu.md): state per rank 3.496 -> 1.748 GB (0.500x); peak
-(VmHWM) per rank 5.490 -> 5.143 GB (0.937x); step 28.5 -> 32.7 s (1.15x, on a loaded machine;
-1.51x in a second run). A sharded checkpoint's save raises each rank's peak by 2.6 GB when the
-weights and moments are gathered whole, by 0.003 GB in DCP.
-At 4 layers the tied embedding is 71% of the parameters: its group (the root) is gathered whole
-for the pass, its gradient reduce-scattered from a whole copy and its engine copy refreshed
-whole, so the peak is far above the state's ratio; more layers move it towards 0.75x.
+Measured here (2 shared CPU cores, torch 2.13, 4 layers, 218,507,264 parameters; tables,
+conditions and the arithmetic in benchmarks/results/fsdp-cpu.md): state per rank 3.496 -> 1.748
+GB (0.500x); peak per rank 5.52 -> 5.09 GB (0.922x), the sharded peak in backward, the data
+parallel one in its first optimizer step. At 4 layers the tied embedding is 71% of the
+parameters and the root's FSDP group: the sharded backward holds it gathered, the fused loss's
+LM-head gradient and the embedding's gradient (then FSDP2's reduce-scatter input) at once, so
+the peak is far above the 0.75x floor; more layers move it towards that floor. A sharded
+checkpoint's save raises each rank's peak by 2.6 GB when the weights and moments are gathered
+whole, by 0.003 GB in DCP. ``--precision bf16-mixed`` measures the mixed recipe (its floor:
+(2 + 16/2) / 18 = 0.56x).
 """
 
 from __future__ import annotations

@@ -5,9 +5,15 @@ stage 0 made (Qwen3-0.6B's shape).
     python3 benchmarks/gpu/first_contact.py graphs --model DIR [--device cuda] [--dtype bf16]
     python3 benchmarks/gpu/first_contact.py decode --model DIR [--device cuda] [--dtype bf16]
 
-graphs: 4 rows of different prompts decoded 16 tokens greedily by an engine with CUDA graphs and
-by one without: the same tokens, row for row, and every captured graph replayed (exit 1 when not;
-on a CPU, where the engine makes no graphs, the comparison runs eager against eager and says so).
+graphs: 4 rows of different prompts decoded 16 tokens (4 on a CPU) greedily by an engine with CUDA
+graphs and by one without: the same tokens, row for row, and graphs captured and replayed (exit 1
+when not).
+On a CPU, which has no CUDA graphs, the same engines run the graphs' code (``DecodeGraphs``:
+capture, static buffers, padded buckets, replay) on the test suite's graph runtime stand-in
+(``tests/cuda_emulation.py``: a replay re-runs the recorded ATen operations and Triton launches),
+in bf16 with the Triton paged-attention kernel in Triton's interpreter and the torch sampler, as
+on CUDA (the stand-in cannot record the fp32 C++ kernels); it proves the plumbing and the
+graphs' logic, not CUDA's capture (4 tokens: the interpreter takes about a second a launch).
 decode: seconds per decode step at 64 rows, the time of 64 rows x 33 tokens less that of 64 rows x
 1 token (prefill and the first draw) over the 32 decode steps, each after a warm-up run, with CUDA
 graphs where the device has them. It prints one line a figure; nothing here is a benchmark's
@@ -17,17 +23,24 @@ ratio.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from rlvr_fast.engine import RolloutEngine, SamplingParams
-from rlvr_fast.models.policy import load_policy
+if not torch.cuda.is_available():  # Triton kernels in the interpreter; set before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from rlvr_fast.engine import RolloutEngine, SamplingParams  # noqa: E402
+from rlvr_fast.engine.cuda_graphs import DecodeGraphs  # noqa: E402
+from rlvr_fast.models.policy import load_policy  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34, 35, 36, 37], [41, 42, 43]]
 DECODE_ROWS, DECODE_TOKENS = 64, 33
+GRAPH_TOKENS = {"cuda": 16, "cpu": 4}
 
 
 def synchronize(device: torch.device) -> None:
@@ -39,25 +52,72 @@ def engine(policy, graphs: bool) -> RolloutEngine:
     return RolloutEngine.for_policy(policy, cuda_graphs=graphs, max_batch=64, kv_blocks=2048)
 
 
+EMULATED_MAX_MODEL_LEN = 256  # the stand-in's graphs' block tables: 16 blocks of 16
+
+
+def emulated_engine(policy, graphs: bool) -> RolloutEngine:
+    """On a CPU: an engine whose decode passes run as on CUDA (the Triton paged-attention kernel,
+    the torch sampler), with ``DecodeGraphs`` on the graph runtime stand-in when ``graphs``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from cuda_emulation import EmulatedCuda
+
+    made = RolloutEngine.for_policy(
+        policy,
+        cuda_graphs=False,
+        max_batch=64,
+        kv_blocks=2048,
+        max_model_len=EMULATED_MAX_MODEL_LEN,
+    )
+    runner = made.runner
+    runner.backend, runner.sampler = "triton", "torch"
+    if graphs:
+        runner.graphs = DecodeGraphs(
+            made.model,
+            made.storage,
+            "triton",
+            max_batch=64,
+            table_width=EMULATED_MAX_MODEL_LEN // made.storage.block_size,
+            cuda=EmulatedCuda(),
+        )
+    return made
+
+
+def count_replays(graphs: DecodeGraphs, replays: list) -> None:
+    """Appends to ``replays`` each decode step ``graphs`` replays (``torch.cuda.CUDAGraph``
+    counts none itself)."""
+    run = graphs.run
+
+    def counted(inputs, params):
+        replays.append(inputs.rows)
+        return run(inputs, params)
+
+    graphs.run = counted
+
+
 def check_graphs(policy) -> int:
-    params = SamplingParams.greedy(16)
+    emulated = policy.device.type != "cuda"
+    params = SamplingParams.greedy(GRAPH_TOKENS["cpu" if emulated else "cuda"])
     completions = {}
+    captured, replays = {}, []
     for graphs in (False, True):
-        made = engine(policy, graphs)
+        made = emulated_engine(policy, graphs) if emulated else engine(policy, graphs)
+        if graphs and made.runner.graphs is not None:
+            captured = made.runner.graphs.graphs
+            count_replays(made.runner.graphs, replays)
         rows = [made.add(prompt) for prompt in PROMPTS]
         made.run(rows, params)
         completions[graphs] = [row.completion for row in rows]
-        if graphs:
-            captured = made.runner.graphs.graphs if made.runner.graphs else {}
-            replays = sum(graph.replays for graph, _ in captured.values()) if captured else 0
+    replays = len(replays)
     same = completions[True] == completions[False]
-    if not captured:
-        print(f"no CUDA graphs on {policy.device}: eager against eager, same tokens: {same}")
-    else:
-        buckets = sorted({bucket for bucket, _ in captured})
-        print(
-            f"graphs captured for buckets {buckets}, {replays} replays; same tokens as eager: {same}"
-        )
+    where = "the graph runtime stand-in on the CPU (a dry run, not CUDA's)" if emulated else "CUDA"
+    buckets = sorted({bucket for bucket, _ in captured})
+    print(
+        f"graphs captured on {where} for buckets {buckets}, {replays} replays; "
+        f"same tokens as eager: {same}"
+    )
+    if not captured or not replays:
+        print("no graph was captured and replayed")
+        return 1
     if not same:
         for row, (eager, graphed) in enumerate(zip(completions[False], completions[True])):
             print(f"row {row}: eager {eager} graphs {graphed}")
@@ -100,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"first_contact: --device {args.device} but torch sees no CUDA device")
         return 2
-    policy = load_policy(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    dtype = DTYPES[args.dtype]
+    if args.check == "graphs" and not args.device.startswith("cuda") and dtype != torch.bfloat16:
+        print(f"first_contact graphs on {args.device}: bf16, not {args.dtype} (see --help)")
+        dtype = torch.bfloat16
+    policy = load_policy(args.model, device=args.device, dtype=dtype)
     with torch.inference_mode():
         return check_graphs(policy) if args.check == "graphs" else time_decode(policy)
 

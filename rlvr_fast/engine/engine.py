@@ -46,7 +46,7 @@ from rlvr_fast.engine.kv_storage import (
 )
 from rlvr_fast.engine.memory import DEFAULT_MAX_PREFILL_TOKENS, plan_engine
 from rlvr_fast.engine.model_runner import ModelRunner
-from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler
+from rlvr_fast.engine.scheduler import Batch, OutOfBlocksError, Scheduler, joins_prefill_pass
 from rlvr_fast.engine.sequence import (
     FINISH_CAP,
     FINISH_EOS,
@@ -73,8 +73,8 @@ class RolloutEngine:
     """``model``: a decoder with ``infer(input_ids, context)`` (``rlvr_fast.models``);
     ``eos_token_ids``: tokens that end a sequence; ``max_model_len``: the longest sequence a
     CUDA graph's block tables cover (longer ones decode eagerly; default: the model's
-    ``max_position_embeddings``, at most 16,384); ``max_prefill_tokens``: the most pending
-    tokens one prefill pass admits."""
+    ``max_position_embeddings``, at most 16,384); ``max_prefill_tokens``: the most tokens one
+    prefill pass runs, padding included (a row longer than that runs alone)."""
 
     def __init__(
         self,
@@ -275,11 +275,14 @@ class RolloutEngine:
     def _prefill_batch(self, todo: list[Sequence]) -> list[Sequence]:
         """The longest head of ``todo`` that one prefill pass takes (at least one sequence);
         gives each a block manager sequence."""
-        batch, tokens, reserved = [], 0, 0
+        batch, widest, reserved = [], 0, 0
         for seq in todo:
             needed = self.scheduler.blocks_needed(seq)
+            pending = seq.num_pending
             if batch and (
-                tokens + seq.num_pending > self.scheduler.max_prefill_tokens
+                not joins_prefill_pass(
+                    len(batch), widest, pending, self.scheduler.max_prefill_tokens
+                )
                 or reserved + needed > self.manager.num_free_blocks()
             ):
                 break
@@ -288,7 +291,7 @@ class RolloutEngine:
             if seq.block_id is None:
                 seq.block_id = self.manager.allocate(0)
             batch.append(seq)
-            tokens += seq.num_pending
+            widest = max(widest, pending)
             reserved += needed
         return batch
 

@@ -8,14 +8,19 @@ key/value widths q and kv, compute dtype size e (the model's weights are already
 the free memory the plan starts from has them counted):
 - the decode working set, with CUDA graphs: ``max_batch`` rows of V logits and the Triton
   sampler's buffers per row (``SAMPLER_BYTES_PER_ROW``), which the graphs' private pool keeps;
-- one prefill pass: ``max_prefill_tokens`` tokens of one layer's intermediates at once
+- one prefill pass: its padded tokens (every row runs as wide as the pass's widest, and the
+  scheduler admits rows while their number times the widest stays within
+  ``max_prefill_tokens``; a longer row runs alone), so at most P = max(max_prefill_tokens, L)
+  tokens for rows of at most L = ``max_model_len`` tokens (a longer row, which decodes beyond the
+  CUDA graphs too, prefills beyond the plan): one layer's intermediates at once
   (e (3h + 2q + 2kv + 3I) per token), and the logits of up to ``max_batch`` rows;
 - on CUDA in fp32, the attention scores of that pass: a fresh prefill attends densely (SDPA),
   and CUDA's flash kernel takes fp16 / bf16 only while its memory-efficient kernel does not take
   grouped-query attention, so SDPA falls back to its math path, which forms the scores and their
-  softmax, 2 x Hq x T^2 x 4 bytes for a row of T = min(max_prefill_tokens, max_model_len)
-  tokens (8.6 GB for Qwen3-0.6B at 8,192); bf16 and fp16 take the flash kernel, which stores no
-  scores, and a CPU attends fp32 with its own flash kernel;
+  softmax, 2 x R x Hq x W^2 x 4 bytes for R rows of W tokens; R x W <= P and W <= L, so at most
+  2 x Hq x P x L x 4 (``prefill_scores_bytes``: 8.6 GB for Qwen3-0.6B at P = L = 8,192); bf16
+  and fp16 take the flash kernel, which stores no scores, and a CPU attends fp32 with its own
+  flash kernel;
 - an allowance for the CUDA context, workspaces and allocator slack (``RUNTIME_ALLOWANCE``).
 
 The KV cache gets ``kv_memory_fraction`` of the memory left (free memory on CUDA, available
@@ -50,6 +55,22 @@ def prefill_bytes(config: ModelConfig, e: int, tokens: int, rows: int) -> int:
     kv = config.num_key_value_heads * config.head_dim
     per_token = e * (3 * config.hidden_size + 2 * q + 2 * kv + 3 * config.intermediate_size)
     return tokens * per_token + rows * config.vocab_size * e
+
+
+def prefill_pass_tokens(max_prefill_tokens: int, longest: int) -> int:
+    """The most tokens one prefill pass runs, padding included, for rows of at most ``longest``
+    tokens: rows share a pass while their number times the widest stays within
+    ``max_prefill_tokens`` (``rlvr_fast.engine.scheduler.joins_prefill_pass``); a longer row
+    runs alone."""
+    return max(max_prefill_tokens, longest)
+
+
+def prefill_scores_bytes(config: ModelConfig, max_prefill_tokens: int, longest: int, e: int) -> int:
+    """SDPA's math-path scores and softmax in the largest prefill pass of rows of at most
+    ``longest`` tokens: R rows of W tokens form 2 x R x Hq x W^2 elements, and R x W is at most
+    the pass's padded tokens P while W <= ``longest``, so at most 2 x Hq x P x ``longest``."""
+    tokens = prefill_pass_tokens(max_prefill_tokens, longest)
+    return 2 * config.num_attention_heads * tokens * longest * e
 
 
 def math_attention_bytes(config: ModelConfig, rows: int, tokens: int, element: int = 4) -> int:
@@ -112,20 +133,21 @@ def plan_engine(
                 f"{SAMPLER_BYTES_PER_ROW:,} B of sampler buffers)",
             )
         )
+    tokens = prefill_pass_tokens(max_prefill_tokens, max_model_len)
     terms.append(
         EngineTerm(
             "prefill pass",
-            prefill_bytes(config, e, max_prefill_tokens, max_batch),
-            f"{max_prefill_tokens:,} tokens of one layer's intermediates, {max_batch} rows' logits",
+            prefill_bytes(config, e, tokens, max_batch),
+            f"{tokens:,} padded tokens of one layer's intermediates, {max_batch} rows' logits",
         )
     )
     if not flash_attention_takes(e, device_type):
-        longest = min(max_prefill_tokens, max_model_len)
         terms.append(
             EngineTerm(
                 "prefill attention scores (SDPA's math path: fp32 on CUDA)",
-                math_attention_bytes(config, 1, longest, e),
-                f"2 x {config.num_attention_heads} heads x {longest:,}^2 x {e} B",
+                prefill_scores_bytes(config, max_prefill_tokens, max_model_len, e),
+                f"2 x {config.num_attention_heads} heads x {tokens:,} padded tokens x "
+                f"rows of {max_model_len:,} x {e} B",
             )
         )
     if device_type == "cuda":

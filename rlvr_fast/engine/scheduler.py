@@ -1,9 +1,11 @@
 """``Scheduler``: continuous batching over a waiting queue and a running list.
 
 Each step is one of:
-- a prefill: waiting sequences admitted (up to ``max_batch`` running, ``max_prefill_tokens``
-  pending tokens, and the free KV blocks) whose pending tokens need a multi-token pass (a fresh
-  prompt, or a preempted sequence recomputing);
+- a prefill: waiting sequences admitted (up to ``max_batch`` running, the free KV blocks, and
+  ``max_prefill_tokens`` padded tokens: the runner pads every row of a pass to its widest, so
+  rows join while their number times the widest stays within it; a longer row runs alone)
+  whose pending tokens need a multi-token pass (a fresh prompt, or a preempted sequence
+  recomputing);
 - a decode: every running sequence runs its one pending token (admitted forks of a running
   sequence join here directly: they start with one pending token on top of shared blocks).
 Sequences that hold their next logits (forks of a prefilled prompt) are admitted at no cost and
@@ -43,6 +45,19 @@ class Batch:
     copies: list[tuple[int, int]] = field(default_factory=list)
 
 
+def runs_prefill(seq: Sequence) -> bool:
+    """Whether admitting ``seq`` puts it in a prefill pass: pending tokens beyond one, or none
+    cached yet."""
+    return seq.num_pending > 1 or seq.num_cached == 0
+
+
+def joins_prefill_pass(rows: int, widest: int, pending: int, max_prefill_tokens: int) -> bool:
+    """Whether a prefill pass of ``rows`` rows, the widest ``widest`` tokens, takes one more of
+    ``pending`` tokens within ``max_prefill_tokens`` padded tokens (every row runs as wide as
+    the widest); a pass of no rows takes any row."""
+    return rows == 0 or (rows + 1) * max(widest, pending) <= max_prefill_tokens
+
+
 class Scheduler:
     def __init__(
         self, manager, counters: EngineCounters, *, max_batch: int, max_prefill_tokens: int
@@ -65,7 +80,7 @@ class Scheduler:
     def schedule(self) -> Batch:
         admitted = self._admit()
         drawn = [seq for seq in admitted if seq.holds_logits]
-        prefill = [seq for seq in admitted if seq.num_pending > 1 or seq.num_cached == 0]
+        prefill = [seq for seq in admitted if runs_prefill(seq)]
         if prefill:
             copies, slots = self.manager.append_many(
                 [seq.block_id for seq in prefill], [seq.num_pending for seq in prefill]
@@ -99,11 +114,14 @@ class Scheduler:
     # ------------------------------------------------------------------ admission
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
-        tokens = reserved = 0
+        prefills = widest = reserved = 0
         while self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             pending = seq.num_pending
-            if admitted and tokens + pending > self.max_prefill_tokens:
+            prefill = runs_prefill(seq)
+            if prefill and not joins_prefill_pass(
+                prefills, widest, pending, self.max_prefill_tokens
+            ):
                 break
             needed = self.blocks_needed(seq)
             free = self.manager.num_free_blocks() - reserved
@@ -117,7 +135,8 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            tokens += pending
+            if prefill:
+                prefills, widest = prefills + 1, max(widest, pending)
             reserved += needed
         return admitted
 

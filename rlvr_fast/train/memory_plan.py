@@ -35,11 +35,12 @@ Terms, in bytes, for P parameters, compute dtype size e (4 fp32, 2 bf16):
 - the decode working set: ``max_batch`` rows of V logits in the compute dtype and the Triton
   sampler's buffers per row (``SAMPLER_BYTES_PER_ROW``, measured; they do not grow with V),
   which the CUDA graphs' private pool keeps;
-- the engine's prefill pass, as its own plan counts it (``rlvr_fast.engine.memory``): the
-  engine's ``max_prefill_tokens`` tokens of one layer's intermediates and ``max_batch`` rows'
-  logits, and in fp32 on CUDA the attention scores of one row as long as the run's rows (at most
-  ``max_prefill_tokens``); held only while the rollouts prefill, when no backward or optimizer
-  step runs, so it is a phase of its own beside those two (measured on the meta device);
+- the engine's prefill pass, as its own plan counts it (``rlvr_fast.engine.memory``) for rows of
+  at most prompt + completion tokens: max(``max_prefill_tokens``, that) padded tokens of one
+  layer's intermediates and ``max_batch`` rows' logits, and in fp32 on CUDA the attention
+  scores of the pass's rows (at most 2 x Hq x its padded tokens x the row length); held only
+  while the rollouts prefill, when no backward or optimizer step runs, so it is a phase of its
+  own beside those two (measured on the meta device);
 - with LoRA (``lora``, ``rlvr_fast.models.lora``): the weights term is the frozen base, held
   once; beside it the adapters in the compute dtype and the merged copy of each adapted
   projection module that the engine decodes from; masters, moments and gradients (and the
@@ -75,6 +76,8 @@ from rlvr_fast.engine.memory import (
     flash_attention_takes,
     math_attention_bytes,
     prefill_bytes,
+    prefill_pass_tokens,
+    prefill_scores_bytes,
     sampler_bytes,
 )
 from rlvr_fast.models.config import ModelConfig
@@ -451,22 +454,23 @@ def loss_term(config: ModelConfig, run: RunShape) -> Term:
 def engine_terms(config: ModelConfig, run: RunShape) -> list[Term]:
     """The decode working set the CUDA graphs keep, and the engine's prefill pass."""
     e = PRECISIONS[run.precision].compute
-    tokens = DEFAULT_MAX_PREFILL_TOKENS  # the trainer's engine takes the default
+    most = DEFAULT_MAX_PREFILL_TOKENS  # the trainer's engine takes the default
+    tokens = prefill_pass_tokens(most, run.row_tokens)
     terms = [
         Term(
             "engine prefill pass",
             prefill_bytes(config, e, tokens, run.max_batch),
-            f"{tokens:,} tokens of one layer's intermediates, {run.max_batch} rows' logits",
+            f"{tokens:,} padded tokens of one layer's intermediates, {run.max_batch} rows' logits",
             phase=PREFILL,
         )
     ]
     if not flash_attention_takes(e, "cuda"):
-        longest = min(tokens, run.row_tokens)
         terms.append(
             Term(
                 "engine prefill attention scores (fp32: SDPA's math path)",
-                math_attention_bytes(config, 1, longest, e),
-                f"2 x {config.num_attention_heads} heads x {longest:,}^2 x {e} B",
+                prefill_scores_bytes(config, most, run.row_tokens, e),
+                f"2 x {config.num_attention_heads} heads x {tokens:,} padded tokens x rows of "
+                f"{run.row_tokens:,} x {e} B",
                 phase=PREFILL,
             )
         )

@@ -16,9 +16,8 @@ mixed precision are the fp32 masters; unsharded: the model's parameters or its f
 and the moments are the optimizer's entries of a parameter's shape (AdamW's ``exp_avg``,
 ``exp_avg_sq``); its other entries (AdamW's ``step``) and parameter groups are small and ride in
 the state file. The engine's compute-dtype copy is not saved: it is refreshed from the weights.
-The Polyak sums are sums of the engine's full copy, the same whole tensors on every rank: each
-rank writes its 1/W slice of them (sharded as the weights are) and a resume loads them whole on
-every rank. The run's generator and torch's RNG are the same on every rank (all draw the same
+The Polyak sums are sums of the shards (``rlvr_fast.train.polyak``), sharded as the weights
+are: each rank writes its own, and DCP reshards them at a resume (one process loads them whole). The run's generator and torch's RNG are the same on every rank (all draw the same
 numbers): DCP writes one copy and every rank loads it.
 
 Atomic: the ranks write into a staging directory (a temp name, which a resume's cleaning
@@ -126,16 +125,9 @@ class ShardedCheckpoint:
         }
 
     def polyak_shards(self) -> dict:
-        """This rank's slices of the Polyak sums, as DTensors sharded as the weights are. Every
-        rank sums the engine's full copy, so each holds the same whole sums and cuts its own
-        slice from them: nothing is sent."""
-        from torch.distributed.tensor import Shard, distribute_tensor
-
-        mesh = self.stepping.sharded.mesh
-        return {
-            name: distribute_tensor(total, mesh, [Shard(0)], src_data_rank=None)
-            for name, total in self.polyak.sums.items()
-        }
+        """This rank's shards of the Polyak sums (DTensors sharded as the weights are: each rank
+        sums its own shards of them), by name: nothing is sent."""
+        return dict(self.polyak.sums)
 
     def check(self, checkpoint: Path, entry: dict) -> None:
         """Refuse shards that ``entry`` (the state file's) does not name whole: a file missing,
@@ -187,7 +179,7 @@ class ShardedCheckpoint:
         if (polyak_count is None) != (self.polyak is None):
             raise ValueError("its Polyak sums are not this run's")
         if self.polyak is not None:
-            # The whole sums, on every rank (each sums the engine's full copy).
+            # (sharded, each rank's shards of the sums; one process, the whole sums)
             shards["polyak"] = self.polyak.sums
         try:
             with torch.no_grad(), warnings.catch_warnings():

@@ -44,20 +44,14 @@ SHARD_HELP = (
 SHARD_ERROR = "shard must be fsdp or null, got {value!r}"
 
 
-def check_sharding(config, precision: str | None = None) -> None:
-    """What a sharded run needs before anything is built: several ranks, and settings whose
-    sharded form is built (one line each); ``precision``: the run's, resolved."""
+def check_sharding(config) -> None:
+    """What a sharded run needs before anything is built: several ranks (one line)."""
     if config.shard is None:
         return
     if distributed.world_size() < 2:
         raise ValueError(
             "shard=fsdp needs several ranks: launch with --nproc N (N >= 2) or torchrun "
             "(one process holds the whole model anyway)"
-        )
-    if config.polyak_start and (precision or config.precision) in MIXED:
-        raise ValueError(
-            "shard=fsdp with polyak_start under a mixed precision is not built: the average "
-            "would be of the engine's rounded copy, not of the sharded fp32 masters"
         )
 
 

@@ -82,7 +82,7 @@ from rlvr_fast.train.memory_plan import MemoryPlan, plan_for_training
 from rlvr_fast.train.monitor import Monitoring, TrainingMonitor
 from rlvr_fast.train.nonfinite import check_finite
 from rlvr_fast.train.polyak import PolyakAverage, averaged_weights
-from rlvr_fast.train.precision import resolve_precision
+from rlvr_fast.train.precision import MIXED, resolve_precision
 from rlvr_fast.train.sharded_checkpoint import ShardedCheckpoint
 from rlvr_fast.train.sharding import check_sharding, shard_policy, world_size_check
 from rlvr_fast.train.steps import (
@@ -144,7 +144,7 @@ class RLVRTrainer:
         self.profile_steps = profile_steps
         # Before the engine: the stepping casts the model to the precision's compute dtype.
         self.precision = resolve_precision(config.precision, policy.device)
-        check_sharding(config, self.precision)
+        check_sharding(config)
         plan = None
         if policy.device.type == "cuda":
             plan = check_memory(
@@ -209,9 +209,9 @@ class RLVRTrainer:
 
     @property
     def trained_weights(self):
-        """What the optimizer steps, by name: the model, or under bf16-mixed its fp32 masters."""
+        """What the optimizer steps, by name: the model, its fp32 masters, or the shards."""
         masters = self.stepping.masters
-        return masters if masters is not None else self.policy.model
+        return masters if masters is not None else self.stepping.model
 
     def saved_weights(self) -> dict | None:
         """What model/ holds in place of the model's weights: under bf16-mixed the fp32 masters
@@ -374,8 +374,8 @@ class RLVRTrainer:
         with averaged_weights(self.polyak, self.policy.model):
             if self.eval_data:
                 info["eval_polyak"] = self.evaluator.run("polyak")
+            average = self.polyak.average() if self.precision in MIXED and self.layout else None
             if self.recorder is not None:
-                average = self.polyak.average() if self.stepping.masters is not None else None
                 self.recorder.save_model(self.policy, polyak=True, weights=average)
         return info
 

@@ -76,6 +76,29 @@ def test_fork_shares_the_prompt_and_its_logits(model):
     assert all_free(engine)
 
 
+def test_a_prefill_pass_admits_rows_by_padded_tokens(model, monkeypatch):
+    """The runner pads every row of a pass to its widest, so the scheduler admits rows while
+    their number times the widest stays within max_prefill_tokens: at 10, prompts of 7, 2, 2, 1
+    and 3 tokens prefill as 7 alone (7 + 2 pending tokens fit 10, but 2 x 7 padded ones do not),
+    then 2, 2, 1 (3 x 2), then 3, and each row draws what a single pass draws."""
+    widths: list[tuple[int, int]] = []
+    run_pass = model_runner.ModelRunner.prefill
+
+    def counted(runner, batch):
+        widths.append((len(batch.rows), max(seq.num_pending for seq in batch.rows)))
+        return run_pass(runner, batch)
+
+    prompts = [PROMPTS[2], PROMPTS[1], [30, 31], PROMPTS[3], PROMPTS[4]]
+    whole = make_engine(model, eos_token_ids=[])
+    expected = whole.run([whole.add(p) for p in prompts], SamplingParams.greedy(4))
+    monkeypatch.setattr(model_runner.ModelRunner, "prefill", counted)
+    engine = make_engine(model, eos_token_ids=[], max_prefill_tokens=10)
+    got = engine.run([engine.add(p) for p in prompts], SamplingParams.greedy(4))
+    assert widths == [(1, 7), (3, 2), (1, 3)]
+    assert [seq.completion for seq in got] == [seq.completion for seq in expected]
+    assert all_free(engine)
+
+
 def test_extend_and_batched_prefill_give_the_full_forward_logits(model):
     """A shared prefix prefilled once, forked three times, each branch extended by its own
     question and all three prefilled in passes of at most 8 tokens: each next-token logits row

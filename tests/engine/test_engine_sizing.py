@@ -16,7 +16,7 @@ from rlvr_fast.engine import OutOfBlocksError, RolloutEngine, SamplingParams
 from rlvr_fast.engine import engine as engine_module
 from rlvr_fast.engine import kv_storage
 from rlvr_fast.engine.kv_storage import bytes_per_block
-from rlvr_fast.engine.memory import plan_engine
+from rlvr_fast.engine.memory import plan_engine, prefill_bytes
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.models.policy import load_policy
 
@@ -79,8 +79,9 @@ def test_an_engine_made_without_kv_blocks_is_sized_by_its_plan(tiny, monkeypatch
 
 def test_the_engine_plan_on_a_gpu_counts_the_graph_pool_and_fp32_attention_scores():
     """Qwen3-0.6B on an 80 GB card's free memory: bf16 takes the flash kernel, fp32 falls back to
-    SDPA's math path, whose scores for one 8,192-token prefill row (2 x 16 heads x 8,192^2 x 4 B,
-    8.6 GB) come off the KV cache's share."""
+    SDPA's math path, whose scores for the largest prefill pass come off the KV cache's share: a
+    16,384-token row alone (2 x 16 heads x 16,384^2 x 4 B, 34 GB), or with rows of at most 2,048
+    tokens, four of them in one pass of 8,192 padded tokens (2 x 16 x 8,192 x 2,048 x 4 B)."""
     config = ModelConfig.from_file(CONFIGS / "qwen3-0.6b-base.json")
     common = dict(
         device_type="cuda",
@@ -103,7 +104,13 @@ def test_the_engine_plan_on_a_gpu_counts_the_graph_pool_and_fp32_attention_score
         "CUDA context, workspaces, allocator slack",
     ]
     scores = next(t for t in plans[4].terms if t.name.startswith("prefill attention scores"))
-    assert scores.bytes == 2 * 16 * 8192**2 * 4
+    assert scores.bytes == 2 * 16 * 16384**2 * 4
+    assert plans[4].terms[1].bytes == prefill_bytes(config, 4, 16384, 256), "one row alone"
+    short = plan_engine(config, element=4, block_bytes=1, **{**common, "max_model_len": 2048}).terms
+    assert [t.bytes for t in short[1:3]] == [
+        prefill_bytes(config, 4, 8192, 256),
+        2 * 16 * 8192 * 2048 * 4,
+    ]
     for e, plan in plans.items():
         assert plan.kv_blocks == int((80 << 30) - plan.fixed_bytes) // 2 // (
             bytes_per_block(config, 16, torch.bfloat16 if e == 2 else torch.float32)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from rlvr_fast.models.context import ForwardContext
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train import distributed
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.decision import StepDecision
 from rlvr_fast.train.sharding import ShardedModel
@@ -66,7 +67,7 @@ def main() -> None:
     dist.all_gather_object(lines, line)
     if rank == 0:
         print("\n".join(lines), flush=True)
-    dist.destroy_process_group()
+    distributed.shutdown()  # (a barrier first: a rank left alone at exit aborts)
 
 
 if __name__ == "__main__":

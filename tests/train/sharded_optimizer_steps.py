@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train import distributed
 from rlvr_fast.train.adafactor import Adafactor
 from rlvr_fast.train.config import TrainConfig
 from rlvr_fast.train.sharding import ShardedModel
@@ -104,7 +105,7 @@ def main() -> None:
         report(f"rank {rank}: {name}: largest difference {worst:.1e}, bitwise {bitwise}")
         if isinstance(optimizer, Adafactor):
             check_gathered_adafactor_state(rank, optimizer, reference, sharded_params, whole_params)
-    dist.destroy_process_group()
+    distributed.shutdown()  # (a barrier first: a rank left alone at exit aborts)
 
 
 def check_gathered_adafactor_state(rank, optimizer, reference, sharded_params, whole_params):

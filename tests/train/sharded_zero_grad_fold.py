@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 
 from rlvr_fast.models.policy import load_policy
+from rlvr_fast.train import distributed
 from rlvr_fast.ops.zero_grad_adamw import zero_grad_adamw_
 from rlvr_fast.train.sharding import ShardedModel
 
@@ -63,7 +64,7 @@ def main() -> None:
         f"{fold.get_total_counts()} (a sharded norm's {norm.get_total_counts()})",
         flush=True,
     )
-    dist.destroy_process_group()
+    distributed.shutdown()  # (a barrier first: a rank left alone at exit aborts)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,12 @@ from rlvr_fast.cli.main import main as rlvr_fast_main
 from rlvr_fast.engine import RolloutEngine
 from rlvr_fast.engine import kv_storage
 from rlvr_fast.engine.kv_storage import bytes_per_block
-from rlvr_fast.engine.memory import math_attention_bytes, prefill_bytes
+from rlvr_fast.engine.memory import (
+    math_attention_bytes,
+    prefill_bytes,
+    prefill_pass_tokens,
+    prefill_scores_bytes,
+)
 from rlvr_fast.models import attention as attention_module
 from rlvr_fast.engine.token_sampler import sample_tokens
 from rlvr_fast.kernels import top_p_sampling
@@ -156,23 +161,36 @@ def test_fp32_attention_scores_are_planned_as_the_math_path_keeps_them(monkeypat
     assert not [t for t in bf16_plan.terms if t.name.startswith("attention scores")]
 
 
-def measure_prefill(monkeypatch, name: str, dtype, rows: int, tokens: int) -> int:
-    """Peak bytes of one fresh prefill pass of ``rows`` rows of ``tokens`` tokens through a
-    meta-device engine (its KV cache, the weights and the RoPE tables left out: terms of their
-    own), attending as CUDA does for ``dtype``."""
+def measure_prefill(
+    monkeypatch, name: str, dtype, lengths: list[int], max_prefill_tokens: int = 8192
+) -> tuple[int, list[int]]:
+    """(peak bytes, padded tokens of each pass) of a fresh prefill of prompts of ``lengths``
+    tokens through a meta-device engine (its KV cache, the weights and the RoPE tables left
+    out: terms of their own), attending as CUDA does for ``dtype``."""
     attention = flash_attention if dtype == torch.bfloat16 else math_attention
     monkeypatch.setattr(attention_module, "dense_attention", attention)
     monkeypatch.setattr(kv_storage, "INITIAL_CPU_BLOCKS", 1 << 20)  # no growth mid-pass
     with torch.device("meta"):
         model = qwen3.Qwen3ForCausalLM(config(name)).to(dtype)
-    engine = RolloutEngine(model, kv_blocks=(rows + 1) * (tokens // 16 + 1), cuda_graphs=False)
-    prompt = list(range(1, tokens + 1))
-    engine.prefill([engine.add(prompt)])  # makes the RoPE tables
-    seqs = [engine.add(prompt) for _ in range(rows)]
+    blocks = sum(n // 16 + 1 for n in lengths) + max(lengths) // 16 + 1
+    engine = RolloutEngine(
+        model, kv_blocks=blocks, cuda_graphs=False, max_prefill_tokens=max_prefill_tokens
+    )
+    engine.prefill([engine.add(list(range(1, max(lengths) + 1)))])  # makes the RoPE tables
+    seqs = [engine.add(list(range(1, n + 1))) for n in lengths]
+    passes, run_pass = [], engine.runner.prefill
+    monkeypatch.setattr(
+        engine.runner,
+        "prefill",
+        lambda batch: (
+            passes.append(len(batch.rows) * max(s.num_pending for s in batch.rows))
+            or run_pass(batch)
+        ),
+    )
     tracker = LiveBytes(ignore=[*model.parameters(), engine.storage.data])
     with tracker:
         engine.prefill(seqs)
-    return tracker.peak
+    return tracker.peak, passes
 
 
 @pytest.mark.parametrize("name", ["0.6b", "4b"])
@@ -189,10 +207,28 @@ def test_the_prefill_pass_terms_bound_a_meta_device_prefill(
     (the plan counts the scores and their softmax apart; 0.6B at 16 x 512 tokens: 206 MB in bf16
     for 307 planned, 646 MB in fp32 for 1,151)."""
     cfg, e = config(name), dtype.itemsize
-    peak = measure_prefill(monkeypatch, name, dtype, rows, tokens)
+    peak, _ = measure_prefill(monkeypatch, name, dtype, [tokens] * rows)
     planned = prefill_bytes(cfg, e, rows * tokens, rows)
     if dtype == torch.float32:
         planned += math_attention_bytes(cfg, rows, tokens)
+    assert peak <= planned <= most * peak, (peak, planned)
+
+
+@pytest.mark.parametrize("dtype, most", [(torch.bfloat16, 1.8), (torch.float32, 2.2)])
+def test_the_prefill_terms_bound_passes_of_unequal_rows(monkeypatch, dtype, most):
+    """The runner pads every row of a pass to its widest, so the engine admits rows while their
+    number times the widest stays within max_prefill_tokens: with 2,048, one 512-token prompt
+    and 40 of 16 tokens run as two passes, 4 x 512 and 37 x 16 padded tokens (their 1,152
+    pending tokens would have run in one pass of 41 x 512), and the plan's prefill terms for rows of at most
+    512 tokens, 2,048 padded tokens' intermediates and in fp32 the scores of 2,048 / 512 rows of
+    512, bound the meta-device peak."""
+    cfg, e, lengths = config("0.6b"), dtype.itemsize, [512] + [16] * 40
+    peak, passes = measure_prefill(monkeypatch, "0.6b", dtype, lengths, max_prefill_tokens=2048)
+    assert passes == [4 * 512, 37 * 16], "the long row and three short ones, then the rest"
+    tokens = prefill_pass_tokens(2048, 512)
+    planned = prefill_bytes(cfg, e, tokens, len(lengths))
+    if dtype == torch.float32:
+        planned += prefill_scores_bytes(cfg, 2048, 512, e)
     assert peak <= planned <= most * peak, (peak, planned)
 
 
@@ -217,11 +253,14 @@ def test_the_training_plan_counts_a_prefill_pass_as_a_phase_of_its_own(capsys):
         small_plan.fixed_bytes == run_long + prefill > run_long + small_plan.phase_bytes("backward")
     )
     fp32 = plan_memory(cfg, CARDS["80GB"], RunShape(precision="fp32"))
-    assert fp32.phase_bytes("a prefill pass") == prefill_bytes(
-        cfg, 4, 8192, 256
-    ) + math_attention_bytes(cfg, 1, 712)
+    assert (
+        fp32.phase_bytes("a prefill pass")
+        == prefill_bytes(cfg, 4, 8192, 256)
+        + math_attention_bytes(cfg, 8192 // 712, 712)
+        + 2 * 16 * (8192 % 712) * 712 * 4
+    )
     assert plan_command.main(["--model", str(MODELS["0.6b"]), "--device-memory", "24GiB"]) == 0
-    assert "| engine prefill pass | (0.35) | during a prefill pass: 8,192 tokens" in (
+    assert "| engine prefill pass | (0.35) | during a prefill pass: 8,192 padded tokens" in (
         capsys.readouterr().out
     )
 

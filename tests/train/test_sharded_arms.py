@@ -75,24 +75,48 @@ def contributing(run: Path) -> list[list[bool]]:
     return [[q["active"] for q in line["questions"]] for line in read_jsonl(run / "ledger.jsonl")]
 
 
-def test_lora_adapters_shard_and_train_as_on_one_process(tmp_path):
-    """The adapters are sharded with the frozen base (one FSDP group per layer): the merged
-    weights end within 1e-6; the adapters themselves within 2e-3 lr of each other, elementwise
-    (AdamW moves an element whose gradient is below its eps by lr g / eps, so the last bits of
-    a gradient that the sharded sums round otherwise show in it)."""
-    one, two = one_and_sharded(tmp_path, LORA)
-    assert_same_run(one, two)
-    active = contributing(one)
-    assert any(any(a[:2]) and any(a[2:]) for a in active), "both ranks run losses in a step"
-    adapters = [load_file(run / "final" / ADAPTER_DIR / WEIGHTS_FILE) for run in (one, two)]
+@pytest.fixture(scope="module")
+def lora_one(tmp_path_factory) -> Path:
+    """The LoRA run of 4 questions a step on one process."""
+    return one_process(tmp_path_factory.mktemp("lora"), LORA)
+
+
+def assert_same_adapters(one: Path, other: Path) -> None:
+    """The adapters within 2e-3 lr of each other, elementwise (AdamW moves an element whose
+    gradient is below its eps by lr g / eps, so the last bits of a gradient that the sharded
+    sums round otherwise show in it), and trained."""
+    adapters = [load_file(run / "final" / ADAPTER_DIR / WEIGHTS_FILE) for run in (one, other)]
     assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 4 * 7 * 2
     for name, tensor in adapters[0].items():
         assert (adapters[1][name] - tensor).abs().max() <= 2e-3 * LR, name
     assert max(float(t.abs().max()) for n, t in adapters[1].items() if "lora_B" in n) > 0
+
+
+def test_lora_adapters_shard_and_train_as_on_one_process(lora_one, tmp_path):
+    """The adapters are sharded with the frozen base (one FSDP group per layer): the merged
+    weights end within 1e-6 of each tensor's largest, the adapters as ``assert_same_adapters``
+    says."""
+    two = on_ranks(tmp_path, LORA, 2, "--shard", "fsdp")
+    assert_same_run(lora_one, two)
+    active = contributing(lora_one)
+    assert any(any(a[:2]) and any(a[2:]) for a in active), "both ranks run losses in a step"
+    assert_same_adapters(lora_one, two)
     state = load_state(two / "checkpoint" / "state.safetensors")
     assert "shards" in state, "the adapters and their moments in DCP"
     moments = state["shards"]["moments"]
     assert moments and all(".lora_" in name for name in moments), "the frozen base has none"
+
+
+def test_lora_shards_stopped_after_two_steps_resume_on_one_process(lora_one, tmp_path):
+    """The DCP checkpoint holds the adapters and their moments; the base is the model's."""
+    stopped = tmp_path / "run"
+    args = [*LORA[:-2], "--steps", "2"]
+    assert LORA[-2:] == ["--steps", "3"]
+    done = cli("train", "--nproc", "2", "--shard", "fsdp", *args, "--out", str(stopped))
+    assert done.returncode == 0, done.stderr
+    assert main(["train", *LORA, "--out", str(stopped), "--resume"]) == 0
+    assert_same_run(lora_one, stopped)
+    assert_same_adapters(lora_one, stopped)
 
 
 def test_a_kl_reference_clipping_and_checkpointing_shard_as_on_one_process(tmp_path):

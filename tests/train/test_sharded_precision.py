@@ -1,12 +1,17 @@
 """Mixed precisions sharded (``--shard fsdp``): fp16-mixed's fp32 masters are the shards (FSDP2
 casts them to fp16 for each pass and reduces in fp32) and its loss scale's overflow check is
 agreed over the ranks, so a run on two sharded ranks matches one process, its loss scales
-included, and an overflow in one rank's shard skips the step on every rank."""
+included, and an overflow in one rank's shard skips the step on every rank. A Polyak average
+under bf16-mixed averages the shards, the fp32 masters (not the engine's bf16 copy): its
+final_polyak/ is one process's, and its sums resume across (whole in the state file)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
 
 from rlvr_fast.cli.main import main
 
@@ -43,3 +48,27 @@ def test_an_overflow_in_one_ranks_shard_skips_the_step_on_every_rank():
             "{'scale': 32768.0, 'skipped': False}, stepped True; scale 32768.0; "
             "weights moved [False, True]"
         ) in stdout, stdout
+
+
+def test_a_polyak_average_of_sharded_fp32_masters_is_one_process_and_resumes_across(tmp_path):
+    run = [*RUN, "--precision", "bf16-mixed", "--set", "polyak_start=1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    to_one, to_two = tmp_path / "to_one", tmp_path / "to_two"
+    for out, steps in ((one, 3), (to_two, 2)):
+        assert main(["train", *run, "--steps", str(steps), "--out", str(out)]) == 0
+    resumed = tmp_path / "resumed_sharded"
+    shutil.copytree(to_two, resumed)  # (this process still holds the lock of the one it ran)
+    for out, steps, resume in ((two, 3, []), (to_one, 2, []), (resumed, 3, ["--resume"])):
+        done = cli("train", "--nproc", "2", "--shard", "fsdp", *run, "--steps", str(steps),
+                   "--out", str(out), *resume)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert main(["train", *run, "--steps", "3", "--out", str(to_one), "--resume"]) == 0
+    expected = load_file(str(one / "final_polyak" / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in expected.values()), "the masters' average"
+    for other in (two, to_one, resumed):
+        assert_same_run(one, other)
+        got = load_file(str(other / "final_polyak" / "model.safetensors"))
+        assert got.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert got[name].dtype == torch.float32
+            assert (got[name] - tensor).abs().max() <= 1e-6 * tensor.abs().max(), name

@@ -24,9 +24,6 @@ from rlvr_fast.analysis.verify import verify_run
 from rlvr_fast.models.config import ModelConfig
 from rlvr_fast.train.memory_plan import RunShape, plan_memory
 from rlvr_fast.cli.main import main
-from rlvr_fast.train import distributed
-from rlvr_fast.train.config import TrainConfig
-from rlvr_fast.train.sharding import check_sharding
 from rlvr_fast.run.state_file import load_state
 from rlvr_fast.utils.locks import LOCK_NAME
 
@@ -413,22 +410,6 @@ def test_ranks_on_mixed_devices_are_refused_in_one_line_and_write_nothing(tmp_pa
     )
     assert done.stderr.count(refusal) == 2, done.stderr
     assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        (
-            {"combine_questions": "pooled", "precision": "bf16-mixed", "polyak_start": 2},
-            "polyak_start under a mixed precision is not built",
-        )
-    ],
-)
-def test_settings_not_built_sharded_are_refused_by_name(monkeypatch, settings, message):
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)
-    config = TrainConfig.from_arm("ra_flat", shard="fsdp", questions_per_step=4, **settings)
-    with pytest.raises(ValueError, match=message):
-        check_sharding(config)
 
 
 CONFIGS = Path(rlvr_fast.__file__).parent / "assets" / "configs"
