@@ -15,8 +15,9 @@
 // Options, off by default, as the torch version defines them (transformers' order): the
 // repetition penalty on the logits of the row's history (prompt + completion so far) before the
 // temperature; top_k keeps ranks < k and tests top-p against top_p times their mass; min_p drops
-// ranks with p < min_p * p of rank 0. With none of them filtering (top_p 1, no top_k, no min_p)
-// every token is kept and the race is keyed by token id (E_v), as the torch version's is.
+// ranks with p < min_p * p of rank 0; top_p 1 drops nothing. The race is keyed by token id
+// (E_v) at every setting but top-p alone (top_p < 1, no top_k, no min_p: the trainer's, keyed by
+// rank), as the torch version's is: with none filtering, every token is kept and nothing sorted.
 
 #include "torch_api.h"
 
@@ -323,6 +324,9 @@ int64_t draw_row(const float* logits, int64_t vocab, const Options& options,
     }
     threshold = top_p * static_cast<float>(mass);
   }
+  // Keyed by rank only where top-p is the one filter; top_p 1 tests no cumulative mass.
+  const bool by_rank = top_p < 1.0f && !by_top_k && options.min_p <= 0.0f;
+  const bool by_top_p = top_p < 1.0f;
   double cumulative = 0.0;
   float best = -1.0f;
   int64_t token = order[0];
@@ -337,10 +341,11 @@ int64_t draw_row(const float* logits, int64_t vocab, const Options& options,
     cumulative += p;
     if (rank == 0) {
       floor = options.min_p * p;
-    } else if (static_cast<float>(cumulative) - p >= threshold || p < floor) {
+    } else if ((by_top_p && static_cast<float>(cumulative) - p >= threshold) || p < floor) {
       break;
     }
-    const float score = p / -std::log(uniform(key, static_cast<uint64_t>(rank)));
+    const uint64_t noise = static_cast<uint64_t>(by_rank ? rank : order[rank]);
+    const float score = p / -std::log(uniform(key, noise));
     if (score > best) {
       best = score;
       token = order[rank];

@@ -22,38 +22,50 @@ kept ranks is distributed as the renormalised kept p. E_r = -log u_r where u_r i
 counter-based hash (splitmix64) of (the sequence's seed, the position being sampled, the rank
 r), so a sequence's tokens depend only on its own seed and its own logits: not on which other
 sequences share the batch, on the batch's order, or on how many draws came before. Ties in p
-rank the lower token id first. With no filter at all (top_p >= 1, no top-k, no min-p: TRL's and
-the TRL facade's defaults) every token is kept, and the race is keyed by token id instead of
-rank (E_v, the hash of v): the same distribution, and no rank to find, so the Triton version
-reads each row twice (the trainer's defaults, top_p < 1, keep the rank-keyed race and its
-draws).
+rank the lower token id first. Keyed by rank only where top-p is the one filter (top_p < 1, no
+top-k, no min-p: the trainer's settings, whose recorded draws it keeps); at every other setting
+(no filter: TRL's and the facade's defaults; any top-k or min-p) the race is keyed by token id
+(E_v, the hash of v): the same distribution, and the kept tokens, always the ranks before a cut,
+are then those with a key at or above the cut's, whose ranks need not be found. top_p >= 1
+tests no cumulative mass (a rounded sum cannot drop a token).
 
 Reference (``sample_tokens_reference``): a full sort of every row, in torch ops.
 
 Triton (``sample_top_p_triton``), per row, three passes over the logits and no full sort (two
-with no filter: pass 2 skips the row and pass 3 races every token by id in one read) (a
-candidate filter in the spirit of FlashInfer's and Qrita's pivot-based top-p, but with one
-histogram in place of an iterative pivot search, and exact for the rank-keyed race):
+when the kept tokens are a threshold on p: no filter or min-p alone, where pass 2 skips the row
+and pass 3 races the tokens with p >= min_p * p_max by id in one read) (a candidate filter in
+the spirit of FlashInfer's and Qrita's pivot-based top-p, but with one histogram in place of an
+iterative pivot search, and exact):
 1. ``_row_stats_kernel``: the softmax's max and normaliser (online, fp32);
 2. ``_histogram_kernel``: a histogram of the probabilities by the top bits of their float32
-   pattern, ``BINS`` quarter-octave bins (bin b holds p in [2^(b/4 - 127), 2^((b+1)/4 - 127)),
-   so ordering bins orders tokens);
-3. ``_draw_kernel``: the highest bin b* whose bins >= b* hold at least top_p of mass by their
-   lower edges bounds the nucleus (every token below b* has at least that much mass before it);
-   the tokens of bins >= b* (usually a handful) are gathered into a row scratch of ``CAP``
-   slots, sorted there by (p, -id), and the race runs over their exact ranks, cumulative mass
-   and hashed noise. That is exact whenever they fit (always at top_p < 1 unless the row's
-   nucleus is flat over thousands of tokens).
-   When they do not fit (top_p = 1, or a flat row), the top bins that fit are raced, and the
-   ranks after them cannot win if the best score so far is >= q / min E_r over their ranks
-   (q bounds their p; the E_r are known from the ranks alone): that settles peaked rows. A row
-   still open continues exactly, in windows of the next ``CAP`` tokens in rank order, each
-   found by a radix select over the (p, -id) key (7 histogram passes) and gathered (one more):
-   slow, and only for rows whose nucleus spreads over more than ``CAP`` tokens.
-With top-k or min-p on, the bound b* is also the highest bin with k tokens at or above it, and
-the bin of min_p * p_max: both only shrink the candidates, and the pass count stays 3. The mass
-of the k first ranks comes from the head window when it holds them (the usual case); else a
-radix select of the k-th key and one more pass sum it (8 more passes, for that row only).
+   pattern, ``BINS`` sixteenth-octave bins counted down from the row's largest p (bin BINS - 1;
+   bin 0 holds every p more than 64 octaves below it), so ordering bins orders tokens;
+3. ``_draw_kernel`` (its row reads in ``top_p_rows``): the highest bin b* whose bins >= b* hold
+   at least top_p of mass by their lower edges bounds the nucleus (every token below b* has at
+   least that much mass before it); with top-k or min-p on, b* is also at least the highest bin
+   with k tokens at or above it and the bin of min_p * p_max. Keyed by token id, the bins whose
+   every token is surely kept (within the k first ranks by the counts, above the floor's bin,
+   short of top_p even by upper edges) start at b_sure: in one read their tokens race by id and
+   their mass is summed, while the tokens of bins [b*, b_sure) (from top-k's bin when the k
+   first ranks' mass is needed; usually a handful) are gathered into a row scratch of ``CAP``
+   slots, sorted there by (p, -id), and raced over their exact ranks, cumulative mass and
+   hashed noise. Keyed by rank (the trainer's top-p), b_sure is past every bin and every
+   candidate is gathered. That is exact whenever they fit: top-k with k and its bin within
+   ``CAP``, min-p with top-p or top-k whose uncertain bins fit, top-p alone unless the row's
+   nucleus is flat over thousands of tokens.
+   When they do not fit, the top bins that fit are raced, and the ranks after them cannot win
+   if the best score so far is >= q / min E over them (q bounds their p; the E are known from
+   the ranks alone, or bounded by the smallest over every token id): that settles peaked rows.
+   A row still open continues exactly, in windows of the next ``CAP`` tokens in rank order,
+   each found by a radix select over the (p, -id) key (7 histogram passes) and gathered (one
+   more): slow, and only for rows whose uncertain tokens spread over more than ``CAP`` (the
+   trainer's top-p on a flat row; top-k past ``CAP`` on one, or top-p with min-p). The mass
+   of the k first ranks comes from the sure bins and the head window when they hold them; else
+   a radix select of the k-th key and one more pass sum it (8 more passes, for that row only).
+Reads of each row, 4 rows of V = 2,000 at T = 0.8 and cap 64, flat (logits x 0.2) / peaked
+(x 4), counted in the interpreter (``tests/ops/test_top_p_sampling.py``): top-p 0.9 alone
+61 / 3; no filter 2 / 2; min-p 0.05 alone 2 / 2; top-k 50 with top-p 0.95 or 1: 3 / 3;
+top-p 0.9, top-k 20, min-p 0.1: 3 / 3.
 The repetition penalty runs before the passes, on a float32 copy of the logits
 (``penalize_repeats``: one copy, then a gather and a scatter of the [B, L] history).
 The probabilities, cumulative sums and noise are fp32 as the reference's, computed in another
@@ -81,12 +93,14 @@ MIX_2 = 0x94D049BB133111EB - 2**64
 UNIFORM_BITS = 23  # (k + 0.5) / 2^23 needs 24 significant bits: exact in float32
 _ranks: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-# Triton: histogram bins of a probability's float32 bits >> 21 (p <= 1 gives at most 508),
-# candidate slots per row, token ids in the low 20 bits of the (p, -id) key.
-BINS = 512
+# Triton: histogram bins of a probability's float32 bits >> 19 (sixteenth-octave bins) counted
+# down from the row's largest p (bin BINS - 1; bin 0 holds every p 64 octaves below it), candidate
+# slots per row, token ids in the low 20 bits of the (p, -id) key.
+BINS = 1024
 CAP = 4096
 ID_BITS = 20
 BLOCK_V = 4096
+DRAW_BLOCK_V = 2048  # pass 3's tiles: 4,096 wide, its reads next to the sort spill registers
 
 
 def _logical_shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -129,8 +143,9 @@ def top_p_probs(
     cumulative = sorted_probs.cumsum(dim=-1)
     mass_before = cumulative - sorted_probs
     if isinstance(top_k, int) and isinstance(min_p, (int, float)) and not (top_k or min_p):
-        # mass_before of rank 0 is 0 < top_p, so the first token is always kept.
-        return sorted_probs.masked_fill(mass_before >= top_p, 0.0), sorted_ids
+        # mass_before of rank 0 is 0 < top_p, so the first token is always kept; top_p >= 1
+        # keeps every token (no test a rounded cumulative sum could fail).
+        return sorted_probs.masked_fill((mass_before >= top_p) & (top_p < 1), 0.0), sorted_ids
     # Options as tensors: off, k = V, the renormaliser is 1 and min_p 0, which drop nothing.
     rows, vocab = logits.shape
     top_k = torch.as_tensor(top_k, device=logits.device)
@@ -140,7 +155,7 @@ def top_p_probs(
     mass_k = cumulative.gather(1, (k - 1).expand(rows, 1))
     threshold = top_p * torch.where(by_top_k, mass_k, 1.0)
     ranks = torch.arange(vocab, device=logits.device)
-    dropped = (mass_before >= threshold) | (ranks >= k)
+    dropped = ((mass_before >= threshold) & (top_p < 1)) | (ranks >= k)
     dropped |= sorted_probs < min_p * sorted_probs[:, :1]
     return sorted_probs.masked_fill(dropped, 0.0), sorted_ids
 
@@ -169,55 +184,58 @@ def sample_tokens_reference(
     exponential = -torch.log(uniform_noise(seeds, positions, kept.shape[1]))
     choice = (kept / exponential).argmax(dim=-1, keepdim=True)
     by_rank = ids.gather(1, choice).squeeze(1)
-    unfiltered = keeps_every_token(top_p, top_k, min_p, logits.shape[1])
-    if unfiltered is False:
+    keyed_by_rank = races_by_rank(top_p, top_k, min_p, logits.shape[1])
+    if keyed_by_rank is True:
         return by_rank
-    # No filter: the race keyed by token id (exponential[:, v] is E_v).
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    by_id = (probs / exponential).argmax(dim=-1)
-    return by_id if unfiltered is True else torch.where(unfiltered, by_id, by_rank)
+    # Any other setting: the race keyed by token id (exponential[:, v] is E_v).
+    kept_by_id = torch.zeros_like(kept).scatter_(1, ids, kept)
+    by_id = (kept_by_id / exponential).argmax(dim=-1)
+    return by_id if keyed_by_rank is False else torch.where(keyed_by_rank, by_rank, by_id)
 
 
-def keeps_every_token(top_p, top_k, min_p, vocab: int):
-    """Whether the options filter nothing (top_p >= 1, top_k off or >= V, min_p 0): a bool for
+def races_by_rank(top_p, top_k, min_p, vocab: int):
+    """Whether the race is keyed by rank: top-p is the only filter (top_p < 1, top-k off or
+    >= V, min_p 0: the trainer's settings, whose recorded draws the rank keys keep). A bool for
     numbers, a 0-d bool tensor when any option is a tensor (a CUDA graph's settings)."""
     if not any(isinstance(value, torch.Tensor) for value in (top_p, top_k, min_p)):
-        return top_p >= 1 and (top_k <= 0 or top_k >= vocab) and min_p <= 0
+        return top_p < 1 and (top_k <= 0 or top_k >= vocab) and min_p <= 0
     top_p, top_k, min_p = (torch.as_tensor(value) for value in (top_p, top_k, min_p))
-    return (top_p >= 1) & ((top_k <= 0) | (top_k >= vocab)) & (min_p <= 0)
+    return (top_p < 1) & ((top_k <= 0) | (top_k >= vocab)) & (min_p <= 0)
 
 
 if triton is not None:
+    from rlvr_fast.kernels.top_p_rows import (
+        _exponential,
+        _gather,
+        _gather_racing_above,
+        _mass_from,
+        _min_exponential,
+        _probabilities,
+        _radix_floor,
+    )
 
     @triton.jit
-    def _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum):
-        """p [BV] of the tokens o_v (0 where masked off), as softmax(logits / T) forms it."""
-        b_x = tl.load(p_row + o_v, mask=m_v, other=float("-inf")).to(tl.float32) / b_temperature
-        return tl.exp(b_x - b_max) / b_sum
-
-    @triton.jit
-    def _rank_keys_of(b_p, o_v, m_v, ID_BITS: tl.constexpr):
-        """The (p, -id) key [BV] int64: larger means an earlier rank; -1 where masked off."""
-        b_bits = b_p.to(tl.int32, bitcast=True).to(tl.int64)
-        b_key = (b_bits << ID_BITS) | ((1 << ID_BITS) - 1 - o_v.to(tl.int64))
-        return tl.where(m_v, b_key, -1)
-
-    @triton.jit
-    def _exponential(b_key, b_ranks):
-        """E = -log u for the ranks [N] of the stream whose key is seed * A + position * B."""
-        b_x = b_key + b_ranks.to(tl.uint64) * 0x8CB92BA72F3D8DD7
-        b_x = (b_x ^ (b_x >> 30)) * 0xBF58476D1CE4E5B9
-        b_x = (b_x ^ (b_x >> 27)) * 0x94D049BB133111EB
-        b_x = b_x ^ (b_x >> 31)
-        b_u = ((b_x >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-        return -tl.log(b_u)
-
-    @triton.jit
-    def _unfiltered(p_top_p, p_top_k, p_min_p, V):
-        """Whether the row's options filter nothing (every token kept)."""
+    def _threshold_only(p_top_p, p_top_k, V):
+        """Whether the row's kept tokens are those with p >= min_p * p_max (top_p 1, no top-k):
+        no filter, or min-p alone. The draw races them by token id in one read."""
         b_top_k = tl.load(p_top_k).to(tl.int32)
-        b_no_top_k = (b_top_k <= 0) | (b_top_k >= V)
-        return (tl.load(p_top_p) >= 1.0) & b_no_top_k & (tl.load(p_min_p) <= 0.0)
+        return (tl.load(p_top_p) >= 1.0) & ((b_top_k <= 0) | (b_top_k >= V))
+
+    @triton.jit
+    def _bin_base(b_sum, BINS: tl.constexpr):
+        """The row's bin offset: p_max = 1 / sum (as _probabilities forms it) in bin BINS - 1."""
+        return ((1.0 / b_sum).to(tl.int32, bitcast=True) >> 19) - (BINS - 1)
+
+    @triton.jit
+    def _bins_of(b_p, b_base):
+        """The bin of each p: its float32 bits >> 19 less the row's base, 0 at least."""
+        return tl.maximum((b_p.to(tl.int32, bitcast=True) >> 19) - b_base, 0)
+
+    @triton.jit
+    def _bin_key(b_bin, b_base, BINS: tl.constexpr, ID_BITS: tl.constexpr):
+        """The smallest (p, -id) key of bin b (0 for bin 0; past every key for b >= BINS)."""
+        b_key = (b_bin + b_base).to(tl.int64) << (19 + ID_BITS)
+        return tl.where(b_bin >= BINS, 1 << 62, tl.where(b_bin > 0, b_key, 0))
 
     @triton.jit
     def _row_stats_kernel(
@@ -265,97 +283,15 @@ if triton is not None:
         b_max = tl.load(p_stats + 2 * i_b)
         b_sum = tl.load(p_stats + 2 * i_b + 1)
         b_counts = tl.zeros([BINS], dtype=tl.int32)
-        # No filter: the draw races every token by id and reads no histogram.
-        if not _unfiltered(p_top_p, p_top_k, p_min_p, V):
+        b_base = _bin_base(b_sum, BINS)
+        # No filter or min-p alone: the draw races the tokens by id and reads no histogram.
+        if not _threshold_only(p_top_p, p_top_k, V):
             for i_t in range(0, NUM_TILES):
                 o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
                 m_v = o_v < V
                 b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-                b_bin = b_p.to(tl.int32, bitcast=True) >> 21  # [BV]
-                b_counts += tl.histogram(b_bin, BINS, mask=m_v)
+                b_counts += tl.histogram(_bins_of(b_p, b_base), BINS, mask=m_v)
         tl.store(p_counts + i_b * BINS + tl.arange(0, BINS), b_counts)
-
-    @triton.jit
-    def _gather(
-        p_row,
-        p_scratch,
-        V,
-        b_temperature,
-        b_max,
-        b_sum,
-        b_lo,
-        b_hi,
-        ID_BITS,
-        BLOCK_V,
-        NUM_TILES,
-        CAP,
-    ):
-        """Write the keys in [lo, hi) of the row to the scratch (at most CAP, token order);
-        returns how many there are."""
-        b_n = tl.full([], 0, tl.int32)
-        for i_t in range(0, NUM_TILES):
-            o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
-            m_v = o_v < V
-            b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-            b_key = _rank_keys_of(b_p, o_v, m_v, ID_BITS)
-            m_sel = m_v & (b_key >= b_lo) & (b_key < b_hi)
-            o_slot = b_n + tl.cumsum(m_sel.to(tl.int32), axis=0) - 1
-            tl.store(p_scratch + o_slot, b_key, mask=m_sel & (o_slot < CAP))
-            b_n += tl.sum(m_sel.to(tl.int32), axis=0)
-        return b_n
-
-    @triton.jit
-    def _radix_floor(p_row, V, b_temperature, b_max, b_sum, b_hi, ID_BITS, BLOCK_V, NUM_TILES, CAP):
-        """The CAP-th largest key below hi (0 when at most CAP keys are below hi): an MSD radix
-        select over the 51-bit keys, one 8-bit digit per pass (the first digit has 3 bits).
-        CAP may be a run-time count (top-k's k)."""
-        b_prefix = tl.full([], 0, tl.int64)
-        b_need = tl.full([], 0, tl.int32) + CAP
-        b_all = tl.full([], 0, tl.int32)
-        o_d = tl.arange(0, 256)
-        for level in tl.static_range(7):
-            shift = 48 - 8 * level
-            b_hist = tl.zeros([256], dtype=tl.int32)
-            for i_t in range(0, NUM_TILES):
-                o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
-                m_v = o_v < V
-                b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-                b_key = _rank_keys_of(b_p, o_v, m_v, ID_BITS)
-                m_sel = m_v & (b_key < b_hi) & ((b_key >> (shift + 8)) == (b_prefix >> (shift + 8)))
-                b_hist += tl.histogram(((b_key >> shift) & 255).to(tl.int32), 256, mask=m_sel)
-            if level == 0:
-                b_all = tl.sum(b_hist, axis=0)
-            b_at_or_above = tl.cumsum(b_hist, axis=0, reverse=True)  # [256]
-            b_digit = tl.max(tl.where(b_at_or_above >= b_need, o_d, -1), axis=0)
-            b_above = tl.sum(tl.where(o_d > b_digit, b_hist, 0), axis=0)
-            b_need -= b_above
-            b_prefix = b_prefix | (tl.maximum(b_digit, 0).to(tl.int64) << shift)
-        return tl.where(b_all <= CAP, 0, b_prefix)
-
-    @triton.jit
-    def _mass_from(p_row, V, b_temperature, b_max, b_sum, b_lo, ID_BITS, BLOCK_V, NUM_TILES):
-        """The probability mass of the row's keys >= lo."""
-        b_mass = tl.full([], 0.0, tl.float32)
-        for i_t in range(0, NUM_TILES):
-            o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
-            m_v = o_v < V
-            b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-            b_key = _rank_keys_of(b_p, o_v, m_v, ID_BITS)
-            b_mass += tl.sum(tl.where(m_v & (b_key >= b_lo), b_p, 0.0), axis=0)
-        return b_mass
-
-    @triton.jit
-    def _min_exponential(b_key, b_first, b_last, BLOCK_V: tl.constexpr):
-        """min E_r over the ranks [first, last) (+inf when empty). A while loop: the interpreter
-        cannot take a computed value as a loop bound."""
-        b_min = tl.full([], float("inf"), tl.float32)
-        i_r = b_first
-        while i_r < b_last:
-            o_r = i_r + tl.arange(0, BLOCK_V)
-            b_e = _exponential(b_key, o_r)
-            b_min = tl.minimum(b_min, tl.min(tl.where(o_r < b_last, b_e, float("inf")), axis=0))
-            i_r += BLOCK_V
-        return b_min
 
     @triton.jit
     def _draw_kernel(
@@ -397,7 +333,8 @@ if triton is not None:
         # The nucleus bound b* and the head window from the histogram.
         o_bin = tl.arange(0, BINS)
         b_counts = tl.load(p_counts + i_b * BINS + o_bin)  # [BINS]
-        b_edges = (o_bin << 21).to(tl.float32, bitcast=True)
+        b_base = _bin_base(b_sum, BINS)
+        b_edges = tl.where(o_bin > 0, ((o_bin + b_base) << 19).to(tl.float32, bitcast=True), 0.0)
         b_floor_mass = tl.cumsum(b_counts.to(tl.float32) * b_edges, axis=0, reverse=True)
         # A margin over float32 rounding of the sums of mass (the reference's and ours).
         b_star = tl.max(tl.where(b_floor_mass >= b_top_p * 1.00390625, o_bin, 0), axis=0)
@@ -406,35 +343,53 @@ if triton is not None:
         # of min_p * p_max every p is smaller.
         b_star_k = tl.max(tl.where(b_counted >= b_k, o_bin, 0), axis=0)
         b_star = tl.where(b_by_top_k, tl.maximum(b_star, b_star_k), b_star)
-        b_star_min_p = (b_min_p * b_p_max).to(tl.int32, bitcast=True) >> 21
+        b_floor = b_min_p * b_p_max  # 0 when min-p is off
+        b_star_min_p = _bins_of(b_floor, b_base)
         b_star = tl.where(b_min_p > 0, tl.maximum(b_star, b_star_min_p), b_star)
         b_total = tl.sum(tl.where(o_bin >= b_star, b_counts, 0), axis=0)  # ranks that may be kept
-        b_head = tl.min(tl.where((b_counted <= CAP) & (o_bin >= b_star), o_bin, BINS), axis=0)
-        b_hi = tl.full([], 1 << 62, tl.int64)
-        b_lo = b_head.to(tl.int64) << (21 + ID_BITS)
+        # Keyed by token id (any setting but top-p alone), every token of the bins >= b_sure is
+        # surely kept and races in the read that gathers the window below them: sure by top-k
+        # when its bin is within the k first ranks, by min-p when above the floor's bin, by top-p
+        # when even the upper edges' mass of the bins >= its own is short of top_p times a lower
+        # bound of the k first ranks' mass (their bins' lower edges).
+        b_by_rank = (b_top_p < 1.0) & ((b_top_k <= 0) | (b_top_k >= V)) & (b_min_p <= 0.0)
+        b_need_z = b_by_top_k & (b_top_p < 1.0)  # the k first ranks' exact mass
+        b_z_low = tl.sum(tl.where(o_bin > b_star_k, b_counts.to(tl.float32) * b_edges, 0.0), axis=0)
+        b_z_low = tl.where(b_by_top_k, b_z_low, 1.0)
+        b_upper = ((o_bin + 1 + b_base) << 19).to(tl.float32, bitcast=True)
+        b_ceiling_mass = tl.cumsum(b_counts.to(tl.float32) * b_upper, axis=0, reverse=True)
+        # (tl.where on the scalar conditions: the interpreter cannot & a float comparison's
+        # scalar with a vector.)
+        m_open = tl.where(b_top_p < 1.0, b_ceiling_mass * 1.00390625 >= b_top_p * b_z_low, False)
+        m_open |= tl.where(b_by_top_k, b_counted > b_k, False)
+        m_open |= tl.where(b_min_p > 0.0, o_bin <= b_star_min_p, False)
+        b_sure = tl.where(b_by_rank, BINS, tl.max(tl.where(m_open, o_bin, -1), axis=0) + 1)
+        b_sure_count = tl.sum(tl.where(o_bin >= b_sure, b_counts, 0), axis=0)
+        # The head window: the lowest bins from b* (from top-k's bound when the k first ranks'
+        # mass is needed) up whose tokens below b_sure fit in CAP slots.
+        b_from = tl.where(b_need_z, b_star_k, b_star)
+        b_window = b_counted - b_sure_count  # tokens in bins [b, b_sure)
+        b_head = tl.min(tl.where((b_window <= CAP) & (o_bin >= b_from), o_bin, b_sure), axis=0)
+        b_hi = _bin_key(b_sure, b_base, BINS, ID_BITS)
+        b_lo = _bin_key(b_head, b_base, BINS, ID_BITS)
+        b_threshold_only = _threshold_only(p_top_p, p_top_k, V)
+        if b_threshold_only:
+            # No histogram: the kept tokens are those with p >= the floor (every one when min-p
+            # is off), by their keys; nothing to gather, and nothing after this read.
+            b_hi = b_floor.to(tl.int32, bitcast=True).to(tl.int64) << ID_BITS
+            b_lo = b_hi
+            b_head = b_head * 0
+            b_total = b_total * 0
         b_first = tl.full([], 1, tl.int32)  # the first window comes from the histogram
         b_done = tl.full([], 0, tl.int32)
         b_rank = tl.full([], 0, tl.int32)  # ranks raced so far
         b_mass = tl.full([], 0.0, tl.float32)  # their probability mass
         b_best = tl.full([], -1.0, tl.float32)
         b_token = tl.full([], 0, tl.int64)
-        if _unfiltered(p_top_p, p_top_k, p_min_p, V):
-            # Every token kept: the race keyed by token id, in one read, and nothing after it.
-            for i_t in range(0, NUM_TILES):
-                o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
-                m_v = o_v < V
-                b_p = _probabilities(p_row, o_v, m_v, b_temperature, b_max, b_sum)
-                b_score = tl.where(m_v, b_p / _exponential(b_stream, o_v), -1.0)
-                b_tile_best = tl.max(b_score, axis=0)
-                if b_tile_best > b_best:
-                    b_best = b_tile_best
-                    b_at = tl.argmax(b_score, axis=0, tie_break_left=True)
-                    b_token = (i_t * BLOCK_V + b_at).to(tl.int64)
-            b_done = 1  # (top-k is off: no top-k mass either)
         # The mass of the k first ranks: from the head window when it holds them, else now.
         b_z = tl.full([], 1.0, tl.float32)
         b_head_count = tl.sum(tl.where(o_bin == b_head, b_counted, 0), axis=0)
-        if b_by_top_k & (b_head_count < b_k):
+        if b_need_z & (b_head_count < b_k):
             b_kth = _radix_floor(
                 p_row, V, b_temperature, b_max, b_sum, 1 << 62, ID_BITS, BLOCK_V, NUM_TILES, b_k
             )
@@ -443,12 +398,31 @@ if triton is not None:
             )
         o_c = tl.arange(0, CAP)
         while b_done == 0:
-            if b_first == 0:
+            b_n = tl.full([], 0, tl.int32)
+            if b_first == 1:
+                if b_head < BINS:
+                    b_n, b_best, b_token, b_mass = _gather_racing_above(
+                        p_row,
+                        p_slots,
+                        V,
+                        b_temperature,
+                        b_max,
+                        b_sum,
+                        b_lo,
+                        b_hi,
+                        b_stream,
+                        ID_BITS,
+                        BLOCK_V,
+                        NUM_TILES,
+                        CAP,
+                    )
+                    b_rank = b_sure_count  # (0 with no histogram)
+                    if b_need_z & (b_rank == b_k):  # the k first ranks are the sure ones
+                        b_z = b_mass
+            else:
                 b_lo = _radix_floor(
                     p_row, V, b_temperature, b_max, b_sum, b_hi, ID_BITS, BLOCK_V, NUM_TILES, CAP
                 )
-            b_n = tl.full([], 0, tl.int32)
-            if (b_head < BINS) | (b_first == 0):
                 b_n = _gather(
                     p_row,
                     p_slots,
@@ -474,16 +448,17 @@ if triton is not None:
             m_kth = m_c & b_by_top_k & (o_rank == b_k - 1) & (b_first == 1)
             if tl.sum(m_kth.to(tl.int32), axis=0) > 0:
                 b_z = tl.sum(tl.where(m_kth, b_cumulative, 0.0), axis=0)
-            m_rule = (b_cumulative - b_p < b_top_p * b_z) & (o_rank < b_k)
-            m_kept = m_c & ((o_rank == 0) | (m_rule & (b_p >= b_min_p * b_p_max)))
-            b_e = _exponential(b_stream, o_rank)
+            m_top_p = tl.where(b_top_p < 1.0, b_cumulative - b_p < b_top_p * b_z, True)
+            m_rule = m_top_p & (o_rank < b_k)
+            m_kept = m_c & ((o_rank == 0) | (m_rule & (b_p >= b_floor)))
+            b_id = ((1 << ID_BITS) - 1 - (b_keys & ((1 << ID_BITS) - 1))).to(tl.int32)
+            b_e = _exponential(b_stream, tl.where(b_by_rank, o_rank, b_id))
             b_score = tl.where(m_kept, b_p / b_e, -1.0)
             b_window_best = tl.max(b_score, axis=0)
             b_at = tl.argmax(b_score, axis=0, tie_break_left=True)
-            b_id = (1 << ID_BITS) - 1 - (b_keys & ((1 << ID_BITS) - 1))
             if b_window_best > b_best:
                 b_best = b_window_best
-                b_token = tl.sum(tl.where(o_c == b_at, b_id, 0), axis=0)
+                b_token = tl.sum(tl.where(o_c == b_at, b_id, 0), axis=0).to(tl.int64)
             b_cut = tl.sum((m_c & ~m_kept).to(tl.int32), axis=0) > 0
             b_mass = tl.max(tl.where(m_c, b_cumulative, b_mass), axis=0)
             b_last_p = tl.min(tl.where(m_c, b_p, 1.0), axis=0)  # bounds every later rank's p
@@ -495,15 +470,17 @@ if triton is not None:
                 b_done = 1
             else:
                 # Ranks still open cannot beat b_best when even the smallest E among them
-                # could not lift the largest p they may have above it.
-                b_tail = b_last_p / _min_exponential(b_stream, b_rank, b_open, BLOCK_V)
-                if b_best >= b_tail:
+                # could not lift the largest p they may have above it (E of their ranks, or of
+                # any token id when keyed by id).
+                b_from_e = tl.where(b_by_rank, b_rank, 0)
+                b_to_e = tl.where(b_by_rank, b_open, V)
+                if b_best >= b_last_p / _min_exponential(b_stream, b_from_e, b_to_e, BLOCK_V):
                     b_done = 1
         tl.store(p_tokens + i_b, b_token)
 
 
-def _tiles(logits: torch.Tensor) -> int:
-    return -(-logits.shape[1] // BLOCK_V)
+def _tiles(logits: torch.Tensor, block: int = BLOCK_V) -> int:
+    return -(-logits.shape[1] // block)
 
 
 def device_scalar(value, device: torch.device) -> torch.Tensor:
@@ -575,8 +552,8 @@ def draw_triton(
         BINS=BINS,
         CAP=cap,
         ID_BITS=ID_BITS,
-        BLOCK_V=BLOCK_V,
-        NUM_TILES=_tiles(logits),
+        BLOCK_V=DRAW_BLOCK_V,
+        NUM_TILES=_tiles(logits, DRAW_BLOCK_V),
         num_warps=8,
     )
     return tokens

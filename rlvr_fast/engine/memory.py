@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from rlvr_fast.models.config import ModelConfig
 
 # Bytes the Triton sampler's three passes make per row of a sampled draw, whatever V: the row's
-# (max, normaliser) in fp32, its 512-bin int32 histogram, the draw's 4,096 int64 candidate slots
+# (max, normaliser) in fp32, its 1,024-bin int32 histogram, the draw's 4,096 int64 candidate slots
 # and the int64 token. Measured on the meta device with the launches left out (tests check it).
-SAMPLER_BYTES_PER_ROW = 34_832
+SAMPLER_BYTES_PER_ROW = 36_880
 RUNTIME_ALLOWANCE = 1 << 30
 DEFAULT_MAX_PREFILL_TOKENS = 8192  # RolloutEngine's max_prefill_tokens
 

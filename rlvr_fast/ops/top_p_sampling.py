@@ -80,7 +80,7 @@ def sample_top_p(
 ) -> torch.Tensor:
     """logits [B, V] (V < 2^20); seeds, positions [B] int64; temperature, top_p, top_k (0:
     off) and min_p (0: off) numbers or 0-d tensors -> token ids [B] int64, three passes over
-    the logits (two when the options filter nothing)."""
+    the logits (two with no filter or min-p alone)."""
     if logits.shape[1] >= 2**20:
         raise ValueError(f"sample_top_p: vocabularies up to 2^20 tokens, got {logits.shape[1]}")
     if logits.stride(1) != 1:

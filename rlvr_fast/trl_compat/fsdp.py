@@ -3,7 +3,8 @@
 FSDP`` and ``fsdp_version: 2``, which set ``ACCELERATE_USE_FSDP`` and the ``FSDP_*`` variables),
 turn on rlvr_fast's own sharding (``TrainConfig.shard="fsdp"``, ``rlvr_fast.train.sharding``):
 FSDP2's ``fully_shard`` on every decoder layer and on the root over all the ranks, each weight
-resharded after its forward (full shard), whole tensors in what it saves.
+resharded after its forward (full shard), whole tensors in the models it saves and DCP shards
+in a checkpoint's training state.
 
 What that builds is honoured; a setting asking for something else is refused by name (CPU
 offload, hybrid or ZeRO-2 sharding, FSDP1 and its options, size-based wrapping, sharded state
@@ -66,7 +67,8 @@ FSDP_CONFIG_LIMITS = {
     ),
     "state_dict_type": (
         lambda v: v is None or str(v).upper() == "FULL_STATE_DICT",
-        "save_model and checkpoint-N hold whole tensors (FULL_STATE_DICT)",
+        "save_model and checkpoint-N's model hold whole tensors (FULL_STATE_DICT); a "
+        "checkpoint's training state is in DCP shards either way",
     ),
     "ignored_modules": (lambda v: not v, "modules left unsharded"),
     "xla": (lambda v: not _true(v), XLA),

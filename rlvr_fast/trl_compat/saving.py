@@ -4,6 +4,7 @@ rest of the ``Trainer`` surface scripts call (``evaluate``, ``log_metrics``, ``s
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from rlvr_fast.trl_compat import checkpoints
 from rlvr_fast.trl_compat.evaluation import evaluate_dataset
 from rlvr_fast.trl_compat.model_io import requested_dtype, synced_transformers_model
 from rlvr_fast.trl_compat.peft_model import copy_adapters_into, write_adapter_config
-from rlvr_fast.utils.files import files_into
+from rlvr_fast.run.checkpoint import SHARDS_KEY
+from rlvr_fast.utils.files import files_into, new_temp_directory, publish_staged_directory
 from rlvr_fast.trl_compat.run_files import (
     card_model_name,
     model_card,
@@ -90,39 +92,61 @@ class SavingAndSurface:
         write_training_args(self.args, directory)
 
     def _save_checkpoint(self) -> None:
-        """checkpoint-N, written by rank 0 (sharded: every rank first gathers the weights and
-        the optimizer's moments whole, one tensor at a time; the state holds whole tensors, so
-        it resumes on any number of ranks)."""
+        """checkpoint-N, written by rank 0 (sharded: every rank first writes its shards of the
+        weights, the optimizer's moments, the Polyak sums and the RNG states in DCP, nothing
+        gathered, into a temp folder beside, which rank 0 moves into the checkpoint, and gathers
+        the model's weights one tensor at a time for its Hugging Face files; the checkpoint
+        resumes on any number of ranks)."""
         if not self._writes():
             return
-        write_state, state = None, None
+        write_state, state, holder = None, None, None
         step, world = self.state.global_step, distributed.world_size()
-        if not self.args.save_only_model:
-            sharded = self.trainer.sharded is not None
-            state = self.trainer.checkpointer.state(step, world, sharded=sharded)
-
-            def write_state(path: Path) -> None:
-                self.trainer.checkpointer.save(path, step, world, state)
-
-        weights = self.trainer.saved_weights()
-        if not distributed.is_main():
-            return
-
         output_dir = Path(self.args.output_dir)
-        # As TRL: the model card in output_dir, then the checkpoint.
-        self.create_model_card(model_name=card_model_name(self.args))
-        record_stateful_callbacks(self.state, self.control, self.callback_handler.callbacks)
-        written = checkpoints.write_checkpoint(
-            output_dir,
-            self.state.global_step,
-            lambda directory: self._write_model(directory, weights),
-            write_state,
-            self.state,
-            self._checkpoints_written,
-        )
+        try:
+            if not self.args.save_only_model:
+                if self.trainer.sharded is not None:
+                    state, holder = self._sharded_state(output_dir, step, world)
+                else:
+                    state = self.trainer.checkpointer.state(step, world)
+
+                def write_state(path: Path) -> None:
+                    if holder is not None:  # (the shards into the checkpoint, beside the file)
+                        name = state[SHARDS_KEY]["directory"]
+                        publish_staged_directory(holder / name, path.parent / name)
+                    self.trainer.checkpointer.save(path, step, world, state)
+
+            weights = self.trainer.saved_weights()
+            if not distributed.is_main():
+                return
+            # As TRL: the model card in output_dir, then the checkpoint.
+            self.create_model_card(model_name=card_model_name(self.args))
+            record_stateful_callbacks(self.state, self.control, self.callback_handler.callbacks)
+            written = checkpoints.write_checkpoint(
+                output_dir,
+                self.state.global_step,
+                lambda directory: self._write_model(directory, weights),
+                write_state,
+                self.state,
+                self._checkpoints_written,
+            )
+        finally:
+            if holder is not None and distributed.is_main():
+                shutil.rmtree(holder, ignore_errors=True)
         self._checkpoints_written = checkpoints.rotate(
             output_dir, self.args.save_total_limit, [*self._checkpoints_written, written.name]
         )
+
+    def _sharded_state(self, output_dir: Path, step: int, world: int) -> tuple[dict, Path]:
+        """A sharded run's checkpoint state (every rank calls this): each rank's shards written
+        in DCP into a temp folder beside checkpoint-``step`` (rank 0's, named to all), and the
+        state naming them."""
+        holder = None
+        if distributed.is_main():
+            output_dir.mkdir(parents=True, exist_ok=True)
+            holder = str(new_temp_directory(output_dir / f"{checkpoints.PREFIX}{step}"))
+        holder = Path(distributed.all_gather(holder)[0])
+        checkpointer = self.trainer.checkpointer
+        return checkpointer.state(step, world, sharded=True, shards_at=holder / "state"), holder
 
     def _resume(self, checkpoint: Path) -> None:
         """Continue from ``checkpoint``: the trainer state, every component's state, and the

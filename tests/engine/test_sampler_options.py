@@ -262,3 +262,24 @@ def test_an_engine_rows_completion_does_not_depend_on_its_batch_with_the_options
     assert [completions([seed])[0] for seed in (12, 14)] == [together[1], together[3]]
     plain = SamplingParams(max_new_tokens=8)
     assert completions([11, 12, 13, 14], plain) != together, "the options reach the draws"
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("top_p,top_k,min_p", [(1.0, 3, 0.0), (1.0, 0, 0.3), (0.85, 4, 0.2)])
+def test_draws_keyed_by_token_id_follow_the_rule(backend, top_p, top_k, min_p):
+    """Top-k or min-p on, the race is keyed by token id: 20,000 streams drawing from
+    p = (0.4, 0.25, 0.2, 0.1, 0.05) draw the three kept tokens (top-k 3; min-p 0.3 keeps
+    p >= 0.12; top-p 0.85 of the 4 first's mass 0.95 cuts before the fourth, 0.85 of mass
+    before it, which min-p 0.2, p >= 0.08, would keep) each within 5 standard deviations of its
+    renormalised probability, and never a dropped one."""
+    probs = [0.4, 0.25, 0.2, 0.1, 0.05]
+    draws = 20000
+    logits = torch.tensor([probs]).log().expand(draws, -1).contiguous()
+    seeds, positions = torch.arange(draws), torch.zeros(draws, dtype=torch.long)
+    options = dict(greedy=False, backend=backend, top_k=top_k, min_p=min_p)
+    tokens = sample_tokens(logits, seeds, positions, 1.0, top_p, **options)
+    counts = torch.bincount(tokens, minlength=5).tolist()
+    assert counts[3] == counts[4] == 0, counts
+    for token in range(3):
+        p = probs[token] / sum(probs[:3])
+        assert abs(counts[token] - draws * p) < 5 * math.sqrt(draws * p * (1 - p)), counts

@@ -268,7 +268,7 @@ def test_sampler_row_passes_compile_for_sm90(dtype):
             p_counts="*i32",
             V="i32",
         ),
-        dict(BINS=512, **SAMPLER_TILES),
+        dict(BINS=1024, **SAMPLER_TILES),
         divisible=("p_logits", "stride_row", "V"),
     )
     for compiled in (stats, histogram):
@@ -278,7 +278,8 @@ def test_sampler_row_passes_compile_for_sm90(dtype):
 
 def test_sampler_draw_kernel_compiles_for_sm90():
     """Pass 3 with its 4,096-slot candidate sort, eight warps, no spills, with the top-k and
-    min-p bounds and the top-k mass's radix select in it."""
+    min-p bounds, the race over the surely kept tokens in the read that gathers the window, and
+    the top-k mass's radix select in it: 2,048-wide tiles (4,096 spill next to the sort)."""
     compiled = compile_for_sm90(
         SAMPLER,
         "_draw_kernel",
@@ -297,7 +298,7 @@ def test_sampler_draw_kernel_compiles_for_sm90():
             p_tokens="*i64",
             V="i32",
         ),
-        dict(BINS=512, CAP=4096, ID_BITS=20, **SAMPLER_TILES),
+        dict(BINS=1024, CAP=4096, ID_BITS=20, BLOCK_V=2048, NUM_TILES=-(-VOCAB // 2048)),
         divisible=("p_logits", "stride_row", "p_scratch", "V"),
         options={"num_warps": 8},
     )

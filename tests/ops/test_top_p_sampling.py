@@ -83,6 +83,8 @@ def test_triton_draws_the_references_tokens(vocab, rows, scale, temperature, top
         (40, 1, 0.2, 0.9, 20, 0.0, 16),  # flat: the k first outgrow the head window
         (2, 3, 1.0, 0.9, 7, 0.3, 16),  # k past the vocabulary: no top-k
         (1000, 12, 4.0, 0.9, 50, 0.05, 64),  # min-p cuts the candidates short of k
+        (2000, 2, 0.2, 1.0, 500, 0.0, 64),  # flat, k's bin past the cap: windows keyed by id
+        (2000, 2, 0.2, 0.9, 0, 0.05, 64),  # flat, top-p with min-p: the same
     ],
 )
 def test_triton_draws_the_references_tokens_with_top_k_and_min_p(
@@ -221,8 +223,8 @@ def reads_per_row(logits, temperature, top_p, top_k=0, min_p=0.0, cap=64) -> flo
 def test_reads_of_each_row(rows, scale):
     """TRL's defaults (top_p = 1, no top-k, no min-p) read each row twice, flat or peaked (the
     race keyed by token id needs no rank); the trainer's (top_p 0.9) three times on peaked rows,
-    and TRL's defaults draw the reference's tokens. (Flat rows at top_p < 1, top-k with a nucleus
-    larger than the candidate window and min-p on flat rows still take more: bounded below.)"""
+    and TRL's defaults draw the reference's tokens. (The trainer's on flat rows still takes
+    more: bounded below.)"""
     generator = torch.Generator().manual_seed(rows)
     logits = torch.randn(rows, 2000, generator=generator) * scale
     assert reads_per_row(logits, 0.8, 1.0) == 2
@@ -237,18 +239,37 @@ def test_reads_of_each_row(rows, scale):
 @pytest.mark.parametrize(
     "top_p, top_k, min_p, flat, peaked",
     [
-        (0.9, 0, 0.0, 107, 3),  # the trainer's default: a flat nucleus spans many windows
-        (0.95, 50, 0.0, 17, 3),  # top-k whose nucleus is larger than the window
-        (1.0, 50, 0.0, 17, 3),
-        (1.0, 0, 0.05, 113, 3),  # min-p on flat rows keeps most of the row
-        (0.9, 20, 0.1, 7, 11),  # min-p cuts short of k: the k ranks' mass by a radix select
+        (0.9, 0, 0.0, 61, 3),  # the trainer's default: a flat nucleus spans many windows
+        (1.0, 0, 0.0, 2, 2),  # TRL's defaults: no filter, no histogram
+        (0.95, 50, 0.0, 3, 3),  # top-k whose nucleus is larger than the window
+        (1.0, 50, 0.0, 3, 3),
+        (1.0, 0, 0.05, 2, 2),  # min-p alone: a threshold known after pass 1
+        (0.9, 20, 0.1, 3, 3),  # min-p cuts short of k: the k ranks' mass still in the window
     ],
 )
-def test_reads_of_each_row_per_filter_setting_stay_within_todays(top_p, top_k, min_p, flat, peaked):
+def test_reads_of_each_row_per_filter_setting(top_p, top_k, min_p, flat, peaked):
     """The reads of each row (4 rows of V = 2,000, candidate cap 64, T = 0.8) at each filter
-    setting are at most today's counts, flat (logits x 0.2) and peaked (x 4): a change that
-    reads more fails here; one that reads less lowers the bound."""
+    setting, flat (logits x 0.2) and peaked (x 4): every setting but the trainer's top-p alone
+    on flat rows (its rank-keyed race orders the whole nucleus) in at most 3; a change that
+    reads more fails here, one that reads less lowers the bound. Draws are the reference's."""
     generator = torch.Generator().manual_seed(4)
     logits = torch.randn(4, 2000, generator=generator)
     for scale, most in ((0.2, flat), (4.0, peaked)):
         assert reads_per_row(logits * scale, 0.8, top_p, top_k, min_p) <= most, (scale, most)
+    seeds, positions = streams(4, generator)
+    options = (0.8, top_p, top_k, min_p)
+    reference = sample_tokens_reference(logits * 0.2, seeds, positions, *options)
+    assert torch.equal(
+        triton_draws(logits * 0.2, seeds, positions, 0.8, top_p, 64, top_k, min_p), reference
+    )
+
+
+@pytest.mark.skipif(CUDA, reason="counts the interpreter's loads")
+@pytest.mark.parametrize("top_p, top_k, min_p, most", [(0.95, 20, 0.0, 3), (1.0, 0, 0.05, 2)])
+def test_reads_of_each_row_at_256_rows(top_p, top_k, min_p, most):
+    """A batch of 256 flat rows (V = 128, cap 64) reads each row as often as one row does:
+    one program per row, no row waiting on another."""
+    generator = torch.Generator().manual_seed(256)
+    logits = torch.randn(256, 128, generator=generator) * 0.2
+    assert reads_per_row(logits, 0.8, top_p, top_k, min_p) <= most
+    assert reads_per_row(logits[:1], 0.8, top_p, top_k, min_p) <= most

@@ -17,7 +17,12 @@ from rlvr_fast.rollouts.generation import base_seed, sample_group
 from rlvr_fast.credit.judge import GenerativeJudge
 from rlvr_fast.ledger.laws import check_conservation
 from rlvr_fast.ledger.records import LedgerError, read_record
-from rlvr_fast.rollouts.parallel import sample_parallel, summarise, summary_context
+from rlvr_fast.rollouts.parallel import (
+    sample_parallel,
+    sample_parallel_batch,
+    summarise,
+    summary_context,
+)
 from rlvr_fast.credit.paths import normalise, parallel_credit
 from rlvr_fast.models.policy import load_policy
 from rlvr_fast.credit.shapley import MajorityVote, PassAtK, shapley_exact
@@ -56,6 +61,30 @@ def test_paths_are_a_forked_group_with_the_same_streams(tiny, prompt):
     assert out.executed.prefill_run == len(prompt)  # the prompt once; six forks
     assert out.executed.decode_rows == sum(len(p) - 1 for p in out.paths)
     assert out.summaries == [] and engine.blocks_in_use == 0
+
+
+def test_a_batch_of_prompts_samples_each_as_alone_from_its_base(tiny, prompt):
+    """Several questions in one engine batch (a multi-question step): each prompt's paths and
+    summaries are those ``sample_parallel`` gives it alone from the same base seed, and the
+    batch's work is the sum of theirs."""
+    engine, tokenizer = RolloutEngine.shared(tiny), tiny.tokenizer
+    prompts = [prompt, tokenizer.encode(render_prompt("What is 7 x 8?"))]
+    settings = dict(responses=2, paths=2, params=PARAMS, aggregator="summary")
+    settings["encode"] = tokenizer.encode
+    bases = [base_seed(torch.Generator().manual_seed(seed)) for seed in (3, 4)]
+    batch = sample_parallel_batch(engine, prompts, bases, **settings)
+    alone = [
+        sample_parallel(engine, p, generator=torch.Generator().manual_seed(seed), **settings)
+        for p, seed in zip(prompts, (3, 4))
+    ]
+    for together, single, base in zip(batch, alone, bases):
+        assert together.paths == single.paths and together.summaries == single.summaries
+        assert together.summary_prompts == single.summary_prompts
+        assert together.base == single.base == base
+    assert batch[0].executed is batch[1].executed
+    for name in ("prefill_run", "decode_rows"):
+        assert getattr(batch[0].executed, name) == sum(getattr(a.executed, name) for a in alone)
+    assert engine.blocks_in_use == 0
 
 
 def test_summaries_read_the_serialised_paths_and_reuse_the_prompt(tiny, prompt):

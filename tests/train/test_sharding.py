@@ -2,7 +2,7 @@
 one process taking every question, and checkpoints that resume on another number of ranks.
 
 One run of one process (3 steps) is the reference. A 2-rank sharded run stops after 2 steps; its
-checkpoint (whole tensors) is resumed unsharded on one process and sharded on 4 ranks, and both
+checkpoint (DCP shards) is resumed unsharded on one process and sharded on 4 ranks, and both
 finish the 3 steps as the reference did: the same ledger (but timings and the KV peaks, which
 are per rank), the same rollouts, weights within 1e-6 of the largest (the sums of the gradients
 are reduced in another order)."""

@@ -1,8 +1,8 @@
 """Sharded training through the facade (``rlvr_fast.trl_compat.fsdp``): ``GRPOConfig(fsdp=...)``,
 its ``fsdp_config`` and ``accelerate launch --use_fsdp --fsdp_version 2`` turn on rlvr_fast's FSDP2
 sharding; what it does not build is refused by name. A TRL script run by 2 sharded ranks (under
-torchrun, and under accelerate's FSDP2 launch) saves its checkpoints and model with every rank
-gathering and rank 0 writing, evaluates, and ends with one process's weights (within 1e-6 of each tensor's
+torchrun, and under accelerate's FSDP2 launch) saves its models with every rank gathering and
+rank 0 writing and its checkpoints' training state as each rank's DCP shards, evaluates, and ends with one process's weights (within 1e-6 of each tensor's
 largest: the gradients' sums are reduced in another order); its checkpoints resume on one
 process, and one process's on 2 sharded ranks. accelerate's launch runs the config file
 docs/trl.md shows."""
@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr_fast.data.problems import render_prompt
+from rlvr_fast.run.state_file import load_state
 from rlvr_fast.data.synthetic import synthetic_problems
 from rlvr_fast.trl_compat import GRPOConfig, GRPOTrainer, UnsupportedFieldError
 from rlvr_fast.trl_compat.run_setup import train_config
@@ -299,4 +300,23 @@ def test_checkpoints_resume_across_sharded_ranks_and_one_process(runs, tmp_path)
     assert_weights_match(base / "one", tmp_path / "on_one")
     # one process's checkpoint-1 finished by 2 sharded ranks.
     launched(torchrun(), tmp_path / "on_two", "full_shard", 4, base / "one" / "checkpoint-1")
+    assert_weights_match(base / "one", tmp_path / "on_two")
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoints_state_is_each_ranks_dcp_shards_and_resumes_on_two(runs, tmp_path):
+    """The weights, moments and RNG states of 2 sharded ranks' checkpoint-N are their DCP shards
+    (nothing gathered, no whole optimizer in the state file), listed by the manifest; the model
+    beside them is whole; 2 sharded ranks finish the run from it."""
+    base, _, _ = runs
+    checkpoint = base / "two" / "checkpoint-1"
+    state = load_state(checkpoint / "rlvr_fast" / "state.safetensors")
+    assert not {"model", "optimizer", "generator", "torch_rng"} & state.keys(), "in the shards"
+    shards = checkpoint / "rlvr_fast" / state["shards"]["directory"]
+    files = sorted(p.name for p in shards.iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    manifest = json.loads((checkpoint / "rlvr_fast" / "manifest.json").read_text())
+    assert {f"rlvr_fast/{shards.name}/{name}" for name in files} <= manifest["sha256"].keys()
+    assert sorted(p.name for p in (base / "two").glob(".*")) == [], "no temp folder left"
+    launched(torchrun(), tmp_path / "on_two", "full_shard", 4, checkpoint)
     assert_weights_match(base / "one", tmp_path / "on_two")
